@@ -1,0 +1,3 @@
+from pstate.main import main
+
+main()

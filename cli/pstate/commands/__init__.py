@@ -1,0 +1,1 @@
+"""One module per subcommand; each is imported only when its command runs."""

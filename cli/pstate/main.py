@@ -1,0 +1,106 @@
+"""The pstate command group. Subcommands are imported only when they run, so
+stats, heat and replay never import bcc and work without root."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from pstate import __version__
+from pstate.exitcodes import ExitCode
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+# name -> (module under pstate.commands, one-line summary shown by `pstate -h`)
+COMMANDS = {
+    "record": ("record", "Stream every scheduler state transition as JSON lines (BPF, root)."),
+    "snap": ("snap", "Write point-in-time snapshots of per-task state times (BPF, root)."),
+    "replay": ("replay", "Re-emit a recording as a stream, at its pace or faster."),
+    "stats": ("stats", "Summarise a stream, a recording or snapshots: time per state, latencies."),
+    "heat": ("heat", "Draw terminal heat maps of states and latencies, or a live dashboard."),
+    "doctor": ("doctor", "Check that this machine can run pstate record and snap; say how to fix it."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"pstate.commands.{COMMANDS[name][0]}")
+        return module.cli
+
+    def format_commands(self, ctx, formatter):
+        # Summaries come from the table above so `pstate -h` imports nothing.
+        rows = [(name, summary) for name, (_mod, summary) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+EPILOG = """\b
+Examples:
+  sudo pstate record -d 10 -o rec.jsonl     record 10 s of transitions to a file
+  sudo pstate record | pstate stats         summarise live, Ctrl-C to end
+  sudo pstate record -p 1234 --state D      one process, only uninterruptible sleeps
+  pstate stats rec.jsonl --by tid --hist    per-thread times and latency histograms
+  pstate replay rec.jsonl --speed 10 | pstate heat --live
+  sudo pstate snap --out /var/lib/pstate    one snapshot, e.g. from cron
+  pstate doctor                             check bcc, headers, tracefs, privileges
+
+Every command has its own --help and man page (man pstate-record).
+"""
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS, epilog=EPILOG)
+@click.version_option(__version__, "-V", "--version", prog_name="pstate")
+def cli():
+    """Observe process and thread scheduler states with BPF, as JSON lines.
+
+    record streams transitions (running, runnable, preempted, sleeping S,
+    uninterruptible D, stopped T, zombie, exit, fork, exec, ...) with the time
+    spent in the state left; stats, heat and replay read such streams from a
+    pipe or a file; snap writes periodic snapshots for offline analysis.
+    """
+
+
+def _quiet_stdout() -> None:
+    # The Python docs' note on SIGPIPE: point stdout at /dev/null so the
+    # interpreter's final flush cannot raise again.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main() -> None:
+    try:
+        try:
+            rv = cli.main(prog_name="pstate", standalone_mode=False)
+        except click.exceptions.Abort:
+            click.echo("pstate: interrupted", err=True)
+            sys.exit(ExitCode.SIGINT)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            sys.exit(ExitCode.SIGINT)
+        sys.stdout.flush()
+        if isinstance(rv, int):  # a command's ctx.exit(code) or return code
+            sys.exit(rv)
+    except BrokenPipeError:
+        # A closed output pipe (`pstate ... | head`) is a normal end, not an error.
+        _quiet_stdout()
+        sys.exit(ExitCode.OK)
+    except SystemExit:
+        raise
+    sys.exit(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    main()

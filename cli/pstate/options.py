@@ -1,0 +1,86 @@
+"""Option bundles shared by several subcommands (one definition each)."""
+
+from __future__ import annotations
+
+import click
+
+from pstate import schema
+from pstate.durations import Duration
+from pstate.filters import Filter
+
+STATE_NAMES = [n for n in schema.STATES if n != schema.UNKNOWN]
+
+
+class StateName(click.Choice):
+    """A state name; completes from the vocabulary. Kernel states a newer
+    kernel adds (state_<letter>) are accepted too."""
+
+    def __init__(self):
+        super().__init__(STATE_NAMES, case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("state_"):
+            return value
+        letters = {letter: name for name, (letter, _c, _d) in schema.STATES.items()
+                   if name not in (schema.RUNNABLE, schema.PREEMPTED)}
+        if isinstance(value, str) and value in letters:  # accept kernel letters: S, D, T, ...
+            return letters[value]
+        return super().convert(value, param, ctx)
+
+
+def _apply(fn, decorators):
+    for d in reversed(decorators):
+        fn = d(fn)
+    return fn
+
+
+def filter_options(fn):
+    """-p/-t/-c/--state/--min-dur/--cpu/--include-idle, giving a `filt` Filter."""
+    decorators = [
+        click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
+                     help="Only this process (tgid) and its threads. Repeatable."),
+        click.option("-t", "--tid", "tids", type=int, multiple=True, metavar="TID",
+                     help="Only this thread. Repeatable."),
+        click.option("-c", "--comm", "comms", multiple=True, metavar="COMM",
+                     help="Only tasks with this exact name (comm, 15 bytes). Repeatable."),
+        click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
+                     help="Only transitions into or out of this state (name or kernel letter, "
+                          "e.g. D, stopped, preempted). Repeatable."),
+        click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
+                     help="Only transitions whose left state lasted at least this long, e.g. 5ms."),
+        click.option("--cpu", "cpus", type=click.IntRange(0, 4095), multiple=True, metavar="CPU",
+                     help="Only events on this CPU. Repeatable."),
+        click.option("--include-idle", is_flag=True,
+                     help="Also report the per-CPU idle tasks (tid 0), excluded by default."),
+    ]
+
+    def wrapper(**kw):
+        kw["filt"] = Filter(
+            pids=tuple(kw.pop("pids")), tids=tuple(kw.pop("tids")), comms=tuple(kw.pop("comms")),
+            states=tuple(dict.fromkeys(kw.pop("states"))), cpus=tuple(kw.pop("cpus")),
+            min_dur_ns=kw.pop("min_dur"), include_idle=kw.pop("include_idle"),
+        )
+        return fn(**kw)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return _apply(wrapper, decorators)
+
+
+def output_options(fn):
+    """-o/--output and --unbuffered for commands that write a stream."""
+    return _apply(fn, [
+        click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+                     metavar="FILE", help="Write to FILE instead of standard output."),
+        click.option("-u", "--unbuffered", is_flag=True,
+                     help="Flush every batch of lines at once (the default on a terminal)."),
+    ])
+
+
+def input_options(fn):
+    """FILES... (or stdin) and --strict for commands that read streams."""
+    return _apply(fn, [
+        click.argument("files", nargs=-1, type=click.Path(allow_dash=True)),
+        click.option("--strict", is_flag=True,
+                     help="Exit non-zero (65) on any malformed, truncated or skipped input line."),
+    ])

@@ -1,0 +1,197 @@
+"""The pstate event format, version 1: record types, fields and the state vocabulary.
+
+This module is the single source of truth for the format. Writers (record,
+replay, snap) build records with these names, readers validate against them,
+and man/pstate-events.5 is generated from the tables below.
+
+Every line is one flat JSON object with a "type". A stream starts with a
+"meta" header and ends with an "end" trailer; "loss" records appear in-band
+whenever events were dropped.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# --- states ---------------------------------------------------------------
+# Names of the states a task can be in. The kernel-reported ones are decoded
+# from the running kernel's sched_switch print_fmt (see kstates.py); this table
+# only gives the kernel's letters readable names, as /proc/PID/status does.
+
+RUNNING = "running"
+RUNNABLE = "runnable"
+PREEMPTED = "preempted"
+NEW = "new"
+REAPED = "reaped"
+UNKNOWN = "unknown"
+
+# name -> (letter, category, description). Category groups states for summaries:
+#   cpu: on a CPU; wait: runnable, waiting for a CPU; blocked: waiting for an
+#   event; stopped: stopped by a signal or a tracer; dead: exiting or gone.
+STATES: dict[str, tuple[str, str, str]] = {
+    RUNNING: ("R", "cpu", "on a CPU"),
+    RUNNABLE: ("R", "wait", "woken up, waiting in a run queue for a CPU"),
+    PREEMPTED: ("R+", "wait", "switched out against its will (R or R+), still runnable"),
+    NEW: ("N", "wait", "created by fork/clone, not yet woken for the first time"),
+    "sleeping": ("S", "blocked", "interruptible sleep (TASK_INTERRUPTIBLE)"),
+    "uninterruptible": ("D", "blocked", "uninterruptible sleep, usually I/O (TASK_UNINTERRUPTIBLE)"),
+    "stopped": ("T", "stopped", "stopped by a signal such as SIGSTOP (__TASK_STOPPED)"),
+    "traced": ("t", "stopped", "stopped by a tracer such as ptrace (__TASK_TRACED)"),
+    "dead": ("X", "dead", "exited and reaped at once, final switch-out (EXIT_DEAD)"),
+    "zombie": ("Z", "dead", "exited, waiting for its parent to reap it (EXIT_ZOMBIE)"),
+    "parked": ("P", "blocked", "kthread parked (TASK_PARKED)"),
+    "idle": ("I", "blocked", "idle kernel thread sleep (TASK_IDLE)"),
+    REAPED: ("-", "dead", "task freed by the kernel; its last record"),
+    UNKNOWN: ("?", "unknown", "state before pstate started watching the task"),
+}
+
+# Kernel letter -> state name, for letters decoded from print_fmt. A letter a
+# future kernel adds and this table lacks is named "state_<letter>".
+LETTER_NAMES: dict[str, str] = {
+    letter: name
+    for name, (letter, _cat, _desc) in STATES.items()
+    if name not in (RUNNING, RUNNABLE, PREEMPTED, NEW, REAPED, UNKNOWN)
+}
+# Older kernels report these too.
+LETTER_NAMES.update({"W": "waking", "K": "wakekill", "N": "noload", "x": "dead"})
+
+WAIT_STATES = frozenset({RUNNABLE, PREEMPTED, NEW})
+BLOCKED_CATEGORIES = frozenset({"blocked", "stopped"})
+
+
+def letter_name(letter: str) -> str:
+    return LETTER_NAMES.get(letter, f"state_{letter}")
+
+
+def state_category(name: str) -> str:
+    info = STATES.get(name)
+    return info[1] if info else "blocked"
+
+
+# --- causes: which kernel event made a state transition --------------------
+CAUSES = {
+    "switch_out": "sched_switch: the task left the CPU (from is running)",
+    "switch_in": "sched_switch: the task got a CPU (to is running); dur_ns is its run-queue wait",
+    "wakeup": "sched_wakeup: a blocked task became runnable; dur_ns is the time it was blocked",
+    "wakeup_new": "sched_wakeup_new: a new task became runnable for the first time",
+    "reap": "sched_process_free: the kernel freed the task (after zombie or dead)",
+}
+
+# --- record types and their fields ------------------------------------------
+# field -> (JSON type, description). "?" after a type: may be null or absent.
+
+COMMON_FIELDS = {
+    "type": ("string", "record type"),
+    "ts": ("int", "CLOCK_MONOTONIC time of the event, ns (bpf_ktime_get_ns)"),
+}
+
+TASK_FIELDS = {
+    "cpu": ("int", "CPU the event happened on"),
+    "pid": ("int", "process id (tgid) of the task; 0 when unknown"),
+    "tid": ("int", "thread id of the task (the kernel's pid)"),
+    "comm": ("string", "task name (comm), at most 15 bytes"),
+}
+
+RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "meta": (
+        "first line of every stream and snapshot: what wrote it, where, and how to read it",
+        {
+            "schema": ("int", "format version; readers refuse a newer major version"),
+            "source": ("string", "record, replay or snap"),
+            "tool": ("string", "always pstate"),
+            "version": ("string", "pstate version that wrote the stream"),
+            "host": ("string", "host name"),
+            "kernel": ("string", "kernel release (uname -r)"),
+            "boot_id": ("string", "/proc/sys/kernel/random/boot_id; timestamps compare only within one boot"),
+            "clock": ("string", "always monotonic: ts fields are CLOCK_MONOTONIC ns"),
+            "ts": ("int", "CLOCK_MONOTONIC ns when the stream started"),
+            "wall_ns": ("int", "wall-clock (UTC, ns since the epoch) at ts: wall = wall_ns + (t - ts)"),
+            "ncpu": ("int", "number of possible CPUs"),
+            "states": ("object", "state vocabulary: name -> kernel letter"),
+            "kernel_states": ("object", "kernel prev_state bit (hex) -> state name, from the running kernel's print_fmt"),
+            "filter_pid": ("list?", "--pid values in force"),
+            "filter_tid": ("list?", "--tid values in force"),
+            "filter_comm": ("list?", "--comm values in force"),
+            "filter_state": ("list?", "--state values in force"),
+            "filter_cpu": ("list?", "--cpu values in force"),
+            "filter_min_dur_ns": ("int?", "--min-dur in force, ns"),
+            "include_idle": ("bool", "whether the idle task (tid 0) is reported"),
+            "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
+        },
+    ),
+    "state": (
+        "a state transition of one thread; dur_ns is the time spent in the state it left",
+        {
+            **TASK_FIELDS,
+            "from": ("string", "state left"),
+            "to": ("string", "state entered"),
+            "dur_ns": ("int?", "time spent in from, ns; null when pstate did not see it start"),
+            "cause": ("string", "kernel event behind the transition: " + ", ".join(CAUSES)),
+            "prio": ("int?", "kernel priority of the task (switch_out, switch_in)"),
+            "voluntary": ("bool?", "switch_out: true when the task blocked, false when preempted"),
+            "kstate": ("string?", "switch_out: prev_state as the kernel prints it (R, R+, S, D, ...)"),
+            "next_tid": ("int?", "switch_out: the thread that got the CPU"),
+            "prev_tid": ("int?", "switch_in: the thread that left the CPU"),
+            "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt or unknown)"),
+            "waker_pid": ("int?", "wakeup: process of the waker"),
+        },
+    ),
+    "fork": (
+        "a task created a process or a thread",
+        {
+            **TASK_FIELDS,
+            "child_pid": ("int", "process id of the child (equals pid for a new thread)"),
+            "child_tid": ("int", "thread id of the child"),
+            "thread": ("bool", "true for a new thread (CLONE_THREAD), false for a new process"),
+        },
+    ),
+    "exec": (
+        "a task executed a new program; comm is the new name",
+        {
+            **TASK_FIELDS,
+            "old_tid": ("int", "thread id before exec (differs when a non-leader thread exec'd)"),
+        },
+    ),
+    "exit": (
+        "a thread exited (the task then switches out as zombie or dead)",
+        {
+            **TASK_FIELDS,
+            "group_dead": ("bool", "true when it was the last thread of its process"),
+        },
+    ),
+    "loss": (
+        "events were dropped since the previous loss record (one record per reason)",
+        {
+            "reason": ("string", "ringbuf_full, map_full, or sampled (see --max-rate)"),
+            "count": ("int", "events dropped for this reason"),
+            "since_ts": ("int", "start of the window the count covers, ns"),
+        },
+    ),
+    "rate": (
+        "record --max-rate changed how events are kept: from ts on, keep one event in every sample_every",
+        {
+            "sample_every": ("int", "1 means every event is kept again"),
+            "events_per_s": ("int", "event rate that triggered the change"),
+        },
+    ),
+    "end": (
+        "last line of a stream: why it ended and totals",
+        {
+            "reason": ("string", "duration, signal, eof, pipe or error"),
+            "events": ("int", "state and lifecycle records written (excluding meta, loss, rate, end)"),
+            "lost": ("int", "events dropped in total, all reasons"),
+            "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),
+            "lost_map_full": ("int", "transitions whose task could not be tracked: task map full"),
+            "lost_sampled": ("int", "dropped on purpose by --max-rate sampling"),
+            "duration_ns": ("int", "time from the meta record to this one, ns"),
+        },
+    ),
+}
+
+EVENT_TYPES = ("state", "fork", "exec", "exit")
+LOSS_REASONS = ("ringbuf_full", "map_full", "sampled")
+
+
+def state_vocabulary() -> dict[str, str]:
+    """The "states" field of a meta record: name -> kernel letter."""
+    return {name: letter for name, (letter, _c, _d) in STATES.items()}

@@ -1,0 +1,282 @@
+"""Reading and writing pstate JSON-lines streams.
+
+Readers treat input as untrusted: a malformed, over-long or wrongly typed line
+is skipped and counted, never a traceback; a truncated last line is reported;
+a stream of a newer schema is refused. Memory is bounded by the line limit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Iterable, Iterator
+
+import orjson
+
+from pstate import schema
+from pstate.exitcodes import ExitCode, PstateError
+
+MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
+_CHUNK = 1 << 16
+
+_INT_FIELDS = ("ts", "cpu", "pid", "tid")
+_MAX_INT = 1 << 64
+
+
+@dataclass
+class ReadStats:
+    """What a reader saw and skipped, for the end-of-run report."""
+
+    lines: int = 0
+    records: int = 0
+    skipped: dict = field(default_factory=dict)  # reason -> count
+    first_bad: dict = field(default_factory=dict)  # reason -> "file:line"
+    truncated_tail: str | None = None  # "file: byte N" when the last line had no newline
+    metas: list = field(default_factory=list)
+    loss: dict = field(default_factory=dict)  # reason -> count, from in-band loss records
+    ends: list = field(default_factory=list)
+
+    def skip(self, reason: str, where: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.first_bad.setdefault(reason, where)
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def lost(self) -> int:
+        return sum(self.loss.values())
+
+    def problems(self) -> list[str]:
+        out = []
+        for reason, n in sorted(self.skipped.items()):
+            out.append(f"skipped {n} line{'s' if n != 1 else ''}: {reason} (first at {self.first_bad[reason]})")
+        if self.truncated_tail:
+            out.append(f"truncated final record at {self.truncated_tail}")
+        return out
+
+    def report(self, prog: str, err: IO[str] | None = None, strict: bool = False) -> int:
+        """Print skipped/truncated input on stderr; return the exit code it deserves."""
+        err = err or sys.stderr
+        problems = self.problems()
+        for p in problems:
+            print(f"{prog}: warning: {p}", file=err)
+        if self.lost:
+            print(f"{prog}: warning: the input reports {self.lost} lost events; results are incomplete", file=err)
+        return int(ExitCode.DATAERR) if (strict and problems) else int(ExitCode.OK)
+
+
+def open_input(path: str) -> IO[bytes]:
+    if path == "-":
+        return sys.stdin.buffer
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
+    import stat as _stat
+
+    if _stat.S_ISDIR(st.st_mode):
+        raise PstateError(f"{path} is a directory", ExitCode.NOINPUT)
+    if not (_stat.S_ISREG(st.st_mode) or _stat.S_ISFIFO(st.st_mode)):
+        # /dev/zero and friends would never end.
+        raise PstateError(f"{path} is not a regular file or a pipe", ExitCode.NOINPUT)
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
+
+
+def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_LINE) -> Iterator[tuple[bytes, int]]:
+    """Yield (line, line number) for complete lines; over-long lines are skipped.
+
+    A last line without a newline is yielded too (it may be a complete
+    record); stats.truncated_tail notes it either way.
+    """
+    lineno = 0
+    offset = 0
+    readline = fp.readline
+    while True:
+        line = readline(max_line + 1)
+        if not line:
+            return
+        lineno += 1
+        stats.lines += 1
+        start = offset
+        offset += len(line)
+        if line[-1:] != b"\n":
+            if len(line) > max_line:
+                # Discard the rest of the line without holding it in memory.
+                while True:
+                    chunk = readline(_CHUNK)
+                    if not chunk:
+                        break
+                    offset += len(chunk)
+                    if chunk[-1:] == b"\n":
+                        break
+                stats.skip(f"line longer than {max_line} bytes", f"{name}:{lineno}")
+                continue
+            stats.truncated_tail = f"{name}: byte {start}, line {lineno}"
+        yield line, lineno
+
+
+def _valid_int(v) -> bool:
+    return type(v) is int and 0 <= v < _MAX_INT
+
+
+def check_record(rec) -> str | None:
+    """Return why a parsed line is not a usable record, or None when it is."""
+    if type(rec) is not dict:
+        return "not a JSON object"
+    t = rec.get("type")
+    if type(t) is not str:
+        return "no string \"type\" field"
+    if t == "meta":
+        v = rec.get("schema")
+        if type(v) is not int:
+            return "meta record without an integer schema"
+        return None
+    if t in schema.EVENT_TYPES:
+        for f in _INT_FIELDS:
+            if not _valid_int(rec.get(f)):
+                return f"bad or missing \"{f}\""
+        c = rec.get("comm")
+        if c is not None and type(c) is not str:
+            return "bad \"comm\""
+        if t == "state":
+            if type(rec.get("from")) is not str or type(rec.get("to")) is not str:
+                return "bad \"from\"/\"to\""
+            d = rec.get("dur_ns")
+            if d is not None and not _valid_int(d):
+                return "bad \"dur_ns\""
+        return None
+    if t == "loss":
+        if type(rec.get("reason")) is not str or not _valid_int(rec.get("count")):
+            return "bad loss record"
+        return None
+    return None  # end, rate and unknown future types pass through
+
+
+def read_records(
+    sources: Iterable[str],
+    stats: ReadStats | None = None,
+    *,
+    max_line: int = MAX_LINE,
+    strict: bool = False,
+    types: frozenset | None = None,
+) -> Iterator[dict]:
+    """Yield valid records from files (or "-" for stdin), in order.
+
+    meta, loss and end records are also collected into stats. A meta record
+    of a newer schema raises PstateError (exit 65). With strict, the first bad
+    line raises PstateError instead of being skipped.
+    """
+    stats = stats if stats is not None else ReadStats()
+    loads = orjson.loads
+    for src in sources:
+        name = "<stdin>" if src == "-" else src
+        fp = open_input(src)
+        try:
+            for line, lineno in iter_lines(fp, name, stats, max_line):
+                if not line.strip():
+                    continue
+                try:
+                    rec = loads(line)
+                except orjson.JSONDecodeError:
+                    why = "truncated record" if line[-1:] != b"\n" else "not valid JSON"
+                    if strict:
+                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR) from None
+                    if line[-1:] != b"\n":
+                        continue  # counted as truncated_tail
+                    stats.skip(why, f"{name}:{lineno}")
+                    continue
+                why = check_record(rec)
+                if why:
+                    if strict:
+                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR)
+                    stats.skip(why, f"{name}:{lineno}")
+                    continue
+                if line[-1:] != b"\n":
+                    stats.truncated_tail = None  # the last line was complete after all
+                t = rec["type"]
+                if t == "meta":
+                    check_schema(rec, name)
+                    stats.metas.append(rec)
+                elif t == "loss":
+                    r = rec["reason"]
+                    stats.loss[r] = stats.loss.get(r, 0) + rec["count"]
+                elif t == "end":
+                    stats.ends.append(rec)
+                stats.records += 1
+                if types is None or t in types:
+                    yield rec
+        finally:
+            if fp is not sys.stdin.buffer:
+                fp.close()
+
+
+def check_schema(meta: dict, name: str) -> None:
+    v = meta.get("schema")
+    if v > schema.SCHEMA_VERSION:
+        raise PstateError(
+            f"{name} was written in event format {v} (by pstate {meta.get('version', '?')}); "
+            f"this pstate reads formats up to {schema.SCHEMA_VERSION}",
+            ExitCode.DATAERR,
+            hint="upgrade pstate",
+        )
+
+
+# --- writing --------------------------------------------------------------
+
+
+class LineWriter:
+    """Writes JSON lines to stdout or a file.
+
+    Flushes after every write() batch when the output is a terminal or
+    unbuffered is set; otherwise when the buffer fills or flush() is called.
+    BrokenPipeError propagates: the caller decides to end quietly.
+    """
+
+    def __init__(self, path: str | None = None, unbuffered: bool = False, mode: int = 0o644):
+        self.path = path
+        if path is None or path == "-":
+            self.fp = sys.stdout.buffer
+            self.tty = sys.stdout.isatty()
+            self.owned = False
+        else:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+            except OSError as e:
+                raise PstateError(f"cannot create {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+            self.fp = io.open(fd, "wb", buffering=1 << 20)
+            self.tty = False
+            self.owned = True
+        self.autoflush = unbuffered or self.tty
+        self.lines = 0
+
+    def record(self, rec: dict) -> None:
+        self.fp.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+        self.lines += 1
+        if self.autoflush:
+            self.fp.flush()
+
+    def raw(self, data: bytes, nlines: int) -> None:
+        """Write pre-serialised lines (record's fast path)."""
+        self.fp.write(data)
+        self.lines += nlines
+        if self.autoflush:
+            self.fp.flush()
+
+    def flush(self) -> None:
+        self.fp.flush()
+
+    def close(self, sync: bool = False) -> None:
+        try:
+            self.fp.flush()
+            if sync and self.owned:
+                os.fsync(self.fp.fileno())
+        finally:
+            if self.owned:
+                self.fp.close()
