@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from pstate import schema
@@ -54,6 +56,7 @@ def filter_options(fn):
                      help="Also report the per-CPU idle tasks (tid 0), excluded by default."),
     ]
 
+    @functools.wraps(fn)  # keeps the options declared below this bundle
     def wrapper(**kw):
         kw["filt"] = Filter(
             pids=tuple(kw.pop("pids")), tids=tuple(kw.pop("tids")), comms=tuple(kw.pop("comms")),
@@ -62,8 +65,6 @@ def filter_options(fn):
         )
         return fn(**kw)
 
-    wrapper.__name__ = fn.__name__
-    wrapper.__doc__ = fn.__doc__
     return _apply(wrapper, decorators)
 
 

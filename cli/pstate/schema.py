@@ -134,6 +134,7 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "prev_tid": ("int?", "switch_in: the thread that left the CPU"),
             "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt or unknown)"),
             "waker_pid": ("int?", "wakeup: process of the waker"),
+            "target_cpu": ("int?", "wakeup: CPU whose run queue the task was put on"),
         },
     ),
     "fork": (

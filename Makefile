@@ -1,0 +1,46 @@
+# pstate: `make run` and `make test` do all the set-up on a fresh Debian/Ubuntu machine (as root).
+
+SHELL := /bin/bash
+PYTHON_SYS := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PSTATE := $(VENV)/bin/pstate
+KREL := $(shell uname -r)
+ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+APT_PACKAGES := python3-bpfcc python3-venv python3-pip bpftool linux-perf tmux groff-base man-db jq
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+.PHONY: setup run test test-fast bench artifacts install clean
+
+setup: $(VENV)/.installed
+	@$(PY) -m pstate.setup_check
+
+# apt packages that are missing; a kernel header tree only when the running
+# kernel has none (pstate merges Debian's split -common/-<arch> trees itself).
+$(VENV)/.apt-done:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ ! -e /lib/modules/$(KREL)/build ] && ! ls -d /usr/src/linux-headers-* >/dev/null 2>&1; then \
+	    missing="$$missing linux-headers-$(ARCH)"; fi; \
+	if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@[ -d $(VENV) ] || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+run: setup
+	$(PSTATE) record --duration 5 | $(PSTATE) stats
+
+test: setup
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

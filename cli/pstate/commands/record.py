@@ -1,0 +1,320 @@
+"""pstate record: stream scheduler state transitions as JSON lines."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+
+import click
+
+from pstate import loader
+from pstate.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.filters import Filter
+from pstate.kstates import KernelStates, read_kernel_states
+from pstate.meta import meta_record
+from pstate.options import filter_options, output_options
+from pstate.streamio import LineWriter
+
+EPILOG = """\b
+Examples:
+  sudo pstate record -d 10 -o rec.jsonl       10 seconds, everything, to a file
+  sudo pstate record | pstate stats           live summary; Ctrl-C ends both
+  sudo pstate record -p 1234                  one process and all its threads
+  sudo pstate record -c nginx --state D       nginx tasks entering or leaving D
+  sudo pstate record --min-dur 5ms            only states that lasted >= 5 ms
+  sudo pstate record --max-rate 200000        sample when the rate gets higher
+  sudo pstate record | jq -c 'select(.to=="uninterruptible")'
+
+\b
+The first line is a meta header, the last an end trailer with totals;
+loss records appear in-band when events are dropped (man pstate-events).
+Ctrl-C, SIGTERM and --duration end the run normally (exit 0) after writing
+the trailer; a closed output pipe ends it quietly.
+"""
+
+DRAIN_BATCH = 32768  # records decoded per write
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("b")
+    mult = units.get(t[-1:], None)
+    return int(float(t[:-1]) * mult) if mult else int(t)
+
+
+def _pow2_pages(nbytes: int) -> int:
+    pages = max(1, nbytes // os.sysconf("SC_PAGE_SIZE"))
+    return 1 << (pages - 1).bit_length()
+
+
+def defines_for(filt: Filter, ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+    d = {
+        "REPORT_MASK": f"0x{ks.report_mask:x}",
+        "MAX_TASKS": max_tasks,
+        "RB_PAGES": rb_pages,
+        "INCLUDE_IDLE": filt.include_idle,
+        "FILTER_PID": bool(filt.pids),
+        "FILTER_TID": bool(filt.tids),
+        "FILTER_CPU": bool(filt.cpus),
+        "SAMPLE": sample,
+    }
+    if filt.comms:
+        if len(filt.comms) > 1:
+            raise PstateError("record takes one --comm (the BPF side compares one name)", ExitCode.USAGE,
+                              hint="record without --comm and filter with `pstate replay -c A -c B`")
+        raw = filt.comms[0].encode()[:15].ljust(16, b"\0")
+        d["FILTER_COMM"] = True
+        for i, b in enumerate(raw):
+            d[f"COMM_{i}"] = b
+    if filt.states:
+        mask = 0
+        for name in filt.states:
+            code = state_code(name, ks)
+            if code is None:
+                raise PstateError(f"this kernel does not report the state {name!r}", ExitCode.USAGE)
+            mask |= state_mask_bit(code)
+        d["STATE_MASK"] = f"0x{mask:x}ULL"
+    if filt.min_dur_ns:
+        d["MIN_DUR_NS"] = f"{filt.min_dur_ns}ULL"
+    return d
+
+
+class Recorder:
+    def __init__(self, prog: loader.Program, ks: KernelStates, writer: LineWriter, *,
+                 drain_s: float, max_rate: int | None, rb_size: int):
+        self.prog = prog
+        self.writer = writer
+        self.enc = Encoder(ks)
+        self.ring = loader.RingReader(prog.table("events").map_fd, rb_size, EVENT_SIZE)
+        self.drain_s = drain_s
+        self.max_rate = max_rate
+        self.sample_every = 1
+        self.events = 0
+        self.lost_reported = {r: 0 for r in loader.DROP_REASONS}
+        self.last_loss_ts = time.monotonic_ns()
+        self.stop_reason: str | None = None
+
+    def drain(self, limit_s: float | None = None) -> int:
+        """Decode and write what the ring buffer holds. Returns records read."""
+        total = 0
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        while True:
+            view, n = self.ring.read(DRAIN_BATCH)
+            if not n:
+                break
+            lines, consumed = self.enc.encode(view, n)
+            view.release()
+            self.ring.commit(consumed)
+            if lines:
+                self.writer.raw("".join(lines).encode(), len(lines))
+                self.events += len(lines)
+            total += consumed
+            if consumed < n or (deadline and time.monotonic() > deadline):
+                break  # a record still being written: come back next round
+        return total
+
+    def loss_records(self, final: bool = False) -> dict:
+        counters = self.prog.counters()
+        now = time.monotonic_ns()
+        totals = {}
+        for reason, idx in loader.DROP_REASONS.items():
+            total = counters[idx]
+            totals[reason] = total
+            delta = total - self.lost_reported[reason]
+            if delta > 0:
+                self.writer.record({"type": "loss", "ts": now, "reason": reason, "count": delta,
+                                    "since_ts": self.last_loss_ts})
+                self.lost_reported[reason] = total
+                if reason != "sampled":
+                    print(f"pstate record: warning: {delta} events lost ({reason})", file=sys.stderr)
+        self.last_loss_ts = now
+        return totals
+
+    def govern(self, rate: float) -> None:
+        """--max-rate: keep one event in k when the rate exceeds the budget."""
+        want = max(1, math.ceil(rate * self.sample_every / self.max_rate)) if rate else 1
+        if want > self.sample_every or (want < self.sample_every and rate * self.sample_every < 0.5 * self.max_rate * self.sample_every):
+            import ctypes
+
+            self.prog.table("sample_every")[ctypes.c_int(0)] = ctypes.c_uint32(want)
+            self.writer.record({"type": "rate", "ts": time.monotonic_ns(), "sample_every": want,
+                                "events_per_s": int(rate * self.sample_every)})
+            self.sample_every = want
+
+    def run(self, duration_s: float | None) -> None:
+        start = time.monotonic()
+        end = start + duration_s if duration_s else None
+        next_tick = start + 1.0
+        flush_at = start + 0.2
+        events_at_tick = 0
+        while self.stop_reason is None:
+            got = self.drain()
+            now = time.monotonic()
+            if now >= next_tick:
+                self.loss_records()
+                if self.max_rate:
+                    self.govern((self.events - events_at_tick) / (now - next_tick + 1.0))
+                events_at_tick = self.events
+                next_tick = now + 1.0
+            if now >= flush_at:
+                self.writer.flush()
+                flush_at = now + 0.2
+            if end and now >= end:
+                self.stop_reason = "duration"
+                break
+            if got < DRAIN_BATCH // 4:
+                time.sleep(self.drain_s)
+
+
+def _install_signals(rec: Recorder):
+    def stop(signum, _frame):
+        rec.stop_reason = "signal"
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, stop)
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@filter_options
+@output_options
+@click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).")
+@click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
+              help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages.")
+@click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True,
+              help="Threads the kernel side can track at once.")
+@click.option("--drain-interval", type=click.FloatRange(0.0005, 1.0), default=0.005, show_default=True,
+              metavar="SECONDS", help="How often the ring buffer is drained (no per-event wake-ups).")
+@click.option("--max-rate", type=click.IntRange(1000), metavar="EVENTS/S",
+              help="Above this rate keep only one event in N (recorded as rate and loss records).")
+@click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
+              metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
+@click.option("--strict", is_flag=True, help="Exit 3 if any event was lost.")
+@click.option("-q", "--quiet", is_flag=True, help="No banner and no warnings on stderr.")
+@click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
+def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drain_interval, max_rate,
+        kernel_headers, strict, quiet, ebpf):
+    """Stream every scheduler state transition as JSON lines.
+
+    Each state record says which thread went from which state to which, and
+    dur_ns, how long it was in the state it left: the on-CPU slice when it
+    switches out, the run-queue wait when it switches in, the time blocked
+    when it is woken. fork, exec and exit records follow the task lifecycle.
+    Filters run in the kernel, so what is filtered out costs no bandwidth.
+    """
+    try:
+        rb_bytes = _size(buffer_size)
+    except (ValueError, IndexError):
+        raise click.BadParameter(f"not a size: {buffer_size!r} (e.g. 16M)", param_hint="--buffer-size")
+    rb_pages = _pow2_pages(rb_bytes)
+    try:
+        ks = read_kernel_states()
+    except (OSError, ValueError):
+        if not ebpf:
+            loader.check_privileges()
+            loader.ensure_tracefs()
+        ks = read_kernel_states() if not ebpf else _fallback_states()
+    defines = defines_for(filt, ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
+    if ebpf:
+        click.echo(loader.program_text("record", defines))
+        return
+
+    prog = loader.Program("record", defines, kernel_headers)
+    writer = None
+    rec = None
+    code = ExitCode.OK
+    try:
+        _fill_filters(prog, filt)
+        _seed(prog, ks)
+        writer = LineWriter(output, unbuffered=unbuffered)
+        meta = meta_record("record", ks)
+        meta.update(filt.meta_fields())
+        meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
+        if max_rate:
+            meta["max_rate"] = max_rate
+        rec = Recorder(prog, ks, writer, drain_s=drain_interval, max_rate=max_rate,
+                       rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"))
+        _install_signals(rec)
+        writer.record(meta)
+        writer.flush()
+        if not quiet:
+            print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
+        rec.run(duration)
+        rec.drain(limit_s=1.0)
+        totals = rec.loss_records(final=True)
+        lost = sum(totals.values())
+        writer.record({
+            "type": "end", "ts": time.monotonic_ns(), "reason": rec.stop_reason or "eof",
+            "events": rec.events, "lost": lost,
+            **{f"lost_{r}": totals[r] for r in loader.DROP_REASONS},
+            "duration_ns": time.monotonic_ns() - meta["ts"],
+        })
+        writer.close(sync=bool(output and output != "-"))
+        if strict and lost:
+            code = ExitCode.LOSS
+    except BrokenPipeError:
+        # The reader went away (`pstate record | head`): a normal end.
+        _silence_stdout()
+    except OSError as e:
+        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}", ExitCode.IOERR)
+    finally:
+        if rec is not None:
+            rec.ring.close()
+        prog.close()
+    if code:
+        sys.exit(int(code))
+
+
+def _silence_stdout():
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _fallback_states() -> KernelStates:
+    # Only for --ebpf without tracefs: the mask of current kernels.
+    return KernelStates(report_mask=0xFF, preempt_bit=0x100,
+                        letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
+
+
+def _fill_filters(prog: loader.Program, filt: Filter) -> None:
+    import ctypes
+
+    one = ctypes.c_uint8(1)
+    if filt.pids:
+        t = prog.table("pid_filter")
+        for p in filt.pids:
+            t[ctypes.c_uint32(p)] = one
+    if filt.tids:
+        t = prog.table("tid_filter")
+        for p in filt.tids:
+            t[ctypes.c_uint32(p)] = one
+    if filt.cpus:
+        t = prog.table("cpu_filter")
+        for c in filt.cpus:
+            t[ctypes.c_int(c)] = one
+
+
+def _seed(prog: loader.Program, ks: KernelStates) -> None:
+    """Give the kernel side the tgid and state of every thread alive now, so
+    the first events of existing tasks carry their process id."""
+    tasks = prog.table("tasks")
+    letters = {letter: bit for bit, letter in ks.letters.items()}
+    Leaf = tasks.Leaf
+    Key = tasks.Key
+    for tgid, tid, letter in loader.seed_tasks():
+        bit = letters.get(letter)
+        leaf = Leaf()
+        leaf.tgid = tgid
+        leaf.since = 0  # start not seen: durations of this first state are unknown
+        leaf.state = (0x1000 | bit) if bit else 0
+        try:
+            tasks[Key(tid)] = leaf
+        except Exception:
+            break  # map full: later events count map_full drops

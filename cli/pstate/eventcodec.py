@@ -1,0 +1,151 @@
+"""Turn the BPF program's binary events into JSON lines, in batches.
+
+The kernel side (bpf/record.bpf.c, struct event) writes fixed 64-byte records.
+This is the hot loop of `pstate record`: one f-string per event, with
+per-batch struct.iter_unpack and caches for names, instead of building a dict
+and serialising it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import orjson
+
+from pstate import schema
+from pstate.kstates import KernelStates
+
+# ring buffer header (len, pg_off) + struct event
+REC_FMT = "<IIQQIIIIIHHHBBhBx16s"
+EVENT_SIZE = struct.calcsize("<QQIIIIIHHHBBhBx16s")
+assert EVENT_SIZE == 64
+
+BUSY = 1 << 31
+DISCARD = 1 << 30
+NO_DUR = (1 << 64) - 1
+
+ST_KERNEL = 0x1000
+SYNTHETIC = {0: schema.UNKNOWN, 1: schema.RUNNING, 2: schema.RUNNABLE, 3: schema.PREEMPTED,
+             4: schema.NEW, 5: schema.REAPED}
+CODES = {name: code for code, name in SYNTHETIC.items()}
+
+EV_STATE, EV_FORK, EV_EXEC, EV_EXIT = 1, 2, 3, 4
+CAUSES = {1: "switch_out", 2: "switch_in", 3: "wakeup", 4: "wakeup_new", 5: "reap"}
+F_VOLUNTARY, F_THREAD, F_GROUP_DEAD = 1, 2, 4
+
+
+def state_code(name: str, ks: KernelStates) -> int | None:
+    """BPF state code of a state name (for the --state filter)."""
+    if name in CODES:
+        return CODES[name]
+    bit = ks.bit_of(name)
+    return None if bit is None else ST_KERNEL | bit
+
+
+def state_mask_bit(code: int) -> int:
+    """The bit of a state code in STATE_MASK (bpf: state_bit())."""
+    if code & ST_KERNEL:
+        return (code & 0xFFF) << 16
+    return 1 << (code & 15)
+
+
+class Encoder:
+    def __init__(self, ks: KernelStates, resolve_tgid=None):
+        self.ks = ks
+        self._names: dict[int, str] = dict(SYNTHETIC)
+        self._comms: dict[bytes, str] = {}
+        self._kletters: dict[int, str] = {}
+        self._tgid: dict[int, int] = {}
+        self.resolve_tgid = resolve_tgid or tgid_from_proc
+
+    def name(self, code: int) -> str:
+        n = self._names.get(code)
+        if n is None:
+            n = self.ks.name(code & 0xFFF) if code & ST_KERNEL else f"state_{code}"
+            self._names[code] = n
+        return n
+
+    def comm(self, raw: bytes) -> str:
+        c = self._comms.get(raw)
+        if c is None:
+            text = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+            c = orjson.dumps(text).decode()
+            if len(self._comms) > 65536:
+                self._comms.clear()
+            self._comms[raw] = c
+        return c
+
+    def kletter(self, kstate: int) -> str:
+        k = self._kletters.get(kstate)
+        if k is None:
+            k = self._kletters[kstate] = self.ks.letter(kstate)
+        return k
+
+    def pid(self, tgid: int, tid: int) -> int:
+        if tgid or not tid:
+            if tgid and tid:
+                self._tgid[tid] = tgid
+            return tgid
+        p = self._tgid.get(tid)
+        if p is None:
+            p = self.resolve_tgid(tid)
+            if p:
+                if len(self._tgid) > 1 << 20:
+                    self._tgid.clear()
+                self._tgid[tid] = p
+        return p or 0
+
+    def encode(self, view, n: int) -> tuple[list[str], int]:
+        """Encode up to n records; stop at the first still-busy one.
+
+        Returns (lines, records consumed).
+        """
+        out = []
+        append = out.append
+        name = self.name
+        comm_of = self.comm
+        consumed = 0
+        for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
+             comm) in struct.iter_unpack(REC_FMT, view):
+            if hdr & BUSY:
+                break
+            consumed += 1
+            if hdr & DISCARD:
+                continue
+            if not pid:
+                pid = self.pid(pid, tid)
+            c = comm_of(comm)
+            if typ == EV_STATE:
+                d = "null" if dur == NO_DUR else dur
+                head = (f'{{"type":"state","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                        f'"from":"{name(frm)}","to":"{name(to)}","dur_ns":{d},"cause":"{CAUSES[cause]}"')
+                if cause == 1:
+                    append(f'{head},"voluntary":{"true" if flags & F_VOLUNTARY else "false"},'
+                           f'"kstate":"{self.kletter(kst)}","prio":{prio},"next_tid":{otid}}}\n')
+                elif cause == 2:
+                    append(f'{head},"prio":{prio},"prev_tid":{otid}}}\n')
+                elif cause == 5:
+                    append(head + "}\n")
+                else:
+                    append(f'{head},"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
+            elif typ == EV_FORK:
+                append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                       f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')
+            elif typ == EV_EXEC:
+                append(f'{{"type":"exec","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                       f'"old_tid":{otid}}}\n')
+            elif typ == EV_EXIT:
+                append(f'{{"type":"exit","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                       f'"group_dead":{"true" if flags & F_GROUP_DEAD else "false"}}}\n')
+        return out, consumed
+
+
+def tgid_from_proc(tid: int) -> int:
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0

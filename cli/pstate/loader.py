@@ -1,0 +1,304 @@
+"""The one module that owns BPF: finding bcc, kernel headers and tracefs,
+compiling bpf/*.bpf.c with -D settings, attaching, draining the ring buffer,
+counting drops, and detaching.
+
+Only record, snap and doctor import it; everything else runs without bcc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import importlib.resources
+import mmap
+import os
+import struct
+import sys
+from typing import Iterable
+
+from pstate import headers, kstates
+from pstate.exitcodes import ExitCode, PstateError
+
+# Tracepoints every program needs; doctor checks each one.
+TRACEPOINTS = (
+    "sched/sched_switch", "sched/sched_waking", "sched/sched_wakeup", "sched/sched_wakeup_new",
+    "sched/sched_process_fork", "sched/sched_process_exec", "sched/sched_process_exit",
+    "sched/sched_process_free", "task/task_newtask",
+)
+
+# counters map indexes (bpf/record.bpf.c)
+DROP_RINGBUF, DROP_MAP_FULL, DROP_SAMPLED, STAT_EMITTED, STAT_ATTEMPTED = range(5)
+DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
+
+CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
+
+
+def import_bcc():
+    """Import bcc; it may live in the system's dist-packages outside a venv."""
+    try:
+        import bcc  # noqa: F401
+        return bcc
+    except ImportError:
+        pass
+    # bcc's Python module is pure Python over libbcc (ctypes): the
+    # distribution's copy works from any Python 3 that can see it.
+    for d in sorted(glob.glob("/usr/lib/python3/dist-packages")) + sorted(glob.glob("/usr/lib/python3*/site-packages")):
+        if os.path.isdir(os.path.join(d, "bcc")) and d not in sys.path:
+            sys.path.append(d)
+            try:
+                import bcc  # noqa: F401
+                return bcc
+            except ImportError:
+                sys.path.remove(d)
+    raise PstateError(
+        "bcc (the BPF Compiler Collection's Python module) is not installed",
+        ExitCode.UNAVAILABLE,
+        hint="apt-get install python3-bpfcc   (not PyPI's unrelated 'bcc'); in a venv use --system-site-packages",
+    )
+
+
+def effective_caps() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def check_privileges() -> None:
+    caps = effective_caps()
+    if os.geteuid() == 0 and caps & (1 << CAP_SYS_ADMIN):
+        return
+    need = (1 << CAP_BPF) | (1 << CAP_PERFMON)
+    if caps & need == need or caps & (1 << CAP_SYS_ADMIN):
+        return
+    raise PstateError(
+        "loading BPF programs needs root, or CAP_BPF and CAP_PERFMON (plus read access to tracefs)",
+        ExitCode.NOPERM,
+        hint="run with sudo; pstate stats, heat and replay need no privilege",
+    )
+
+
+def ensure_tracefs() -> str:
+    """Return the tracefs directory, mounting tracefs when it is not mounted."""
+    d = kstates.tracefs_dir()
+    if d:
+        return d
+    target = kstates.TRACEFS_DIRS[0]
+    if os.path.isdir(target):
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.mount(b"nodev", target.encode(), b"tracefs", 0, None)
+        if rc == 0 and kstates.tracefs_dir():
+            return target
+        err = os.strerror(ctypes.get_errno())
+    else:
+        err = f"{target} does not exist"
+    raise PstateError(
+        f"tracefs is not mounted and mounting it failed ({err}); BCC needs it for tracepoints",
+        ExitCode.UNAVAILABLE,
+        hint="mount -t tracefs nodev /sys/kernel/tracing",
+    )
+
+
+def missing_tracepoints(tracefs: str, names: Iterable[str] = TRACEPOINTS) -> list[str]:
+    return [n for n in names if not os.path.exists(os.path.join(tracefs, "events", n, "format"))]
+
+
+def find_headers(explicit: str | None = None) -> headers.HeaderTree:
+    try:
+        return headers.find(explicit)
+    except headers.HeadersNotFound as e:
+        arch = "amd64" if os.uname().machine == "x86_64" else os.uname().machine
+        raise PstateError(
+            f"{e}; BCC compiles pstate's BPF at run time and needs a kernel header tree",
+            ExitCode.UNAVAILABLE,
+            hint=f"apt-get install linux-headers-{arch} (any version works), or pass --kernel-headers DIR",
+        ) from None
+    except OSError as e:
+        raise PstateError(f"cannot prepare kernel headers: {e}", ExitCode.UNAVAILABLE) from None
+
+
+def source(name: str) -> str:
+    """The C text of bpf/<name>.bpf.c, from the installed package or a checkout."""
+    return importlib.resources.files("pstate.bpf").joinpath(f"{name}.bpf.c").read_text()
+
+
+def cflags_of(defines: dict) -> list[str]:
+    out = []
+    for k, v in defines.items():
+        if v is None or v is False:
+            continue
+        out.append(f"-D{k}" if v is True else f"-D{k}={v}")
+    return out
+
+
+def program_text(name: str, defines: dict) -> str:
+    """The final C as compiled: the -D settings as #defines, then the source."""
+    lines = [f"// pstate: bpf/{name}.bpf.c as compiled, with its -D settings"]
+    for k, v in defines.items():
+        if v is None or v is False:
+            continue
+        lines.append(f"#define {k}" if v is True else f"#define {k} {v}")
+    return "\n".join(lines) + "\n\n" + source(name)
+
+
+class Program:
+    """A compiled, attached BPF program. close() detaches it; so does exit."""
+
+    def __init__(self, name: str, defines: dict, kernel_headers: str | None = None):
+        self.name = name
+        check_privileges()
+        bcc = import_bcc()
+        self.tracefs = ensure_tracefs()
+        missing = missing_tracepoints(self.tracefs)
+        if missing:
+            raise PstateError(f"this kernel lacks tracepoints: {', '.join(missing)}", ExitCode.UNAVAILABLE)
+        self.headers = find_headers(kernel_headers)
+        os.environ["BCC_KERNEL_SOURCE"] = self.headers.path
+        try:
+            with _quiet_fd(2) as captured:
+                self.bpf = bcc.BPF(text=source(name), cflags=cflags_of(defines))
+        except Exception as e:  # bcc raises plain Exception on compile/load errors
+            msg = (captured.text().strip() if captured else "") or str(e)
+            raise PstateError(
+                f"compiling or loading the BPF program failed: {msg[-2000:]}",
+                ExitCode.OSERR,
+                hint="run `pstate doctor`; `pstate record --ebpf` prints the program",
+            ) from None
+
+    def table(self, name: str):
+        return self.bpf[name]
+
+    def counters(self) -> list[int]:
+        """Sum over CPUs of the counters per-CPU array."""
+        t = self.bpf["counters"]
+        out = []
+        for i in range(len(t)):
+            vals = t[ctypes.c_int(i)]
+            out.append(int(sum(vals)))
+        return out
+
+    def close(self) -> None:
+        bpf = getattr(self, "bpf", None)
+        if bpf is not None:
+            self.bpf = None
+            with contextlib.suppress(Exception):
+                bpf.cleanup()
+
+
+class _Captured:
+    def __init__(self, path):
+        self.path = path
+
+    def text(self) -> str:
+        try:
+            with open(self.path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def _quiet_fd(fd: int):
+    """Collect what libbcc prints on a file descriptor (compiler warnings about
+    the foreign header tree) and show it only if compiling fails."""
+    import tempfile
+
+    saved = os.dup(fd)
+    tmp = tempfile.NamedTemporaryFile(prefix="pstate-bcc-", delete=False)
+    cap = _Captured(tmp.name)
+    try:
+        os.dup2(tmp.fileno(), fd)
+        yield cap
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        tmp.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp.name)
+
+
+class RingReader:
+    """Drain a BPF ring buffer of fixed-size records in batches.
+
+    BCC's ring buffer API calls back into Python once per record; at a
+    million events a second that alone saturates a CPU. The ring buffer's
+    memory is mmap-able, so this reads every committed record between the
+    consumer and producer positions as one slice and decodes it with
+    struct.iter_unpack, then advances the consumer position once.
+    """
+
+    BUSY = 1 << 31
+    DISCARD = 1 << 30
+    HDR = 8
+
+    def __init__(self, map_fd: int, size: int, record_size: int):
+        self.page = mmap.PAGESIZE
+        self.size = size
+        self.mask = size - 1
+        self.rec = record_size
+        self.stride = (record_size + self.HDR + 7) & ~7
+        self.cons = mmap.mmap(map_fd, self.page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
+        # producer page, then the data area mapped twice so records that wrap
+        # around the end read contiguously.
+        self.prod = mmap.mmap(map_fd, self.page + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ, offset=self.page)
+        self.view = memoryview(self.prod)
+        self._cons_pos = ctypes.c_uint64.from_buffer(self.cons, 0)
+
+    def available(self) -> int:
+        prod_pos = struct.unpack_from("<Q", self.prod, 0)[0]
+        return prod_pos - self._cons_pos.value
+
+    def read(self, max_records: int | None = None) -> tuple[memoryview, int]:
+        """A contiguous view of the next n stride-sized slots, and n.
+
+        Each slot starts with the kernel's 8-byte header (length with the
+        busy and discard bits); the caller decodes in order, stops at the
+        first busy record, and commits the number it consumed.
+        """
+        cons_pos = self._cons_pos.value
+        prod_pos = struct.unpack_from("<Q", self.prod, 0)[0]
+        n = (prod_pos - cons_pos) // self.stride
+        if max_records is not None:
+            n = min(n, max_records)
+        if n <= 0:
+            return memoryview(b""), 0
+        start = self.page + (cons_pos & self.mask)
+        return self.view[start:start + n * self.stride], n
+
+    def commit(self, nrecords: int) -> None:
+        if nrecords:
+            # An aligned 8-byte store; the kernel reads it with smp_load_acquire.
+            self._cons_pos.value = self._cons_pos.value + nrecords * self.stride
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            del self._cons_pos
+            self.view.release()
+            self.cons.close()
+            self.prod.close()
+
+
+def seed_tasks() -> Iterable[tuple[int, int, str]]:
+    """(tgid, tid, state letter) of every thread alive now, from /proc."""
+    for pid_dir in os.scandir("/proc"):
+        if not pid_dir.name.isdigit():
+            continue
+        tgid = int(pid_dir.name)
+        try:
+            tids = os.listdir(f"/proc/{tgid}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                with open(f"/proc/{tgid}/task/{t}/stat", "rb") as f:
+                    data = f.read()
+                # the state letter follows the last ')' of the comm field
+                letter = chr(data[data.rindex(b")") + 2])
+            except (OSError, ValueError, IndexError):
+                continue
+            yield tgid, int(t), letter

@@ -1,0 +1,53 @@
+"""The meta header every writer puts first: what wrote the stream, where, and
+how its timestamps map to wall-clock time."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from pstate import __version__, schema
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def clock_anchor() -> tuple[int, int]:
+    """(CLOCK_MONOTONIC ns, wall-clock ns) taken as close together as possible."""
+    best = None
+    for _ in range(3):
+        m0 = time.monotonic_ns()
+        w = time.time_ns()
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, (m0 + m1) // 2, w)
+    return best[1], best[2]
+
+
+def meta_record(source: str, kernel_states=None) -> dict:
+    mono, wall = clock_anchor()
+    rec = {
+        "type": "meta",
+        "schema": schema.SCHEMA_VERSION,
+        "source": source,
+        "tool": "pstate",
+        "version": __version__,
+        "host": socket.gethostname(),
+        "kernel": os.uname().release,
+        "boot_id": boot_id(),
+        "clock": "monotonic",
+        "ts": mono,
+        "wall_ns": wall,
+        "ncpu": os.cpu_count() or 0,
+        "pstate_pid": os.getpid(),
+        "states": schema.state_vocabulary(),
+    }
+    if kernel_states is not None:
+        rec["kernel_states"] = kernel_states.meta()
+    return rec
