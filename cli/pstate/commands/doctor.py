@@ -1,0 +1,207 @@
+"""pstate doctor: can this machine run record and snap? If not, how to fix it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import click
+from tabulate import tabulate
+
+from pstate.exitcodes import ExitCode, PstateError
+
+EPILOG = """\b
+Examples:
+  sudo pstate doctor                     check everything, including a live test
+  sudo pstate doctor --no-live           skip compiling and running BPF
+  sudo pstate doctor --kernel-headers /usr/src/linux-headers-6.1.0-57-amd64
+
+\b
+Privileges: pstate record and snap need root, or the capabilities CAP_BPF
+and CAP_PERFMON plus read access to tracefs (and CAP_SYS_ADMIN to mount it).
+Never make pstate or python setuid. stats, heat and replay need no privilege.
+"""
+
+OK, PROBLEM, WARN = "ok", "PROBLEM", "warning"
+
+
+class Report:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, check, status, detail, fix=""):
+        self.rows.append((check, status, detail, fix))
+        return status == OK
+
+    @property
+    def failed(self):
+        return any(r[1] == PROBLEM for r in self.rows)
+
+
+def _short(text: str, n: int = 200) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode]:
+    from pstate import headers, kstates, loader
+
+    r = Report()
+    code = ExitCode.OK
+
+    # privileges
+    try:
+        loader.check_privileges()
+        r.add("privileges", OK, "root" if os.geteuid() == 0 else "CAP_BPF + CAP_PERFMON")
+        privileged = True
+    except PstateError as e:
+        r.add("privileges", PROBLEM, "not root and no CAP_BPF/CAP_PERFMON",
+              "run as root (sudo), or grant CAP_BPF,CAP_PERFMON via a systemd unit; never setuid")
+        privileged = False
+        code = ExitCode.NOPERM
+        del e
+
+    # bcc
+    try:
+        bcc = loader.import_bcc()
+        ver = getattr(bcc, "__version__", "") or "installed"
+        r.add("bcc", OK, f"python module {ver} ({os.path.dirname(bcc.__file__)})")
+        have_bcc = True
+    except PstateError:
+        r.add("bcc", PROBLEM, "python module 'bcc' not found",
+              "apt-get install python3-bpfcc (not PyPI's bcc); venvs need --system-site-packages")
+        have_bcc = False
+        code = code or ExitCode.UNAVAILABLE
+
+    # tracefs
+    tracefs = kstates.tracefs_dir()
+    if tracefs:
+        r.add("tracefs", OK, f"mounted at {tracefs}")
+    elif privileged:
+        try:
+            tracefs = loader.ensure_tracefs()
+            r.add("tracefs", OK, f"was not mounted; mounted it at {tracefs}")
+        except PstateError:
+            r.add("tracefs", PROBLEM, "not mounted, and mounting failed", "mount -t tracefs nodev /sys/kernel/tracing")
+            code = code or ExitCode.UNAVAILABLE
+    else:
+        r.add("tracefs", PROBLEM, "not mounted", "mount -t tracefs nodev /sys/kernel/tracing (as root)")
+        code = code or ExitCode.UNAVAILABLE
+
+    # tracepoints and state decoding
+    ks = None
+    if tracefs:
+        missing = loader.missing_tracepoints(tracefs)
+        if missing:
+            r.add("tracepoints", PROBLEM, "missing: " + ", ".join(missing), "a kernel with CONFIG_TRACEPOINTS and sched events")
+            code = code or ExitCode.UNAVAILABLE
+        else:
+            r.add("tracepoints", OK, f"{len(loader.TRACEPOINTS)} sched/task tracepoints present")
+        try:
+            ks = kstates.read_kernel_states(tracefs)
+            letters = " ".join(f"{ks.letters[b]}={ks.names[b]}" for b in sorted(ks.letters))
+            r.add("state decoding", OK, f"from sched_switch print_fmt: {letters}; R/R+=preempted "
+                  f"(mask 0x{ks.report_mask:x}, + bit 0x{ks.preempt_bit:x})")
+        except (OSError, ValueError) as e:
+            r.add("state decoding", PROBLEM, f"cannot parse sched_switch format: {_short(e)}",
+                  "please report this kernel's events/sched/sched_switch/format")
+            code = code or ExitCode.UNAVAILABLE
+
+    # kernel headers
+    tree = None
+    try:
+        tree = headers.find(kernel_headers)
+        r.add("kernel headers", OK, tree.describe())
+    except headers.HeadersNotFound as e:
+        r.add("kernel headers", PROBLEM, _short(e),
+              "apt-get install linux-headers-amd64 (any version), or --kernel-headers DIR")
+        code = code or ExitCode.UNAVAILABLE
+    except OSError as e:
+        r.add("kernel headers", PROBLEM, f"cannot prepare the merged tree: {_short(e)}",
+              "check that /var/cache/pstate is writable")
+        code = code or ExitCode.UNAVAILABLE
+
+    if not live:
+        r.add("live test", WARN, "skipped (--no-live)")
+        return r, code
+    if not (privileged and have_bcc and tracefs and tree and ks):
+        r.add("live test", PROBLEM, "skipped: fix the problems above first")
+        return r, code or ExitCode.UNAVAILABLE
+
+    ok, detail, fix = _live_test(kernel_headers)
+    r.add("compile, attach, events", OK if ok else PROBLEM, detail, fix)
+    if not ok:
+        code = code or ExitCode.OSERR
+    return r, code
+
+
+def _live_test(kernel_headers: str | None) -> tuple[bool, str, str]:
+    """Record a child that sleeps, stops and exits; check the events."""
+    import orjson
+
+    cmd = [sys.executable, "-m", "pstate", "record", "-q", "-d", "1.2"]
+    if kernel_headers:
+        cmd += ["--kernel-headers", kernel_headers]
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nfor _ in range(40): time.sleep(0.05)"])
+    try:
+        t0 = time.monotonic()
+        p = subprocess.run(cmd + ["-p", str(child.pid)], capture_output=True, timeout=60)
+        elapsed = time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return False, "record did not finish within 60 s", "run `pstate record -d 1` to see where it hangs"
+    finally:
+        child.kill()
+        child.wait()
+    if p.returncode != 0:
+        return False, f"record failed (exit {p.returncode}): {_short(p.stderr.decode(errors='replace'), 300)}", \
+            "see the message; `pstate record --ebpf` prints the program"
+    lines = p.stdout.splitlines()
+    try:
+        recs = [orjson.loads(x) for x in lines]
+    except orjson.JSONDecodeError:
+        return False, "record wrote a line that is not JSON", "please report this"
+    states = [x for x in recs if x.get("type") == "state"]
+    sleeps = [x for x in states if x.get("from") == "sleeping" and x.get("cause") == "wakeup"]
+    bad = {x["to"] for x in states if x["to"].startswith("state_")} | {x["from"] for x in states if x["from"].startswith("state_")}
+    end = recs[-1] if recs else {}
+    if not states or end.get("type") != "end":
+        return False, f"no events arrived ({len(lines)} lines)", "check dmesg for BPF errors"
+    if bad:
+        return False, f"undecoded states: {sorted(bad)}", "please report this kernel's sched_switch format"
+    if not sleeps:
+        return False, "events flow but no sleeping->runnable wake-up was seen", "please report this"
+    return True, (f"{len(states)} transitions of a test sleeper decoded, {len(sleeps)} wake-ups, "
+                  f"lost {end.get('lost', '?')}; run took {elapsed:.1f} s"), ""
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
+              metavar="DIR", help="Kernel header tree to check instead of the one found automatically.")
+@click.option("--live/--no-live", default=True, show_default=True,
+              help="Compile and attach the BPF program and record a test workload.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="Output format.")
+def cli(kernel_headers, live, fmt):
+    """Check that this machine can run pstate record and snap.
+
+    Checks privileges, the bcc module, tracefs (mounting it when missing),
+    the sched tracepoints, state decoding from the kernel's own format, the
+    kernel header tree BCC will use, and, live, that the BPF program
+    compiles, attaches and reports correctly decoded events. Prints a table
+    of ok / PROBLEM / fix; exits non-zero when something is missing.
+    """
+    report, code = run_checks(kernel_headers, live)
+    if fmt == "json":
+        import orjson
+
+        click.echo(orjson.dumps([dict(zip(("check", "status", "detail", "fix"), r)) for r in report.rows]).decode())
+    else:
+        rows = [(c, s, d + (f"\n  fix: {f}" if f else "")) for c, s, d, f in report.rows]
+        click.echo(tabulate(rows, headers=("check", "status", "detail"), tablefmt="plain", maxcolwidths=[None, None, 60]))
+    if report.failed:
+        click.echo("pstate doctor: some checks failed; see the fixes above", err=True)
+        raise SystemExit(int(code or ExitCode.UNAVAILABLE))
