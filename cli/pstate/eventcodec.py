@@ -56,6 +56,7 @@ class Encoder:
         self._comms: dict[bytes, str] = {}
         self._kletters: dict[int, str] = {}
         self._tgid: dict[int, int] = {}
+        self._prefixes: dict[int, tuple] = {}
         self.resolve_tgid = resolve_tgid or tgid_from_proc
 
     def name(self, code: int) -> str:
@@ -95,6 +96,16 @@ class Encoder:
                 self._tgid[tid] = p
         return p or 0
 
+    def _all_names(self) -> dict[int, str]:
+        """Every state code the kernel side can produce, named once."""
+        names = dict(SYNTHETIC)
+        mask = self.ks.report_mask
+        if mask < 1 << 12:
+            for bits in range(1, mask + 1):
+                if bits & ~mask == 0:
+                    names[ST_KERNEL | bits] = self.ks.name(bits)
+        return names
+
     def encode(self, view, n: int) -> tuple[list[str], int]:
         """Encode up to n records; stop at the first still-busy one.
 
@@ -102,8 +113,9 @@ class Encoder:
         """
         out = []
         append = out.append
-        name = self.name
-        comm_of = self.comm
+        names = self._names if len(self._names) > len(SYNTHETIC) else self._names.update(self._all_names()) or self._names
+        prefixes = self._prefixes
+        kletters = self._kletters
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
              comm) in struct.iter_unpack(REC_FMT, view):
@@ -112,30 +124,41 @@ class Encoder:
             consumed += 1
             if hdr & DISCARD:
                 continue
-            if not pid:
-                pid = self.pid(pid, tid)
-            c = comm_of(comm)
+            # "pid":..,"tid":..,"comm":.. is the same for most events of a thread
+            pre = prefixes.get(tid)
+            if pre is None or pre[0] != comm or pre[1] != pid:
+                pre = (comm, pid, f'"pid":{self.pid(pid, tid)},"tid":{tid},"comm":{self.comm(comm)}')
+                if len(prefixes) > 1 << 18:
+                    prefixes.clear()
+                prefixes[tid] = pre
+            ptc = pre[2]
             if typ == EV_STATE:
                 d = "null" if dur == NO_DUR else dur
-                head = (f'{{"type":"state","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
-                        f'"from":"{name(frm)}","to":"{name(to)}","dur_ns":{d},"cause":"{CAUSES[cause]}"')
+                try:
+                    f, t = names[frm], names[to]
+                except KeyError:
+                    f, t = self.name(frm), self.name(to)
                 if cause == 1:
-                    append(f'{head},"voluntary":{"true" if flags & F_VOLUNTARY else "false"},'
-                           f'"kstate":"{self.kletter(kst)}","prio":{prio},"next_tid":{otid}}}\n')
+                    k = kletters.get(kst) or self.kletter(kst)
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
+                           f'"cause":"switch_out","voluntary":{"true" if flags & F_VOLUNTARY else "false"},'
+                           f'"kstate":"{k}","prio":{prio},"next_tid":{otid}}}\n')
                 elif cause == 2:
-                    append(f'{head},"prio":{prio},"prev_tid":{otid}}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
+                           f'"cause":"switch_in","prio":{prio},"prev_tid":{otid}}}\n')
                 elif cause == 5:
-                    append(head + "}\n")
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
+                           f'"cause":"reap"}}\n')
                 else:
-                    append(f'{head},"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
+                           f'"cause":"{CAUSES[cause]}","waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
             elif typ == EV_FORK:
-                append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')
             elif typ == EV_EXEC:
-                append(f'{{"type":"exec","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
-                       f'"old_tid":{otid}}}\n')
+                append(f'{{"type":"exec","ts":{ts},"cpu":{cpu},{ptc},"old_tid":{otid}}}\n')
             elif typ == EV_EXIT:
-                append(f'{{"type":"exit","ts":{ts},"cpu":{cpu},"pid":{pid},"tid":{tid},"comm":{c},'
+                append(f'{{"type":"exit","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"group_dead":{"true" if flags & F_GROUP_DEAD else "false"}}}\n')
         return out, consumed
 
