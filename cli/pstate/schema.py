@@ -163,7 +163,7 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "loss": (
         "events were dropped since the previous loss record (one record per reason)",
         {
-            "reason": ("string", "ringbuf_full, map_full, or sampled (see --max-rate)"),
+            "reason": ("string", "ringbuf_full, map_full, sampled (see --max-rate) or unread"),
             "count": ("int", "events dropped for this reason"),
             "since_ts": ("int", "start of the window the count covers, ns"),
         },
@@ -184,13 +184,16 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),
             "lost_map_full": ("int", "transitions whose task could not be tracked: task map full"),
             "lost_sampled": ("int", "dropped on purpose by --max-rate sampling"),
+            "lost_unread": ("int", "left in the ring buffer when the final drain (at most 1 s) ended"),
+            "kernel_events": ("int?", "record: events the kernel side tried to emit after its filters; "
+                              "events + lost_ringbuf_full + lost_sampled + lost_unread equals it"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
         },
     ),
 }
 
 EVENT_TYPES = ("state", "fork", "exec", "exit")
-LOSS_REASONS = ("ringbuf_full", "map_full", "sampled")
+LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
 
 
 def state_vocabulary() -> dict[str, str]:

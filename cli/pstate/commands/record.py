@@ -117,6 +117,9 @@ class Recorder:
                 break  # a record still being written: come back next round
         return total
 
+    def unread(self) -> int:
+        return max(0, self.ring.available()) // self.ring.stride
+
     def loss_records(self, final: bool = False) -> dict:
         counters = self.prog.counters()
         now = time.monotonic_ns()
@@ -246,11 +249,18 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         rec.run(duration)
         rec.drain(limit_s=1.0)
         totals = rec.loss_records(final=True)
+        # Whatever the bounded final drain left in the ring buffer is lost too.
+        unread = rec.unread()
+        if unread:
+            writer.record({"type": "loss", "ts": time.monotonic_ns(), "reason": "unread", "count": unread,
+                           "since_ts": rec.last_loss_ts})
+        totals["unread"] = unread
         lost = sum(totals.values())
         writer.record({
             "type": "end", "ts": time.monotonic_ns(), "reason": rec.stop_reason or "eof",
             "events": rec.events, "lost": lost,
-            **{f"lost_{r}": totals[r] for r in loader.DROP_REASONS},
+            **{f"lost_{r}": n for r, n in totals.items()},
+            "kernel_events": prog.counters()[loader.STAT_ATTEMPTED],
             "duration_ns": time.monotonic_ns() - meta["ts"],
         })
         writer.close(sync=bool(output and output != "-"))
