@@ -14,7 +14,7 @@ DESTDIR ?=
 .PHONY: setup run test test-fast bench artifacts install clean
 
 setup: $(VENV)/.installed
-	@$(PY) -m pstate.setup_check
+	@$(PSTATE) doctor
 
 # apt packages that are missing; a kernel header tree only when the running
 # kernel has none (pstate merges Debian's split -common/-<arch> trees itself).
@@ -44,3 +44,27 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Regenerate man/ and completions/ from the click commands and schema.py.
+artifacts:
+	$(PY) -m pstate.docgen
+
+# A private venv (system site packages: bcc comes from apt) under
+# $(PREFIX)/lib/pstate, pstate linked into $(PREFIX)/bin, man pages and
+# completions where man, bash-completion, zsh and fish look for them.
+# With DESTDIR (staging for a package) the venv's paths are rewritten to the
+# final $(PREFIX).
+install:
+	@test -f man/pstate.1 -a -f completions/pstate.bash || { echo "man/ or completions/ missing: run make artifacts" >&2; exit 1; }
+	$(PYTHON_SYS) -m venv --system-site-packages $(DESTDIR)$(PREFIX)/lib/pstate
+	$(DESTDIR)$(PREFIX)/lib/pstate/bin/python -m pip install -q --disable-pip-version-check --no-warn-script-location --upgrade .
+	@if [ -n "$(DESTDIR)" ]; then \
+	    grep -rlIF "$(abspath $(DESTDIR)$(PREFIX))/lib/pstate" $(DESTDIR)$(PREFIX)/lib/pstate/bin $(DESTDIR)$(PREFIX)/lib/pstate/pyvenv.cfg \
+	    | xargs -r sed -i "s|$(abspath $(DESTDIR)$(PREFIX))/lib/pstate|$(PREFIX)/lib/pstate|g"; fi
+	install -d $(DESTDIR)$(PREFIX)/bin
+	ln -sfn ../lib/pstate/bin/pstate $(DESTDIR)$(PREFIX)/bin/pstate
+	install -Dm644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/*.1
+	install -Dm644 -t $(DESTDIR)$(PREFIX)/share/man/man5 man/*.5
+	install -Dm644 completions/pstate.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/pstate
+	install -Dm644 completions/_pstate $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_pstate
+	install -Dm644 completions/pstate.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/pstate.fish

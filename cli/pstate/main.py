@@ -35,6 +35,16 @@ class LazyGroup(click.Group):
         module = importlib.import_module(f"pstate.commands.{COMMANDS[name][0]}")
         return module.cli
 
+    def shell_complete(self, ctx, incomplete):
+        # Complete subcommand names from the table: importing every command
+        # (and bcc) on each TAB would be slow.
+        from click.shell_completion import CompletionItem
+
+        if incomplete.startswith("-"):
+            return super().shell_complete(ctx, incomplete)
+        return [CompletionItem(name, help=summary) for name, (_m, summary) in COMMANDS.items()
+                if name.startswith(incomplete)]
+
     def format_commands(self, ctx, formatter):
         # Summaries come from the table above so `pstate -h` imports nothing.
         rows = [(name, summary) for name, (_mod, summary) in COMMANDS.items()]

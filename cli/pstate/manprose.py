@@ -1,0 +1,485 @@
+"""Man page prose that click has no place for, keyed by command name.
+
+docgen.py takes SYNOPSIS, OPTIONS, DESCRIPTION and EXAMPLES from the click
+commands; this module adds the rest. Text is light markup: paragraphs split
+by blank lines, `code` in bold, indented blocks shown verbatim, "- " items as
+bullets. FIELDS and FILES are lists of (term, description) pairs or
+paragraphs. OVERHEAD text may use {names} from OVERHEAD_FIGURES.
+"""
+
+from __future__ import annotations
+
+from pstate import schema
+from pstate.exitcodes import ExitCode
+
+# Figures quoted in the OVERHEAD sections. PLACEHOLDERS until measured: set
+# each from the bench/ scripts named in the text on the reference machine,
+# then run `make artifacts`. Every value is plain text inserted as is.
+NOT_MEASURED = "[not yet measured]"
+OVERHEAD_FIGURES = {
+    "machine": "[reference machine: not yet measured]",
+    "record_idle_cpu": NOT_MEASURED,  # % of one CPU, idle system
+    "record_rate": NOT_MEASURED,  # transitions/s of the loaded test
+    "record_cpu_at_rate": NOT_MEASURED,  # % of one CPU at record_rate
+    "record_ns_per_event": NOT_MEASURED,  # kernel + user cost per event
+    "record_max_rate": NOT_MEASURED,  # events/s kept without loss
+    "snap_cpu": NOT_MEASURED,  # % of one CPU at record_rate
+    "snap_ns_per_event": NOT_MEASURED,
+    "stats_events_per_s": NOT_MEASURED,  # bench/bench_stats.py, "stats fast"
+    "replay_events_per_s": NOT_MEASURED,  # bench/bench_replay.py, --no-wait
+    "heat_live_events_per_s": NOT_MEASURED,  # bench/bench_heat.py, "max", no sampling
+}
+
+# Generic meaning of every exit code; pages add per-command notes.
+EXIT_CODES = {
+    ExitCode.OK: "Success.",
+    ExitCode.FAILURE: "Generic failure.",
+    ExitCode.USAGE: "Bad command line: an unknown option, a bad value or a missing argument.",
+    ExitCode.LOSS: "`record --strict`: events were lost.",
+    ExitCode.DATAERR: "Input unreadable or of a newer schema; with `--strict` also any malformed, "
+                      "truncated or skipped input line.",
+    ExitCode.NOINPUT: "An input file does not exist or cannot be opened.",
+    ExitCode.UNAVAILABLE: "bcc, kernel headers, tracefs or a needed tracepoint is missing; "
+                          "`pstate doctor` says how to fix it.",
+    ExitCode.SOFTWARE: "Internal error: a bug, please report it.",
+    ExitCode.OSERR: "The kernel refused: loading or attaching the BPF program failed.",
+    ExitCode.CANTCREAT: "An output file cannot be created (for example, the disk is full).",
+    ExitCode.IOERR: "Writing the output failed.",
+    ExitCode.TEMPFAIL: "Another instance holds the lock; try again later.",
+    ExitCode.NOPERM: "Not enough privilege (root, or CAP_BPF and CAP_PERFMON), "
+                     "or an unsafe output directory.",
+    ExitCode.SIGINT: "Interrupted by Ctrl-C before a snapshot was published.",
+    ExitCode.SIGTERM: "Interrupted by SIGTERM before a snapshot was published.",
+}
+
+_BPF_EXIT = {
+    ExitCode.UNAVAILABLE: EXIT_CODES[ExitCode.UNAVAILABLE],
+    ExitCode.OSERR: EXIT_CODES[ExitCode.OSERR],
+    ExitCode.NOPERM: "Not enough privilege: run as root, or with CAP_BPF and CAP_PERFMON "
+                     "(kernel 5.8 or later).",
+}
+
+_READER_EXIT = {
+    ExitCode.DATAERR: EXIT_CODES[ExitCode.DATAERR],
+    ExitCode.NOINPUT: EXIT_CODES[ExitCode.NOINPUT],
+}
+
+_TRACEFS_AND_HEADERS = [
+    ("/sys/kernel/tracing", "tracefs (or /sys/kernel/debug/tracing): the sched tracepoints and the "
+                            "`sched_switch` format, from which the kernel's state letters are decoded."),
+    ("/lib/modules/RELEASE/build",
+     "Kernel headers that bcc compiles the BPF program against; Debian's split "
+     "/usr/src/linux-headers-* trees are merged under /var/cache/pstate/kernel-headers. "
+     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree."),
+]
+_BPF_FILES = [
+    *_TRACEFS_AND_HEADERS,
+    ("/proc/sys/kernel/random/boot_id", "Written to the meta record: timestamps compare only within one boot."),
+]
+
+_RECORD_TYPES = [(name, desc) for name, (desc, _fields) in schema.RECORDS.items()]
+
+
+def _stats_table_fields() -> list:
+    from pstate import tables
+    from pstate.latency import PERCENTILES
+
+    def names(states):
+        return ", ".join(f"{s} ({schema.STATES[s][0]})" for s in states)
+
+    return [
+        "The table output (`--format table`) has one row per group in three tables. "
+        "Time in state, in percent of the time observed:",
+        ("PID, TID or COMM", "The group (`--by`), with the task name."),
+        ("OBSERVED", "Time the group was observed: the sum over its tasks."),
+        *[(head, f"Time {names(states)}.") for head, states in tables.TABLE_STATE_COLUMNS],
+        ("OTHR", "Time in any other state (zombie, dead, new kernel states)."),
+        "Transitions:",
+        ("TRANS, VOL, INVOL", "State transitions; voluntary switches (the task blocked) and "
+                              "involuntary ones (it was preempted)."),
+        ("FORK, EXEC, EXIT", "Lifecycle events of the group's tasks."),
+        ("NOSTART, UNOBS", "Transitions whose state's start was not seen (dur_ns null), and the "
+                           "time before them, left out of the percentages."),
+        "Latency, one row per kind of wait:",
+        ("WHAT", "runq wake-up (runnable until running), runq preempted (preempted until running), "
+                 "on-cpu slice (running until it left), or a blocked state until woken."),
+        ("COUNT, " + ", ".join(f"P{p}" for p in PERCENTILES) + ", MAX",
+         "Number of such waits, percentiles and the maximum."),
+        "`--format json` and `--format csv` hold the same figures; EXAMPLES lists their fields.",
+    ]
+
+
+_stats_fields = _stats_table_fields()
+
+PAGES: dict[str, dict] = {
+    "pstate": {
+        "description": """
+            pstate is a set of small commands joined by pipes. One command
+            observes, the others read what it wrote, from a pipe or a file,
+            in the same format:
+
+                sudo pstate record | pstate stats
+                sudo pstate record -o rec.jsonl
+                pstate replay rec.jsonl --speed 10 | pstate heat --live
+                sudo pstate snap --out /var/lib/pstate
+                pstate stats /var/lib/pstate
+
+            `record` writes one JSON object per line: a meta header, then one
+            record per state transition (and per fork, exec and exit), loss
+            records when events were dropped, and an end trailer with totals.
+            Each transition carries the time spent in the state the thread
+            left, so summing durations per thread tiles its whole life. The
+            format is described in pstate-events(5).
+
+            `snap` keeps per-thread state times in the kernel and writes them
+            out as snapshot files at an interval, for long unattended runs
+            where a full stream would be too much.
+
+            `stats`, `heat` and `replay` need neither root nor bcc: they read
+            streams, recordings and snapshots anywhere. Every command writes
+            its results to standard output and its diagnostics to standard
+            error, and a closed output pipe ends it quietly.
+            """,
+        "overhead": """
+            Only `record` and `snap` run code in the kernel; their pages give
+            its cost. The readers run on one CPU each: on {machine}, stats
+            digested {stats_events_per_s} events per second, replay
+            `--no-wait` wrote {replay_events_per_s}, and heat `--live` kept up
+            with {heat_live_events_per_s} (the scripts in bench/).
+            """,
+        "files": [
+            ("PREFIX/lib/pstate", "The Python environment `make install` creates for pstate; it sees "
+                                  "the system's packages, where bcc comes from (python3-bpfcc)."),
+            ("PREFIX/share/bash-completion/completions/pstate",
+             "Completion for bash; for zsh PREFIX/share/zsh/site-functions/_pstate, for fish "
+             "PREFIX/share/fish/vendor_completions.d/pstate.fish. PREFIX is /usr/local unless "
+             "`make install PREFIX=...` says otherwise."),
+        ],
+        "see_also": ["bpftrace(8)", "perf-sched(1)", "proc(5)", "jq(1)"],
+    },
+    "record": {
+        "description": """
+            Time stamps are CLOCK_MONOTONIC nanoseconds; the meta record holds
+            the wall-clock time of its own ts, so a reader can convert. A
+            thread already running when recording starts has an unknown first
+            state: its first transition has from "unknown" or dur_ns null.
+
+            Events pass from the kernel through a BPF ring buffer that is
+            drained in batches. When the reader cannot keep up, the kernel
+            drops events and counts them; record writes the counts as loss
+            records and in the end trailer, and warns on standard error.
+            `--max-rate` instead keeps one event in N above a given rate.
+            """,
+        "fields": [
+            "Output is JSON lines in the format of pstate-events(5). Each line is one of these record types:",
+            *_RECORD_TYPES,
+            "A state record has these fields besides type and ts:",
+            *[(name, f"{desc} ({typ.rstrip('?')}{', may be null' if typ.endswith('?') else ''}).")
+              for name, (typ, desc) in schema.RECORDS["state"][1].items()],
+        ],
+        "overhead": """
+            Every context switch and wakeup on the machine runs a short BPF
+            program, whether or not its event is kept: filters cut the output,
+            not that cost. On an idle system record uses about
+            {record_idle_cpu} of one CPU. At {record_rate} transitions per
+            second it used {record_cpu_at_rate} of one CPU, about
+            {record_ns_per_event} per event in kernel and user space together,
+            and kept up without loss up to about {record_max_rate} events per
+            second. Measured on {machine}.
+
+            Test with a short `--duration` first on a busy production machine,
+            and use `--max-rate` to cap the output rate.
+            """,
+        "exit_status": {
+            **_BPF_EXIT,
+            ExitCode.LOSS: "`--strict` was given and events were lost.",
+            ExitCode.IOERR: "Writing the output failed (a closed pipe is not an error).",
+        },
+        "files": _BPF_FILES,
+        "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-replay(1)", "pstate-doctor(1)"],
+    },
+    "snap": {
+        "description": """
+            Without `--every` or `--count`, snap collects for one interval
+            (5 s), writes one snapshot and exits, which suits cron; with them
+            it keeps running and writes one file per interval, so there are
+            no gaps between snapshots. The format is described under
+            SNAPSHOTS in pstate-events(5); `pstate stats DIR/`, `pstate heat
+            DIR/` and `pstate replay DIR/` read the directory.
+
+            Every outcome, success or failure, is also written to
+            DIR/.pstate-last.json, so monitoring can alert on a snap that
+            stopped working without parsing logs.
+            """,
+        "fields": [
+            "Each snapshot file holds a meta record, one task row per thread, and an end record "
+            "(pstate-events(5) lists every field). Task rows have:",
+            ("pid, tid, comm", "The thread."),
+            ("start_ts", "When pstate first saw the thread (CLOCK_MONOTONIC ns); with pid and tid it "
+                         "identifies the thread across pid reuse."),
+            ("state, state_since_ts", "The state at the end of the interval, and since when."),
+            ("exited, exit_ts", "Whether and when the thread exited; it stays in one more snapshot."),
+            ("<state>_ns", "Time spent in each state (running_ns, runnable_ns, preempted_ns, "
+                           "sleeping_ns, uninterruptible_ns, ...), always present."),
+            ("nvcsw, nivcsw, wakeups", "Voluntary and involuntary context switches, and wake-ups."),
+            "With `--format csv` the columns are these fields, with the meta and end records as JSON "
+            "in # comment lines. With `--format prom` the file holds Prometheus counters named "
+            "pstate_*, per process by default (`--prom-by`).",
+        ],
+        "overhead": """
+            snap runs the same kind of BPF programs as record on every context
+            switch and wakeup but keeps the sums in a kernel map instead of
+            sending events, so its cost does not depend on a reader: about
+            {snap_ns_per_event} per event, {snap_cpu} of one CPU on
+            {machine}. Writing a snapshot
+            reads the whole task map once per interval.
+            """,
+        "exit_status": {
+            **_BPF_EXIT,
+            ExitCode.CANTCREAT: "The output directory or a snapshot file cannot be created "
+                                "(for example, the disk is full); earlier snapshots are left intact.",
+            ExitCode.IOERR: "Writing a snapshot failed.",
+            ExitCode.NOPERM: "Not enough privilege, or the output directory is unsafe: a symlink, "
+                             "group- or world-writable, or owned by another user.",
+            ExitCode.TEMPFAIL: "Another pstate snap holds the lock of the output directory.",
+            ExitCode.SIGINT: "Interrupted by Ctrl-C before the interval's snapshot was published "
+                             "(the partial file is removed).",
+            ExitCode.SIGTERM: "Interrupted by SIGTERM before the interval's snapshot was published "
+                              "(the partial file is removed).",
+        },
+        "files": [
+            ("DIR/pstate-snap-YYYYmmddTHHMMSS.ffffffZ-NNNNNN.jsonl",
+             "One snapshot: the UTC time of the interval end and a sequence number (.csv with "
+             "`--format csv`). Mode 0600, or 0640 with `--group`."),
+            ("DIR/pstate-snap.prom", "With `--format prom`: the latest snapshot, replaced each time, "
+                                     "for node_exporter's textfile collector."),
+            ("DIR/.pstate-last.json", "Outcome of the latest snapshot: ok, file, seq, tasks, error."),
+            ("DIR/.pstate.lock", "Held (flock) while a snap writes into DIR; holds its pid."),
+            ("DIR/.pstate-*.tmp.*", "A snapshot being written; one an interrupted run left is "
+                                    "removed by the next run."),
+            *_BPF_FILES,
+        ],
+        "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-record(1)", "cron(8)"],
+    },
+    "replay": {
+        "arguments": {
+            "files": "Recordings or streams to replay one after another (`-` or none: standard "
+                     "input), or the --out directory of pstate snap.",
+        },
+        "fields": ["The output has the format of the input, pstate-events(5): a meta record marked "
+                   "\"replayed\": true that keeps the original's fields (so wall-clock times stay "
+                   "those of the recording), the events, the original loss records, and a new end "
+                   "record. Snapshot directories are replayed as their snapshot files, one after "
+                   "another."],
+        "overhead": """
+            With `--no-wait` replay wrote {replay_events_per_s} events per
+            second on one CPU of {machine} (bench/bench_replay.py); at the
+            recorded pace it sleeps between events and costs little.
+            """,
+        "exit_status": {**_READER_EXIT, ExitCode.IOERR: EXIT_CODES[ExitCode.IOERR]},
+        "see_also": ["pstate-record(1)", "pstate-heat(1)", "pstate-stats(1)"],
+    },
+    "stats": {
+        "arguments": {
+            "files": "Recordings or streams to read one after another (`-` or none: standard input), "
+                     "or snapshot files and directories of pstate snap.",
+        },
+        "fields": _stats_fields,
+        "overhead": """
+            stats digested {stats_events_per_s} events per second on one CPU
+            of {machine} (bench/bench_stats.py), so it keeps up with record on
+            most machines; memory grows with the number of tasks, not with the
+            length of the input.
+            """,
+        "exit_status": {
+            **_READER_EXIT,
+            ExitCode.UNAVAILABLE: "Snapshot analysis is not available in this build of pstate.",
+            ExitCode.SIGINT: "Interrupted by Ctrl-C (the second one while reading a pipe); the "
+                             "summary of the input read so far has been printed.",
+        },
+        "see_also": ["pstate-record(1)", "pstate-snap(1)", "pstate-heat(1)"],
+    },
+    "heat": {
+        "arguments": {
+            "inputs": "Recordings or streams to read (`-` or none: standard input), or one snapshot "
+                      "directory of pstate snap.",
+        },
+        "overhead": """
+            heat reads its input once; the live dashboard redraws at
+            `--refresh` frames a second and, when the stream is faster than it
+            can parse, samples the common transitions (the status line says
+            so) instead of falling behind. On {machine} it kept up with
+            {heat_live_events_per_s} events per second without sampling
+            (bench/bench_heat.py).
+            """,
+        "exit_status": {
+            **_READER_EXIT,
+            ExitCode.OK: "Success; also when Ctrl-C or q ends `--live`.",
+            ExitCode.SIGTERM: "`--live` ended by SIGTERM (SIGHUP: 129); the terminal is restored.",
+        },
+        "see_also": ["pstate-record(1)", "pstate-replay(1)", "pstate-stats(1)"],
+    },
+    "doctor": {
+        "description": """
+            The live test (the default; `--no-live` skips it) runs
+            `pstate record` for about a second on a child process that sleeps,
+            and checks that its transitions arrive decoded, with wake-ups.
+            Without privileges, checks that need them report PROBLEM instead
+            of failing. A check that fails does not stop the others, so one
+            run lists everything to fix.
+            """,
+        "fields": [
+            "One row per check; `--format json` writes a JSON array of objects with these keys:",
+            ("check", "What was checked: privileges, bcc, tracefs, tracepoints, state decoding, "
+                      "kernel headers, and the live test."),
+            ("status", "ok, PROBLEM or warning."),
+            ("detail", "What was found: versions, paths, the decoded state letters, event counts."),
+            ("fix", "For a PROBLEM, the command or setting that fixes it (in the table: a fix: line)."),
+        ],
+        "overhead": """
+            Without the live test doctor only reads files and runs in well
+            under a second. The live test compiles and loads the BPF program
+            of record and records one child process for about a second (see
+            OVERHEAD in pstate-record(1)), plus the time bcc takes to compile
+            the program.
+            """,
+        "exit_status": {
+            ExitCode.OK: "Every check passed (a skipped live test is a warning): record and snap can run.",
+            ExitCode.UNAVAILABLE: "A required piece is missing: bcc, kernel headers, tracefs, "
+                                  "a tracepoint, or the kernel's state format cannot be parsed.",
+            ExitCode.OSERR: "Everything was found but the live test failed: the BPF program did not "
+                            "compile, attach or report correctly decoded events.",
+            ExitCode.NOPERM: "Not root and no CAP_BPF and CAP_PERFMON (other checks still run).",
+        },
+        "files": [
+            *_TRACEFS_AND_HEADERS,
+            ("/var/cache/pstate/kernel-headers", "Merged kernel header trees prepared for bcc; must be writable."),
+        ],
+        "see_also": ["pstate-record(1)", "pstate-snap(1)", "capabilities(7)"],
+    },
+}
+
+# --- pstate-events(5) ----------------------------------------------------------
+
+STATE_CATEGORIES = {
+    "cpu": "on a CPU",
+    "wait": "runnable, waiting for a CPU",
+    "blocked": "waiting for an event",
+    "stopped": "stopped by a signal or a tracer",
+    "dead": "exiting or gone",
+    "unknown": "not seen",
+}
+
+EVENTS = {
+    "summary": "event stream and snapshot formats of pstate",
+    "synopsis": """
+{"type":"meta","schema":1,"source":"record",...}
+{"type":"state","ts":...,"tid":...,"from":"running","to":"sleeping","dur_ns":...,...}
+{"type":"fork",...}  {"type":"exec",...}  {"type":"exit",...}
+{"type":"loss","reason":"ringbuf_full","count":...,...}
+{"type":"end","reason":"signal","events":...,"lost":...,...}
+""",
+    "description": f"""
+        pstate record, replay and snap write JSON lines: one flat JSON object
+        per line, each with a "type". A stream starts with a meta record and
+        ends with an end record; loss records appear in-band whenever events
+        were dropped, and rate records when `record --max-rate` changes its
+        sampling. This page describes version {schema.SCHEMA_VERSION} of the
+        format (the schema field of the meta record).
+
+        Readers skip and count lines they cannot parse, report a stream whose
+        end record is missing as truncated, and refuse a stream of a newer
+        schema. New fields may be added to any record without a new schema
+        version: readers must ignore fields they do not know.
+
+        All ts fields are CLOCK_MONOTONIC nanoseconds, comparable only within
+        one boot (the boot_id field of the meta record). The wall-clock time
+        of a ts t is wall_ns + (t - ts), with wall_ns and ts from the meta
+        record. Durations are integer nanoseconds.
+        """,
+    "records": """
+        Fields marked "may be null or absent" are left out or null when they
+        do not apply; all others are always present.
+        """,
+    "states": """
+        The to and from fields of state records, and the state field of
+        snapshot task rows, hold these names. Each is given with the kernel's
+        letter (as in ps(1) and /proc/PID/stat) and its category. Per thread,
+        the dur_ns of consecutive transitions add up to the time watched.
+        """,
+    "older_letters": "A letter the running kernel reports and this table lacks is named "
+                     "\"state_<letter>\", e.g. `state_W`; older kernels also report {letters}.",
+    "causes": """
+        The cause field of a state record names the kernel event behind it:
+        """,
+    "snapshots": """
+        pstate snap writes one file per interval into its output directory,
+        named pstate-snap-<UTC YYYYmmddTHHMMSS.ffffffZ>-<seq, 6 digits>.jsonl
+        (.csv with `--format csv`), so that names sort by time. Dot-files and
+        other names in the directory are not snapshots. A file is written
+        under a dot-file name and renamed when complete.
+
+        A snapshot is JSON lines too: a meta record, then one task row per
+        thread, then an end record. In "cumulative" mode the counters of a
+        task row count from the start of the snap run (or from the thread's
+        start, if later); in "delta" mode they cover only the interval of the
+        snapshot.
+        """,
+    "snapshot_meta": [
+        "Besides the meta fields above (source is snap):",
+        ("ts", "End of the interval, CLOCK_MONOTONIC ns; wall_ns is the wall-clock time at ts."),
+        ("interval_start_ts, interval_end_ts", "The interval the snapshot covers, CLOCK_MONOTONIC ns: "
+                                               "from the start of the run (cumulative) or of the "
+                                               "interval (delta)."),
+        ("wall_start_ns, wall_end_ns", "The same interval in wall-clock ns since the epoch (UTC)."),
+        ("seq", "Sequence number of the snapshot, as in the file name."),
+        ("mode", "cumulative or delta (`snap --clear`): what the counters of task rows count."),
+        ("run_id, run_start_ts", "Identity and start of the snap run; counters of two snapshots "
+                                 "subtract only within one run."),
+        ("interval_ns, format, max_tasks", "The settings of the run."),
+        ("truncated", "true when not every thread fit in the kernel's task map (see map_full)."),
+        ("map_full", "Transitions not counted because the task map was full."),
+    ],
+    # One description per field of snapfiles.ROW_FIELDS; the <state>_ns
+    # fields share one.
+    "snapshot_task": {
+        "type": "always task",
+        "ts": "End of the interval (as in the meta record).",
+        "pid": "Process id (tgid) of the thread.",
+        "tid": "Thread id.",
+        "comm": "Thread name (comm).",
+        "start_ts": "When pstate first saw the thread (CLOCK_MONOTONIC ns): its fork, or the start "
+                    "time in /proc at clock-tick resolution. With pid and tid it identifies the "
+                    "thread even when its ids are reused.",
+        "state": "State at the end of the interval.",
+        "state_since_ts": "Since when it was in that state; null when not seen.",
+        "exited": "true once the thread exited; it then stays in one more snapshot.",
+        "exit_ts": "When it exited, or null.",
+        "<state>_ns": "Time spent in each state, ns: {fields}. Always present, as integers; a "
+                      "kernel that reports more states adds more such fields.",
+        "nvcsw": "Voluntary context switches (the thread blocked).",
+        "nivcsw": "Involuntary context switches (the thread was preempted).",
+        "wakeups": "Times the thread was woken.",
+    },
+    "snapshot_end": [
+        ("ts", "End of the interval."),
+        ("tasks", "Number of task rows in the file."),
+        ("reason", "Why the snapshot was written: interval."),
+    ],
+    "examples": """
+        A thread that sleeps, is woken, waits for a CPU, then runs:
+
+            {"type":"state","ts":123456789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"running","to":"sleeping","dur_ns":2500000,"cause":"switch_out","voluntary":true,"kstate":"S","prio":120,"next_tid":0}
+            {"type":"state","ts":173456789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"sleeping","to":"runnable","dur_ns":50000000,"cause":"wakeup","waker_tid":17,"waker_pid":17}
+            {"type":"state","ts":173468789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"runnable","to":"running","dur_ns":12000,"cause":"switch_in","prio":120,"prev_tid":0}
+
+        Uninterruptible sleeps longer than 10 ms, with jq:
+
+            jq -c 'select(.type=="state" and .from=="uninterruptible" and .dur_ns>10000000)' rec.jsonl
+
+        Total running time per thread of the latest snapshot:
+
+            jq -r 'select(.type=="task") | "\\(.tid) \\(.comm) \\(.running_ns)"' "$(ls /var/lib/pstate/pstate-snap-*.jsonl | tail -n 1)"
+        """,
+    "see_also": ["pstate-record(1)", "pstate-snap(1)", "pstate-stats(1)", "jq(1)", "proc(5)"],
+}
