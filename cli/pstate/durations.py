@@ -43,12 +43,13 @@ def fmt_ns(ns: float | int | None, digits: int = 3) -> str:
         return "-"
     ns = float(ns)
     a = abs(ns)
-    if a < 1_000:
+    if a < 999.5:
         return f"{ns:.0f}ns"
-    if a < 1_000_000:
-        return f"{ns / 1e3:.{digits}g}us"
-    if a < 1_000_000_000:
-        return f"{ns / 1e6:.{digits}g}ms"
+    # Pick the unit by the value as rounded for display, so 999999ns reads
+    # "1ms", not "1e+03us".
+    for div, unit in ((1e3, "us"), (1e6, "ms")):
+        if float(f"{a / div:.{digits}g}") < 1000:
+            return f"{ns / div:.{digits}g}{unit}"
     if a < 60e9:
         return f"{ns / 1e9:.{digits}g}s"
     if a < 3600e9:

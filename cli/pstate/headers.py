@@ -128,7 +128,9 @@ def find(explicit: str | None = None, release: str | None = None, cache_root: st
         if not os.path.isdir(explicit):
             raise HeadersNotFound(f"kernel header directory {explicit} does not exist")
         common = _companion(explicit)
-        if common and not _usable(explicit):
+        # Debian's arch tree has include/ and arch/ too, but not include/linux:
+        # its headers live in the common tree, so it still needs the merge.
+        if common and not os.path.isdir(os.path.join(explicit, "include", "linux")):
             return HeaderTree(merged_tree(explicit, common, cache_root), "explicit, merged", f"{explicit} + {common}")
         return HeaderTree(explicit, "explicit")
     release = release or os.uname().release

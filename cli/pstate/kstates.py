@@ -116,9 +116,13 @@ def parse_print_fmt(fmt: str) -> KernelStates:
     # Default letter for no bits: the string after ") :" that ends the ternary.
     dm = re.search(r"\)\s*:\s*\"([^\"]*)\"", fmt[m.start():])
     default = dm.group(1) if dm else "R"
-    # The preemption flag: 'REC->prev_state & (EXPR) ? "+"'.
-    pm = re.search(r"REC->prev_state\s*&\s*(\(.*?\))\s*\?\s*\"\+\"", fmt[m.start() + len(call):])
-    if pm:
+    # The preemption flag: 'REC->prev_state & (EXPR) ? "+"', or a bare
+    # number on older kernels ('REC->prev_state & 2048 ? "+"').
+    pm = re.search(r"REC->prev_state\s*&\s*(\(.*?\)|0x[0-9a-fA-F]+|\d+)\s*\?\s*\"\+\"",
+                   fmt[m.start() + len(call):])
+    if pm and not pm.group(1).startswith("("):
+        preempt = int(pm.group(1), 0)
+    elif pm:
         expr = pm.group(1)
         # the lazy match may stop early: rebalance from its start
         start = fmt.index(expr, m.start() + len(call))

@@ -188,7 +188,7 @@ def _install_signals(rec: Recorder):
               help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).")
 @click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
               help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages.")
-@click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True,
+@click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True, metavar="N",
               help="Threads the kernel side can track at once.")
 @click.option("--drain-interval", type=click.FloatRange(0.0005, 1.0), default=0.005, show_default=True,
               metavar="SECONDS", help="How often the ring buffer is drained (no per-event wake-ups).")
