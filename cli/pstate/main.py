@@ -35,6 +35,15 @@ class LazyGroup(click.Group):
         module = importlib.import_module(f"pstate.commands.{COMMANDS[name][0]}")
         return module.cli
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # A closed output pipe (`pstate ... | head`) is a normal end, not
+            # an error; click would otherwise turn it into exit status 1.
+            _quiet_stdout()
+            ctx.exit(ExitCode.OK)
+
     def shell_complete(self, ctx, incomplete):
         # Complete subcommand names from the table: importing every command
         # (and bcc) on each TAB would be slow.

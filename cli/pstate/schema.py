@@ -120,6 +120,11 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "buffer_bytes": ("int?", "record: size of the BPF ring buffer"),
             "max_rate": ("int?", "record: the --max-rate in force, events/s"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
+            "replay_speed": ("float?", "replay: --speed, null with --no-wait"),
+            "replay_begin_ts": ("int?", "replay: start of the --begin/--end window, ns"),
+            "replay_end_ts": ("int?", "replay: end of the window (exclusive), ns"),
+            "replay_filter_*": ("list?", "replay: the filters replay applied (same names as filter_*)"),
+            "replay_include_idle": ("bool?", "replay: --include-idle"),
         },
     ),
     "state": (
@@ -191,6 +196,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "kernel_events": ("int?", "record: events the kernel side tried to emit after its filters; "
                               "events + lost_ringbuf_full + lost_sampled + lost_unread equals it"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
+            "replay_skipped": ("int?", "replay: input lines skipped as malformed"),
+            "snapshots": ("int?", "replay of a snapshot directory: snapshot files re-emitted"),
         },
     ),
 }

@@ -1,0 +1,164 @@
+"""pstate replay: re-emit a recording (or snapshots) as a live stream."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.filters import Filter
+from pstate.options import filter_options, input_options, output_options
+from pstate.replayer import Replayer
+from pstate.streamio import LineWriter, ReadStats
+from pstate.timewindow import TimePointType, Window, WindowError
+
+PROG = "pstate replay"
+SNAPSHOT_GLOB = "pstate-snap-*.jsonl"
+
+EPILOG = """\b
+Examples:
+  pstate replay rec.jsonl | pstate heat --live      at the recorded pace
+  pstate replay rec.jsonl --speed 10 | pstate heat --live
+  pstate replay rec.jsonl -b +30s -e +45s | pstate stats
+  pstate replay rec.jsonl -b 12:00:05 -e 12:01 --no-wait > noon.jsonl
+  pstate replay rec.jsonl --no-wait -p 1234 --state D
+  pstate replay /var/lib/pstate --speed 60          snapshots, 1 min per s
+  sudo pstate record | pstate replay -c nginx       filter a live stream
+
+\b
+TIME is +30s or +1m30s (after the start of the recording), 12:00:05 (that
+time of day, local, on the day the recording started), 2026-11-30T12:00:00
+(local time unless it ends in Z or +hh:mm) or @1764500000 (epoch seconds).
+--begin is inclusive, --end exclusive. Gaps between concatenated recordings
+are not waited for. Bad input lines are skipped and counted on stderr
+(--strict: exit 65). Ctrl-C, SIGTERM and a closed pipe end the replay
+normally (exit 0); the first two still write the end trailer.
+"""
+
+
+def snapshot_files(directory: str) -> list[str]:
+    """The snapshot files of a snap --out directory, oldest first (names sort by time)."""
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        raise PstateError(f"cannot read {directory}: {e.strerror}", ExitCode.NOINPUT) from None
+    return [os.path.join(directory, n) for n in sorted(names)
+            if fnmatch.fnmatchcase(n, SNAPSHOT_GLOB) and os.path.isfile(os.path.join(directory, n))]
+
+
+def resolve_sources(files: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """(path, is_snapshot) for every input, checked before anything is written."""
+    sources: list[tuple[str, bool]] = []
+    for f in files or ("-",):
+        if f != "-" and os.path.isdir(f):
+            snaps = snapshot_files(f)
+            if not snaps:
+                raise PstateError(f"{f} holds no snapshots ({SNAPSHOT_GLOB})", ExitCode.NOINPUT,
+                                  hint="give a recording file, or the --out directory of pstate snap")
+            sources += [(p, True) for p in snaps]
+            continue
+        if f != "-" and not os.path.exists(f):
+            raise PstateError(f"cannot open {f}: No such file or directory", ExitCode.NOINPUT)
+        sources.append((f, False))
+    return sources
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _silence_stdout() -> None:
+    # The reader went away: later flushes (and the interpreter's last one) go nowhere.
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), metavar="N",
+              help="Play N times faster than recorded (0.5: half speed). Default: 1, the original pace.")
+@click.option("--no-wait", is_flag=True, help="Write everything as fast as possible, without pauses.")
+@click.option("-b", "--begin", type=TimePointType(), metavar="TIME",
+              help="Start at this time: +30s after the start, or a wall-clock time (see below).")
+@click.option("-e", "--end", type=TimePointType(), metavar="TIME",
+              help="Stop before this time, in the same forms as --begin.")
+@filter_options
+@output_options
+@input_options
+def cli(speed, no_wait, begin, end, filt: Filter, output, unbuffered, files, strict):
+    """Re-emit a recording as a stream, at its original pace or faster.
+
+    Reads recordings (FILES one after another, or standard input) or the
+    snapshot directory of pstate snap, and writes the same format: each meta
+    header marked "replayed": true with the original fields kept, the events
+    as they were, the original loss records, and a new end trailer. Whatever
+    reads a live stream works the same on a recording.
+
+    Events keep their original spacing, divided by --speed; snapshots keep
+    the spacing of their interval ends. The filters select events exactly as
+    record's do, so `record -p X` and `record | replay -p X` give the same
+    events; without any filter every event is kept, idle tasks included.
+    """
+    if speed is not None and no_wait:
+        raise click.UsageError("--speed and --no-wait cannot be used together")
+    window = Window(begin, end)
+    try:
+        window.check()
+    except WindowError as e:
+        raise click.UsageError(str(e)) from None
+    if not files and sys.stdin.isatty():
+        raise click.UsageError("no input: give a recording file or a snapshot directory, or pipe a stream in")
+    sources = resolve_sources(files)
+    if filt.active and any(snap for _p, snap in sources):
+        raise click.UsageError("filters select events of recordings; they do not apply to snapshot directories")
+    if output and output != "-" and any(_same_file(output, p) for p, _s in sources if p != "-"):
+        raise click.UsageError(f"the output {output} is also an input")
+
+    stats = ReadStats()
+    writer = LineWriter(output, unbuffered=unbuffered)
+    rep = Replayer(writer, speed=None if no_wait else (speed or 1.0), filt=filt, window=window,
+                   strict=strict, stats=stats)
+    old = _install_signals(rep)
+    try:
+        rep.run(sources)
+        writer.close(sync=bool(output and output != "-"))
+    except BrokenPipeError:
+        # `pstate replay rec.jsonl | head`: the reader has all it wanted.
+        if not writer.owned:
+            _silence_stdout()
+        return
+    except OSError as e:
+        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}",
+                          ExitCode.IOERR) from None
+    finally:
+        _restore_signals(old)
+    note = rep.window_note()
+    if note:
+        print(f"{PROG}: warning: {note}", file=sys.stderr)
+    code = stats.report(PROG, strict=strict)
+    if code:
+        sys.exit(code)
+
+
+def _install_signals(rep: Replayer) -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        old[s] = signal.signal(s, rep.on_signal)
+    return old
+
+
+def _restore_signals(old: dict) -> None:
+    for s, h in old.items():
+        signal.signal(s, h)

@@ -1,0 +1,310 @@
+"""The replay engine (pstate.replayer): pacing with a fake clock, the block
+reader, the quick framing check, and that the quick path writes exactly
+what the line-by-line path writes."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from pstate import replayer
+from pstate.main import cli as pstate_cli
+from pstate.replayer import Pacer, Replayer, Stop, event_lines, iter_blocks
+from pstate.streamio import LineWriter
+
+S = 1_000_000_000
+MS = 1_000_000
+
+
+class FakeTime:
+    """A monotonic clock that only moves when slept on (plus optional lateness)."""
+
+    def __init__(self, late_ns: int = 0):
+        self.now = 1_000 * S
+        self.late_ns = late_ns
+        self.sleeps: list[float] = []
+        self.flushes = 0
+
+    def clock(self) -> int:
+        return self.now
+
+    def sleep(self, secs: float) -> None:
+        self.sleeps.append(secs)
+        self.now += int(secs * 1e9) + self.late_ns
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def pacer(speed, late_ns=0):
+    ft = FakeTime(late_ns)
+    return Pacer(speed, clock=ft.clock, sleep=ft.sleep, before_sleep=ft.flush), ft
+
+
+def test_pacer_keeps_the_original_spacing():
+    p, ft = pacer(1.0)
+    start = ft.now
+    written = []
+    for ts in (7 * S, 7 * S + 500 * MS, 8 * S, 9 * S):
+        p.wait(ts)
+        written.append(ft.now - start)
+    assert written == [0, 500 * MS, 1 * S, 2 * S]
+    assert ft.flushes == 3  # before every sleep
+
+
+def test_pacer_divides_by_speed():
+    p, ft = pacer(10.0)
+    start = ft.now
+    for ts in range(0, 2 * S + 1, 100 * MS):
+        p.wait(ts)
+    assert ft.now - start == pytest.approx(200 * MS, abs=1000)
+
+
+def test_pacer_does_not_accumulate_lateness():
+    p, ft = pacer(1.0, late_ns=3 * MS)  # every sleep overshoots by 3 ms
+    start = ft.now
+    for i in range(101):
+        p.wait(i * 10 * MS)
+    # Each wake-up is 3 ms late, but deadlines are absolute: the end is 3 ms late, not 300.
+    assert ft.now - start == 1 * S + 3 * MS
+
+
+def test_pacer_never_sleeps_for_earlier_or_near_timestamps():
+    p, ft = pacer(1.0)
+    p.wait(10 * S)
+    p.wait(11 * S)
+    p.wait(10 * S + 500 * MS)  # another CPU's event, a little older: written at once
+    p.wait(11 * S + MS // 2)  # due in half a millisecond: not worth a sleep
+    assert len(ft.sleeps) == 1
+
+
+def test_pacer_rebase_skips_the_gap_between_recordings():
+    p, ft = pacer(1.0)
+    start = ft.now
+    p.wait(50 * S)
+    p.wait(51 * S)
+    p.rebase()
+    p.wait(3 * S)  # a later recording of another boot: its clock restarted
+    assert ft.now - start == 1 * S
+    p.wait(4 * S)
+    assert ft.now - start == 2 * S
+
+
+def test_no_wait_never_sleeps():
+    p, ft = pacer(None)
+    for ts in (0, 5 * S, 10 * S):
+        p.wait(ts)
+    assert ft.sleeps == []
+
+
+def test_a_signal_while_sleeping_stops_the_replay():
+    rep = Replayer(LineWriter.__new__(LineWriter), speed=1.0, sleep=lambda s: rep.on_signal(2, None))
+    with pytest.raises(Stop):
+        rep._sleep(1.0)
+    assert rep.stop_reason == "signal"
+    rep2 = Replayer(LineWriter.__new__(LineWriter), speed=1.0)
+    rep2.on_signal(15, None)  # outside a sleep or a read: only noted, checked at the next line
+    assert rep2.stop_reason == "signal"
+
+
+# --- the block reader ---------------------------------------------------------
+
+
+def chunked_reader(data: bytes, sizes):
+    """A read(n) that returns at most n bytes, in pieces of the given sizes (like a pipe)."""
+    bio = io.BytesIO(data)
+    it = iter(sizes)
+
+    def read(n):
+        return bio.read(min(n, next(it, n)))
+
+    return read
+
+
+def collect(data: bytes, max_line: int, block: int, sizes=()):
+    lines, overlong = [], []
+    for offset, buf, s, e in iter_blocks(chunked_reader(data, sizes), lambda: overlong.append(len(lines)),
+                                         max_line=max_line, block=block):
+        assert buf[s - 1:s] == b"\n"
+        assert data[offset:offset + (e - s)] == buf[s:e]
+        lines += [x + b"\n" for x in buf[s:e].split(b"\n")]
+        if lines[-1] == b"\n":
+            lines.pop()  # after the final newline
+        else:
+            lines[-1] = lines[-1][:-1]  # a last line without one
+    return lines, overlong
+
+
+def test_blocks_split_lines_and_drop_overlong_ones():
+    data = b"a\n" + b"x" * 50 + b"\nbb\n" + b"y" * 11 + b"\n" + b"z" * 10 + b"\nlast"
+    lines, overlong = collect(data, max_line=10, block=4)
+    assert lines == [b"a\n", b"bb\n", b"z" * 10 + b"\n", b"last"]
+    assert overlong == [1, 2]  # where the dropped lines were
+
+
+def test_blocks_overlong_unterminated_tail():
+    lines, overlong = collect(b"ok\n" + b"q" * 30, max_line=10, block=8)
+    assert (lines, overlong) == ([b"ok\n"], [1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+       st.booleans(), st.integers(1, 64), st.integers(4, 32), st.lists(st.integers(1, 50), max_size=40))
+def test_blocks_property(contents, final_newline, block, max_line, sizes):
+    data = b"\n".join(contents) + (b"\n" if final_newline and contents else b"")
+    lines, overlong = collect(data, max_line=max_line, block=block, sizes=sizes)
+    want = [c + b"\n" for c in contents]
+    if contents and not final_newline:
+        want[-1] = contents[-1]
+    kept = [w for w in want if len(w.rstrip(b"\n")) <= max_line and w not in (b"",)]
+    assert lines == [w for w in kept if w]
+    assert len(overlong) == sum(1 for w in want if len(w.rstrip(b"\n")) > max_line)
+
+
+# --- the quick framing check ----------------------------------------------------
+
+EV = b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"a","from":"running","to":"sleeping","dur_ns":5}\n'
+FORK = b'{"type":"fork","ts":2,"cpu":0,"pid":1,"tid":1,"comm":"a","child_pid":2,"child_tid":2,"thread":false}\n'
+
+
+def check(body: bytes) -> int:
+    buf = b"\n" + body
+    return event_lines(buf, 1, len(buf))
+
+
+@pytest.mark.parametrize("body,n", [
+    (EV, 1),
+    (EV * 5, 5),
+    (EV + FORK + EV, 3),
+    (EV + b'{"type":"meta","schema":1}\n' + EV, -1),  # not an event: parsed on its own
+    (EV + b'{"type":"loss","ts":1,"reason":"ringbuf_full","count":1}\n', -1),
+    (EV + b"garbage\n" + EV, -1),
+    (EV + b"garbage}\n" + EV, -1),
+    (EV + b"\n" + EV, -1),  # a blank line
+    (EV[:40] + EV, -1),  # a torn write: a record starts inside a line
+    (EV[:40] + b"\n" + EV, -1),  # a cut line
+    (EV + EV[:40] + b"\n", -1),
+    (EV.replace(b"}\n", b"}\r\n"), -1),
+    (b" " + EV, -1),
+    (b'{"type":"statex","ts":1}\n', -1),
+])
+def test_event_lines(body, n):
+    assert check(body) == n
+
+
+# --- quick path == line by line ---------------------------------------------------
+
+
+def big_recording(n=30_000, seed=3) -> bytes:
+    rnd = random.Random(seed)
+    meta = {"type": "meta", "schema": 1, "source": "record", "ts": 10 * S, "wall_ns": 1_764_500_000 * S}
+    out = [json.dumps(meta)]
+    ts = 10 * S
+    for i in range(n):
+        ts += rnd.randint(1000, 100_000)
+        out.append(json.dumps({"type": "state", "ts": ts, "cpu": i % 4, "pid": 10 + i % 5, "tid": 10 + i % 9,
+                               "comm": "w", "from": "running", "to": "sleeping", "dur_ns": i, "cause": "switch_out"},
+                              separators=(",", ":")))
+        if i % 4000 == 1999:
+            out.append(json.dumps({"type": "loss", "ts": ts, "reason": "ringbuf_full", "count": 2, "since_ts": ts - 9}))
+        if i == 9000:
+            out.append("not json at all")
+        if i == 15000:
+            out.append(out[-1][:50])  # cut short
+        if i == 17000:
+            out.append(json.dumps({**meta, "ts": ts + 1}))  # a second recording
+        if i == 21000:
+            out.append(out[-1][:30] + out[-2])  # torn
+    return ("\n".join(out) + "\n").encode()
+
+
+def run_cli(args, stdin: bytes):
+    r = CliRunner().invoke(pstate_cli, ["replay", *args], input=stdin, prog_name="pstate")
+    return r.exit_code, r.stdout_bytes, r.stderr
+
+
+def test_quick_path_writes_what_the_line_by_line_path_writes(monkeypatch):
+    data = big_recording()
+    quick = run_cli(["--no-wait"], data)
+    monkeypatch.setattr(replayer, "event_lines", lambda buf, s, e: -1)
+    slow = run_cli(["--no-wait"], data)
+    assert quick == slow
+    code, out, err = quick
+    assert code == 0
+    assert err == ("pstate replay: warning: skipped 3 lines: not valid JSON (first at <stdin>:9005)\n")
+    end = json.loads(out.splitlines()[-1])
+    assert (end["events"], end["lost"], end["replay_skipped"]) == (30_000, 8 * 2, 3)
+    assert out.count(b'"replayed":true') == 2
+
+
+def test_overlong_lines_are_skipped_in_both_paths(monkeypatch):
+    data = big_recording(3000)
+    lines = data.split(b"\n")
+    lines.insert(1500, b'{"type":"state","comm":"' + b"x" * (1 << 20) + b'"}')
+    data = b"\n".join(lines)
+    quick = run_cli(["--no-wait"], data)
+    monkeypatch.setattr(replayer, "event_lines", lambda buf, s, e: -1)
+    slow = run_cli(["--no-wait"], data)
+    assert quick == slow
+    assert quick[2] == "pstate replay: warning: skipped 1 line: line longer than 1048576 bytes (first at <stdin>:1501)\n"
+    assert json.loads(quick[1].splitlines()[-1])["events"] == 3000
+
+
+def test_quick_path_checks_framing_not_content():
+    # A well-framed line with a bad value passes the quick path unparsed (readers
+    # downstream validate it); every other mode, and --strict, parses each line.
+    bad = b'{"type":"state","ts":"late","cpu":0,"pid":1,"tid":1,"comm":"x","from":"a","to":"b","dur_ns":1}\n'
+    lines = big_recording(2000).split(b"\n")
+    lines.insert(1000, bad.rstrip(b"\n"))
+    data = b"\n".join(lines)
+    code, out, err = run_cli(["--no-wait"], data)
+    assert (code, err) == (0, "")
+    assert bad in out
+    code, out, err = run_cli(["--speed", "1e9"], data)
+    assert bad not in out
+    assert err == 'pstate replay: warning: skipped 1 line: bad or missing "ts" (first at <stdin>:1001)\n'
+    code, out, err = run_cli(["--no-wait", "--strict"], data)
+    assert (code, err) == (65, 'Error: <stdin>:1001: bad or missing "ts"\n')
+
+
+# --- the quicker record check agrees with streamio.check_record ------------------
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(2**64 - 2, 2**64 + 2),
+                    st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["state", "fork", "exec", "exit"]),
+       st.dictionaries(st.sampled_from(["ts", "cpu", "pid", "tid", "comm", "from", "to", "dur_ns"]), _values),
+       st.booleans())
+def test_quick_event_check_accepts_only_what_check_record_accepts(kind, fields, typical):
+    from pstate.replayer import _event_ok
+    from pstate.streamio import check_record
+
+    rec = {"type": kind, "ts": 1, "cpu": 0, "pid": 1, "tid": 1, "comm": "a", "from": "x", "to": "y",
+           "dur_ns": 3} if typical else {"type": kind}
+    rec.update(fields)
+    if _event_ok(rec):
+        assert check_record(rec) is None
+    if typical and not fields:
+        assert _event_ok(rec)
+
+
+def test_snapshot_removed_before_it_is_read_is_skipped(tmp_path):
+    from pathlib import Path
+
+    snap = sorted((Path(__file__).parent / "data" / "replay" / "snaps").glob("pstate-snap-*.jsonl"))[0]
+    out = tmp_path / "out.jsonl"
+    w = LineWriter(str(out))
+    rep = Replayer(w, speed=None)
+    gone = str(tmp_path / "pstate-snap-20251130T105399.000000Z-000009.jsonl")
+    assert rep.run([(str(snap), True), (gone, True)]) == "eof"
+    w.close()
+    assert rep.stats.skipped == {"snapshot removed before it was read": 1}
+    end = json.loads(out.read_text().splitlines()[-1])
+    assert (end["snapshots"], end["replay_skipped"]) == (1, 1)
