@@ -150,8 +150,9 @@ class Encoder:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
                            f'"cause":"reap"}}\n')
                 else:
+                    c = CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
-                           f'"cause":"{CAUSES[cause]}","waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
+                           f'"cause":"{c}","waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

@@ -89,6 +89,49 @@ def open_input(path: str) -> IO[bytes]:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
 
 
+class _LineReader:
+    """readline(limit) over read1() in 64 KiB pieces.
+
+    BufferedReader.readline refills its buffer (4 KiB for a pipe) one small
+    read at a time, so a writer and pstate ping-pong through the pipe at
+    ~100 MB/s; skipping a 2 GB line took 20 s. read1() drains the pipe in big
+    reads and returns bytes the file object had buffered first.
+    """
+
+    def __init__(self, fp: IO[bytes], chunk: int = _CHUNK):
+        self._read = getattr(fp, "read1", None) or fp.read
+        self._chunk = chunk
+        self._buf = b""
+        self._pos = 0
+
+    def readline(self, limit: int) -> bytes:
+        """Up to limit bytes, ending early after a newline; b"" at the end."""
+        buf, pos = self._buf, self._pos
+        nl = buf.find(b"\n", pos, pos + limit)
+        if nl >= 0:  # the common case: a whole line in the buffer
+            self._pos = nl + 1
+            return buf[pos:nl + 1]
+        out = []
+        n = 0
+        while True:
+            buf, pos = self._buf, self._pos
+            stop = min(len(buf), pos + limit - n)
+            nl = buf.find(b"\n", pos, stop)
+            if nl >= 0:
+                stop = nl + 1
+            if stop > pos:
+                out.append(buf[pos:stop])
+                n += stop - pos
+            self._pos = stop
+            if nl >= 0 or n >= limit:
+                break
+            data = self._read(self._chunk)
+            if not data:
+                break
+            self._buf, self._pos = data, 0
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
 def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_LINE) -> Iterator[tuple[bytes, int]]:
     """Yield (line, line number) for complete lines; over-long lines are skipped.
 
@@ -97,7 +140,7 @@ def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_L
     """
     lineno = 0
     offset = 0
-    readline = fp.readline
+    readline = _LineReader(fp).readline
     while True:
         line = readline(max_line + 1)
         if not line:
@@ -177,6 +220,7 @@ def read_records(
     loads = orjson.loads
     for src in sources:
         name = "<stdin>" if src == "-" else src
+        earlier_tail = stats.truncated_tail  # an earlier file's cut stays reported
         fp = open_input(src)
         try:
             for line, lineno in iter_lines(fp, name, stats, max_line):
@@ -199,7 +243,7 @@ def read_records(
                     stats.skip(why, f"{name}:{lineno}")
                     continue
                 if line[-1:] != b"\n":
-                    stats.truncated_tail = None  # the last line was complete after all
+                    stats.truncated_tail = earlier_tail  # the last line was complete after all
                 t = rec["type"]
                 if t == "meta":
                     check_schema(rec, name)

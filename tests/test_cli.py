@@ -1,0 +1,164 @@
+"""The command group and record's option handling, in-process (CliRunner):
+help, version, usage errors with their exact messages and exit codes,
+`record --ebpf` settings, and `doctor --no-live --format json`."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from pstate import __version__, kstates
+from pstate.main import COMMANDS, cli
+
+needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")
+
+USAGE = "Usage: pstate record [OPTIONS]\nTry 'pstate record --help' for help.\n\n"
+STATES = ("'running', 'runnable', 'preempted', 'new', 'sleeping', 'uninterruptible', 'stopped', 'traced', "
+          "'dead', 'zombie', 'parked', 'idle', 'reaped'")
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input, prog_name="pstate")
+
+
+@pytest.mark.parametrize("opt", ["-h", "--help"])
+def test_group_help(opt):
+    r = run(opt)
+    assert r.exit_code == 0 and r.stderr == ""
+    assert r.stdout.startswith("Usage: pstate [OPTIONS] COMMAND [ARGS]...\n")
+    assert "Examples:" in r.stdout
+    for name in COMMANDS:
+        assert f"\n  {name} " in r.stdout
+
+
+@pytest.mark.parametrize("opt", ["-V", "--version"])
+def test_version(opt):
+    r = run(opt)
+    assert (r.exit_code, r.stdout, r.stderr) == (0, f"pstate, version {__version__}\n", "")
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("opt", ["-h", "--help"])
+def test_every_subcommand_has_help_with_examples(name, opt):
+    r = run(name, opt)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"Usage: pstate {name} ")
+    assert "Examples:" in r.stdout
+    assert r.stderr == ""
+
+
+def test_unknown_command():
+    r = run("bogus")
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == "Usage: pstate [OPTIONS] COMMAND [ARGS]...\nTry 'pstate --help' for help.\n\n" \
+                       "Error: No such command 'bogus'.\n"
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--min-dur", "5xs"], "Invalid value for '--min-dur': not a duration: '5xs' (use e.g. 500us, 5ms, 2s, 1m)"),
+    (["--min-dur", "-1ms"], "Invalid value for '--min-dur': not a duration: '-1ms' (use e.g. 500us, 5ms, 2s, 1m)"),
+    (["--buffer-size", "12Q"], "Invalid value for --buffer-size: not a size: '12Q' (e.g. 16M)"),
+    (["--buffer-size", ""], "Invalid value for --buffer-size: not a size: '' (e.g. 16M)"),
+    (["--buffer-size", "M"], "Invalid value for --buffer-size: not a size: 'M' (e.g. 16M)"),
+    (["--state", "bogus"], f"Invalid value for '--state': 'bogus' is not one of {STATES}."),
+    (["-d", "0"], "Invalid value for '-d' / '--duration': 0.0 is not in the range x>0."),
+    (["--max-tasks", "5"], "Invalid value for '--max-tasks': 5 is not in the range 1024<=x<=4194304."),
+    (["--cpu", "5000"], "Invalid value for '--cpu': 5000 is not in the range 0<=x<=4095."),
+    (["-p", "x"], "Invalid value for '-p' / '--pid': 'x' is not a valid integer."),
+    (["--max-rate", "10"], "Invalid value for '--max-rate': 10 is not in the range x>=1000."),
+    (["--drain-interval", "2"], "Invalid value for '--drain-interval': 2.0 is not in the range 0.0005<=x<=1.0."),
+    (["--bogus"], "No such option '--bogus'."),
+])
+def test_record_usage_errors(args, error):
+    r = run("record", *args)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == f"{USAGE}Error: {error}\n"
+
+
+@pytest.mark.xfail(reason="record.py: _size() lets OverflowError out for 'infk' and accepts sizes <= 0",
+                   strict=False)
+@pytest.mark.parametrize("size", ["infk", "-5", "0"])
+def test_record_rejects_impossible_buffer_sizes(size):
+    r = run("record", "--ebpf", "--buffer-size", size)
+    assert r.exit_code == 2 and "Invalid value for --buffer-size" in r.stderr
+
+
+@needs_tracefs
+def test_record_takes_one_comm():
+    r = run("record", "-c", "a", "-c", "b")
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("Error: record takes one --comm (the BPF side compares one name)\n"
+                        "  fix: record without --comm and filter with `pstate replay -c A -c B`\n")
+
+
+@needs_tracefs
+def test_record_state_this_kernel_lacks():
+    r = run("record", "--state", "state_Q")
+    assert (r.exit_code, r.stdout, r.stderr) == (2, "", "Error: this kernel does not report the state 'state_Q'\n")
+
+
+def defines(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#define "):
+            parts = line.split(None, 2)
+            out[parts[1]] = parts[2] if len(parts) > 2 else True
+        elif line.startswith("// pstate record:"):
+            break  # the program's own text starts here
+    return out
+
+
+@needs_tracefs
+def test_record_ebpf_defaults():
+    r = run("record", "--ebpf")
+    assert r.exit_code == 0 and r.stderr == ""
+    ks = kstates.read_kernel_states()
+    assert r.stdout.startswith("// pstate: bpf/record.bpf.c as compiled, with its -D settings\n")
+    assert f"#define REPORT_MASK 0x{ks.report_mask:x}\n" in r.stdout
+    assert defines(r.stdout) == {"REPORT_MASK": f"0x{ks.report_mask:x}", "MAX_TASKS": "65536", "RB_PAGES": "4096"}
+    assert "struct event {" in r.stdout and "BPF_RINGBUF_OUTPUT(events, RB_PAGES);" in r.stdout
+
+
+@needs_tracefs
+def test_record_ebpf_filters():
+    r = run("record", "--ebpf", "-p", "5", "-t", "6", "--cpu", "1", "-c", "nginx", "--state", "D",
+            "--state", "preempted", "--min-dur", "5ms", "--include-idle", "--max-rate", "5000",
+            "--max-tasks", "2048", "--buffer-size", "1M")
+    assert r.exit_code == 0, r.stderr
+    ks = kstates.read_kernel_states()
+    d = defines(r.stdout)
+    comm = {f"COMM_{i}": str(b) for i, b in enumerate(b"nginx".ljust(16, b"\0"))}
+    bit_d = ks.bit_of("uninterruptible")
+    assert d == {"REPORT_MASK": f"0x{ks.report_mask:x}", "MAX_TASKS": "2048", "RB_PAGES": "256",
+                 "INCLUDE_IDLE": True, "FILTER_PID": True, "FILTER_TID": True, "FILTER_CPU": True,
+                 "SAMPLE": True, "FILTER_COMM": True, **comm,
+                 "STATE_MASK": f"0x{(bit_d << 16) | (1 << 3):x}ULL", "MIN_DUR_NS": "5000000ULL"}
+
+
+@needs_tracefs
+def test_record_ebpf_comm_is_cut_to_15_bytes():
+    d = defines(run("record", "--ebpf", "-c", "a-very-long-thread-name").stdout)
+    assert [d[f"COMM_{i}"] for i in range(16)] == [str(b) for b in b"a-very-long-thr"] + ["0"]
+
+
+def test_doctor_json_structure():
+    r = run("doctor", "--no-live", "--format", "json")
+    rows = orjson.loads(r.stdout)
+    assert [row["check"] for row in rows][:3] == ["privileges", "bcc", "tracefs"]
+    assert rows[-1] == {"check": "live test", "status": "warning", "detail": "skipped (--no-live)", "fix": ""}
+    for row in rows:
+        assert set(row) == {"check", "status", "detail", "fix"}
+        assert row["status"] in ("ok", "PROBLEM", "warning")
+        assert all(type(v) is str for v in row.values())
+        if row["status"] == "PROBLEM":
+            assert row["fix"], row
+    failed = any(row["status"] == "PROBLEM" for row in rows)
+    assert (r.exit_code != 0) == failed
+    if failed:
+        assert r.stderr == "pstate doctor: some checks failed; see the fixes above\n"
+        assert r.exit_code in (69, 77)
+    else:
+        assert [row["check"] for row in rows] == ["privileges", "bcc", "tracefs", "tracepoints", "state decoding",
+                                                  "kernel headers", "live test"]
+        assert r.stderr == ""

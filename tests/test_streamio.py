@@ -1,0 +1,322 @@
+"""streamio: the robust JSON-lines reader (skips, counts, truncation, limits,
+schema versions, strict mode) and LineWriter."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pstate import schema
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.streamio import LineWriter, ReadStats, _LineReader, check_record, iter_lines, open_input, read_records
+
+META = b'{"type":"meta","schema":1,"source":"record","tool":"pstate","version":"0.1.0","clock":"monotonic","ts":1}\n'
+STATE = (b'{"type":"state","ts":%d,"cpu":0,"pid":10,"tid":11,"comm":"a","from":"running","to":"sleeping",'
+         b'"dur_ns":5,"cause":"switch_out","voluntary":true,"kstate":"S","prio":120,"next_tid":0}\n')
+END = b'{"type":"end","ts":99,"reason":"eof","events":2,"lost":0}\n'
+
+
+def write(tmp_path, data: bytes, name="in.jsonl") -> str:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return str(p)
+
+
+def read(path, **kw):
+    st = ReadStats()
+    return list(read_records([path], st, **kw)), st
+
+
+def test_valid_stream(tmp_path):
+    p = write(tmp_path, META + STATE % 2 + STATE % 3 + END)
+    recs, st = read(p)
+    assert [r["type"] for r in recs] == ["meta", "state", "state", "end"]
+    assert (st.lines, st.records, st.n_skipped, st.truncated_tail) == (4, 4, 0, None)
+    assert st.metas[0]["schema"] == 1 and st.ends[0]["events"] == 2
+    assert st.problems() == []
+    err = io.StringIO()
+    assert st.report("pstate x", err=err, strict=True) == 0 and err.getvalue() == ""
+
+
+def test_types_filter_and_blank_lines(tmp_path):
+    p = write(tmp_path, META + b"\n  \n" + STATE % 2 + b"\r\n" + END)
+    st = ReadStats()
+    recs = list(read_records([p], st, types=frozenset({"state"})))
+    assert [r["type"] for r in recs] == ["state"]
+    assert st.records == 3 and st.n_skipped == 0  # blank lines are not records, not errors
+    assert len(st.metas) == 1 and len(st.ends) == 1
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b"{not json\n", "not valid JSON"),
+    (b"[1,2]\n", "not a JSON object"),
+    (b'"str"\n', "not a JSON object"),
+    (b'{"ts":1}\n', 'no string "type" field'),
+    (b'{"type":7}\n', 'no string "type" field'),
+    (b'{"type":"meta","schema":"1"}\n', "meta record without an integer schema"),
+    (b'{"type":"meta","schema":true}\n', "meta record without an integer schema"),
+    (b'{"type":"state","ts":-1,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n', 'bad or missing "ts"'),
+    (b'{"type":"state","ts":1.5,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n', 'bad or missing "ts"'),
+    (b'{"type":"state","ts":18446744073709551616,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n',
+     'bad or missing "ts"'),
+    (b'{"type":"state","ts":1,"cpu":true,"pid":1,"tid":1,"from":"a","to":"b"}\n', 'bad or missing "cpu"'),
+    (b'{"type":"exit","ts":1,"cpu":0,"tid":1}\n', 'bad or missing "pid"'),
+    (b'{"type":"fork","ts":1,"cpu":0,"pid":1,"tid":null}\n', 'bad or missing "tid"'),
+    (b'{"type":"exec","ts":1,"cpu":0,"pid":1,"tid":1,"comm":5}\n', 'bad "comm"'),
+    (b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":null,"to":"b"}\n', 'bad "from"/"to"'),
+    (b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b","dur_ns":-3}\n', 'bad "dur_ns"'),
+    (b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b","dur_ns":"3"}\n', 'bad "dur_ns"'),
+    (b'{"type":"loss","ts":1,"reason":"ringbuf_full","count":-1}\n', "bad loss record"),
+    (b'{"type":"loss","ts":1,"count":1}\n', "bad loss record"),
+    (b"\xef\xbb\xbf{}\n", "not valid JSON"),  # a byte order mark
+    (b'{"type":"state","comm":"\xff"}\n', "not valid JSON"),  # not UTF-8
+    (b'{"type":"state","ts":NaN}\n', "not valid JSON"),
+    (b'{"type":"state","ts":1e400}\n', "not valid JSON"),
+    (b"[" * 100_000 + b"\n", "not valid JSON"),
+])
+def test_bad_lines_are_skipped_and_counted(tmp_path, line, reason):
+    p = write(tmp_path, META + line + STATE % 2 + line + END)
+    recs, st = read(p)
+    assert [r["type"] for r in recs] == ["meta", "state", "end"]
+    assert st.skipped == {reason: 2}
+    assert st.first_bad == {reason: f"{p}:2"}
+    assert st.problems() == [f"skipped 2 lines: {reason} (first at {p}:2)"]
+    with pytest.raises(PstateError) as e:
+        read(p, strict=True)
+    assert e.value.exit_code == ExitCode.DATAERR and e.value.message == f"{p}:2: {reason}"
+
+
+def test_unknown_types_fields_and_states_pass_through(tmp_path):
+    future = b'{"type":"hint","ts":1,"x":[1]}\n'
+    odd = b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":"state_Q","to":"levitating","new_field":{}}\n'
+    recs, st = read(write(tmp_path, META + future + odd))
+    assert [r["type"] for r in recs] == ["meta", "hint", "state"] and st.n_skipped == 0
+
+
+def test_truncated_tail_is_reported(tmp_path):
+    data = META + STATE % 2 + (STATE % 3)[:40]
+    p = write(tmp_path, data)
+    recs, st = read(p)
+    assert [r["type"] for r in recs] == ["meta", "state"]
+    assert st.n_skipped == 0
+    assert st.truncated_tail == f"{p}: byte {len(META + STATE % 2)}, line 3"
+    assert st.problems() == [f"truncated final record at {p}: byte {len(META + STATE % 2)}, line 3"]
+    err = io.StringIO()
+    assert st.report("pstate stats", err=err) == 0
+    assert err.getvalue() == f"pstate stats: warning: truncated final record at {st.truncated_tail}\n"
+    assert st.report("pstate stats", err=io.StringIO(), strict=True) == ExitCode.DATAERR
+    with pytest.raises(PstateError, match=r":3: truncated record$"):
+        read(p, strict=True)
+
+
+def test_complete_record_without_final_newline_is_not_truncation(tmp_path):
+    recs, st = read(write(tmp_path, META + (STATE % 2).rstrip(b"\n")))
+    assert [r["type"] for r in recs] == ["meta", "state"]
+    assert st.truncated_tail is None and st.problems() == []
+
+
+def test_over_long_line_is_discarded_without_buffering(tmp_path):
+    long = b'{"type":"state","pad":"' + b"x" * 5000 + b'"}\n'
+    p = write(tmp_path, META + long + STATE % 2 + b"y" * 3000)
+    st = ReadStats()
+    recs = list(read_records([p], st, max_line=1000))
+    assert [r["type"] for r in recs] == ["meta", "state"]
+    assert st.skipped == {"line longer than 1000 bytes": 2}
+    assert st.truncated_tail is None  # an over-long tail is a skip, not a truncation
+    assert st.lines == 4
+
+
+def test_iter_lines_reads_in_bounded_pieces():
+    class Spy(io.BytesIO):
+        sizes = []
+
+        def read1(self, size=-1):
+            Spy.sizes.append(size)
+            return super().read1(size)
+
+    fp = Spy(b"a" * 1_000_000 + b"\nok\n")
+    st_ = ReadStats()
+    assert list(iter_lines(fp, "spy", st_, max_line=1000)) == [(b"ok\n", 2)]
+    assert Spy.sizes and all(0 < n <= 1 << 16 for n in Spy.sizes)
+    assert st_.skipped == {"line longer than 1000 bytes": 1}
+
+
+def test_line_of_exactly_the_limit_is_kept(tmp_path):
+    line = b'{"type":"x","p":"' + b"a" * (1000 - 20) + b'"}\n'
+    assert len(line) == 1000
+    recs, st = read(write(tmp_path, line + line[:-1] + b"aa\n"), max_line=998)
+    assert recs == [] and st.skipped == {"line longer than 998 bytes": 2}
+    recs, st = read(write(tmp_path, line), max_line=999)
+    assert len(recs) == 1 and st.n_skipped == 0
+
+
+def test_newer_schema_is_refused_with_exit_65(tmp_path):
+    p = write(tmp_path, b'{"type":"meta","schema":2,"version":"9.0"}\n' + STATE % 2)
+    with pytest.raises(PstateError) as e:
+        read(p)
+    assert e.value.exit_code == 65
+    assert e.value.message == (f"{p} was written in event format 2 (by pstate 9.0); this pstate reads formats "
+                               f"up to {schema.SCHEMA_VERSION}\n  fix: upgrade pstate")
+
+
+def test_older_or_equal_schema_is_accepted(tmp_path):
+    recs, _ = read(write(tmp_path, b'{"type":"meta","schema":0}\n{"type":"meta","schema":1}\n'))
+    assert len(recs) == 2
+
+
+def test_loss_records_are_summed(tmp_path):
+    loss = b'{"type":"loss","ts":1,"reason":"ringbuf_full","count":%d,"since_ts":0}\n'
+    _, st = read(write(tmp_path, META + loss % 3 + loss % 4 + b'{"type":"loss","ts":1,"reason":"map_full","count":1}\n'))
+    assert st.loss == {"ringbuf_full": 7, "map_full": 1} and st.lost == 8
+    err = io.StringIO()
+    assert st.report("pstate heat", err=err) == 0
+    assert err.getvalue() == "pstate heat: warning: the input reports 8 lost events; results are incomplete\n"
+
+
+def test_several_files_in_order_and_stdin(tmp_path, monkeypatch):
+    a = write(tmp_path, META + STATE % 1, "a.jsonl")
+    b = write(tmp_path, STATE % 2 + b"junk\n", "b.jsonl")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(STATE % 3)))
+    st = ReadStats()
+    recs = list(read_records([a, b, "-"], st))
+    assert [r.get("ts") for r in recs] == [1, 1, 2, 3]
+    assert st.first_bad == {"not valid JSON": f"{b}:2"}
+
+
+def test_missing_directory_and_device_inputs(tmp_path):
+    for path, msg in ((str(tmp_path / "nope"), "cannot open"), (str(tmp_path), "is a directory"),
+                      ("/dev/zero", "is not a regular file or a pipe")):
+        with pytest.raises(PstateError, match=msg) as e:
+            open_input(path)
+        assert e.value.exit_code == ExitCode.NOINPUT
+
+
+def test_fifo_input(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    pid = os.fork()
+    if pid == 0:  # writer
+        try:
+            with open(fifo, "wb") as f:
+                f.write(META + STATE % 5)
+        finally:
+            os._exit(0)
+    recs, _ = read(str(fifo))
+    os.waitpid(pid, 0)
+    assert [r["type"] for r in recs] == ["meta", "state"]
+
+
+def test_check_record_accepts_what_the_writers_write():
+    assert check_record({"type": "end", "reason": "eof"}) is None
+    assert check_record({"type": "rate", "ts": 1, "sample_every": 2}) is None
+    assert check_record({"type": "state", "ts": 0, "cpu": 0, "pid": 0, "tid": 0, "from": "unknown",
+                         "to": "running", "dur_ns": None}) is None
+
+
+# --- LineWriter -------------------------------------------------------------
+
+
+def test_line_writer_to_a_file(tmp_path):
+    out = tmp_path / "o.jsonl"
+    w = LineWriter(str(out), mode=0o600)
+    w.record({"type": "meta", "schema": 1})
+    w.raw(b'{"a":1}\n{"b":2}\n', 2)
+    assert w.lines == 3
+    w.close(sync=True)
+    assert out.read_bytes() == b'{"type":"meta","schema":1}\n{"a":1}\n{"b":2}\n'
+    assert out.stat().st_mode & 0o777 == 0o600
+
+
+def test_line_writer_cannot_create(tmp_path):
+    with pytest.raises(PstateError) as e:
+        LineWriter(str(tmp_path / "no" / "such" / "dir.jsonl"))
+    assert e.value.exit_code == ExitCode.CANTCREAT
+    assert "cannot create" in e.value.message and "No such file or directory" in e.value.message
+
+
+def test_line_writer_to_stdout_flushes_when_unbuffered(monkeypatch):
+    class Out(io.BytesIO):
+        flushes = 0
+
+        def flush(self):
+            Out.flushes += 1
+
+    buf = Out()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(buf))
+    w = LineWriter(None, unbuffered=True)
+    w.record({"x": 1})
+    w.raw(b"{}\n", 1)
+    assert Out.flushes >= 2
+    w.close()
+    assert buf.getvalue() == b'{"x":1}\n{}\n'
+    assert w.owned is False
+
+
+def test_line_writer_round_trip(tmp_path):
+    recs = [{"type": "meta", "schema": 1, "states": schema.state_vocabulary()},
+            {"type": "state", "ts": 2**64 - 1, "cpu": 0, "pid": 1, "tid": 1, "comm": 'q"\\\n\u2603',
+             "from": "a", "to": "b", "dur_ns": None}]
+    out = tmp_path / "rt.jsonl"
+    w = LineWriter(str(out))
+    for r in recs:
+        w.record(r)
+    w.close()
+    assert read(str(out))[0] == recs
+    assert [orjson.loads(x) for x in out.read_bytes().splitlines()] == recs
+
+
+# --- the line reader under iter_lines ----------------------------------------
+
+
+class Trickle(io.RawIOBase):
+    """A pipe-like file that returns at most `piece` bytes per read."""
+
+    def __init__(self, data: bytes, piece: int):
+        self.data, self.pos, self.piece = data, 0, piece
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        n = min(len(b), self.piece, len(self.data) - self.pos)
+        b[:n] = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300).map(lambda b: b.replace(b"x", b"\n")),
+       limit=st.integers(1, 40), chunk=st.integers(1, 50), piece=st.integers(1, 60),
+       buffered=st.booleans())
+def test_line_reader_splits_like_readline(data, limit, chunk, piece, buffered):
+    raw = Trickle(data, piece)
+    fp = io.BufferedReader(raw, buffer_size=8) if buffered else raw
+    reader = _LineReader(fp, chunk=chunk)
+    ref = io.BytesIO(data)
+    while True:
+        want = ref.readline(limit)
+        assert reader.readline(limit) == want
+        if not want:
+            break
+
+
+def test_line_reader_keeps_bytes_the_file_object_had_buffered():
+    fp = io.BufferedReader(io.BytesIO(b"first\nsecond\nthird"), buffer_size=4)
+    assert fp.peek(1)  # the file object now holds bytes in its own buffer
+    st_ = ReadStats()
+    assert [line for line, _ in iter_lines(fp, "x", st_)] == [b"first\n", b"second\n", b"third"]
+
+
+def test_a_cut_in_an_earlier_file_stays_reported(tmp_path):
+    a = write(tmp_path, META + (STATE % 1)[:30], "a.jsonl")
+    b = write(tmp_path, (STATE % 2).rstrip(b"\n"), "b.jsonl")  # complete, without a final newline
+    st_ = ReadStats()
+    recs = list(read_records([a, b], st_))
+    assert [r.get("ts") for r in recs] == [1, 2]
+    assert st_.truncated_tail == f"{a}: byte {len(META)}, line 2"
