@@ -1,0 +1,419 @@
+"""pstate heat: terminal heat maps of task states and latencies, from a
+recording, a stream, or a snapshot directory; --live redraws in place."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import sys
+
+import click
+
+from pstate import heatmap as hm
+from pstate import heatrender as hr
+from pstate import schema
+from pstate.durations import Duration, fmt_ns
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.filters import Filter
+from pstate.options import StateName
+from pstate.streamio import ReadStats, read_records
+
+UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
+PLURAL = {"thread": "threads", "process": "processes", "command": "commands"}
+DEFAULT_ROWS = 20  # rows when the output is not a terminal and no --top/--height
+DEFAULT_LAT_ROWS = 32
+OVERHEAD = 7  # title, axis (2), legend (2), footer (2)
+MAX_BANDS = 100
+
+EPILOG = """\b
+Examples:
+  pstate heat rec.jsonl                      dominant state per thread over the recording
+  pstate heat rec.jsonl --by pid --top 10    the 10 busiest processes
+  pstate heat rec.jsonl --state D            share of each bucket in D, per thread
+  pstate heat rec.jsonl --latency            run-queue latency heat map (log2 rows)
+  pstate heat rec.jsonl --latency=D          how long uninterruptible sleeps lasted, when
+  pstate heat rec.jsonl --bucket 100ms       fixed buckets (long maps wrap into bands)
+  pstate heat /var/lib/pstate --state D      processes x snapshots, time in D
+  sudo pstate record | pstate heat --live    live dashboard, Ctrl-C or q to quit
+  pstate replay rec.jsonl --speed 10 | pstate heat --live --window 30s
+  pstate heat rec.jsonl --no-color | less    plain ASCII glyphs
+
+\b
+Glyphs without colour: # running  + runnable  ! preempted  . sleeping
+  D uninterruptible  T stopped  t traced  Z zombie  X dead  P parked  I idle
+  n new  ? unknown  ' ' not seen; intensity ramp " .:-=+*#%@" (low to high).
+--live on a terminal redraws in place (alternate screen) and leaves the last
+frame on the screen when it ends; with stdout not a terminal it prints one
+frame after another, separated by a blank line. A stream faster than it can
+draw is sampled (the status line says "sampling 1/k").
+
+Exit status: 0 (also Ctrl-C or q in --live), 2 usage, 65 bad input with
+--strict or a newer event format, 66 unreadable input, 143 SIGTERM in --live.
+"""
+
+
+class MeasureChoice(click.Choice):
+    """--latency's optional value; says how to fix `--latency FILE`."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.lower() in ("s", "d"):
+            value = value.upper()
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if isinstance(value, str) and (os.path.exists(value) or value == "-"):
+                self.fail(f"{value!r} is not a measure; it looks like an input: put inputs before "
+                          f"--latency, or write --latency=runq", param, ctx)
+            raise
+
+
+def _task_filter_options(fn):
+    for d in reversed([
+        click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
+                     help="Only this process (tgid) and its threads. Repeatable."),
+        click.option("-t", "--tid", "tids", type=int, multiple=True, metavar="TID",
+                     help="Only this thread. Repeatable."),
+        click.option("-c", "--comm", "comms", multiple=True, metavar="COMM",
+                     help="Only tasks with this exact name (comm, 15 bytes). Repeatable."),
+        click.option("--include-idle", is_flag=True,
+                     help="Also show the per-CPU idle tasks (tid 0), excluded by default."),
+    ]):
+        fn = d(fn)
+    return fn
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
+@click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,
+              flag_value="runq", default=None, metavar="[MEASURE]",
+              help="Draw a latency heat map instead: x = time, y = log2 duration, shade = count. "
+                   "MEASURE: runq (run-queue wait, the default), preempt (wait after preemption), "
+                   "wait (both), blocked (S or D), S, D, oncpu (on-CPU slices).")
+@click.option("--state", "shade", type=StateName(), default=None, metavar="STATE",
+              help="Shade each cell by the share of the bucket spent in STATE (e.g. D, preempted) "
+                   "instead of showing the dominant state; rows are the tasks with the most of it. "
+                   "For a snapshot directory: the measure drawn (default running).")
+@click.option("--by", type=click.Choice(["tid", "pid", "comm"]), default=None,
+              help="One row per thread, process or command name "
+                   "[default: tid; pid for snapshots].")
+@click.option("-n", "--top", type=click.IntRange(1, 10000), default=None, metavar="N",
+              help="Show the N most active rows (busy time: all but sleeping, idle, parked) "
+                   "[default: what fits the terminal, or 20].")
+@click.option("--bucket", type=Duration("s"), default=None, metavar="DURATION",
+              help="Width of a time bucket, e.g. 100ms [default: fit the data to the width]. "
+                   "A map wider than the terminal is printed in bands.")
+@click.option("--width", type=click.IntRange(30, 2000), default=None, metavar="COLUMNS",
+              help="Draw for this many columns [default: the terminal's, or 80].")
+@click.option("--height", type=click.IntRange(8, 2000), default=None, metavar="LINES",
+              help="Fit the map into this many lines [default: the terminal's when it is one].")
+@click.option("--color", "color", type=click.Choice(["auto", "always", "never", "256", "truecolor"]),
+              default="auto", show_default=True,
+              help="Colour cells with ANSI codes: auto = on a terminal unless NO_COLOR is set; "
+                   "256 or truecolor force that palette (always picks truecolor when "
+                   "COLORTERM says so).")
+@click.option("--no-color", is_flag=True, help="Plain ASCII glyphs, same as --color never.")
+@click.option("--live", is_flag=True,
+              help="Read a stream and redraw in place over a sliding window until the input ends "
+                   "or Ctrl-C / q.")
+@click.option("--window", type=Duration("s"), default="10s", show_default=True, metavar="DURATION",
+              help="With --live: how much time the map shows.")
+@click.option("--refresh", type=click.FloatRange(0.2, 60), default=4.0, show_default=True, metavar="HZ",
+              help="With --live: frames per second.")
+@_task_filter_options
+@click.option("--strict", is_flag=True,
+              help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
+def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color, live, window, refresh,
+        pids, tids, comms, include_idle, strict):
+    """Draw terminal heat maps of task states and latencies.
+
+    The state map has one row per task and one column per time bucket; each
+    cell shows the state the task spent most of that bucket in (running,
+    runnable, preempted, sleeping, D, ...). The latency map (--latency) shows
+    how many waits of each log2 duration ended in each bucket. From a snapshot
+    directory (pstate snap --out DIR) rows are processes and columns are
+    snapshots. Input: recordings, a stream on standard input, or a directory.
+    """
+    ctx = click.get_current_context()
+    filt = Filter(pids=tuple(pids), tids=tuple(tids), comms=tuple(comms), include_idle=include_idle)
+    isatty = sys.stdout.isatty()
+    style = hr.pick_style("never" if no_color else color, isatty)
+    term = shutil.get_terminal_size((80, 24))
+    W = width or (term.columns if (isatty or "COLUMNS" in os.environ) else 80)
+    fit_height = height is not None or isatty
+    H = height or (term.lines if isatty else 0)
+    if latency and shade:
+        raise PstateError("--latency and --state draw different maps; pick one", ExitCode.USAGE)
+    shade_i = hm.STATE_INDEX.get(shade) if shade else None
+    if shade and shade_i is None:
+        shade_i = hm.OTHER
+
+    dirs = [p for p in inputs if p != "-" and os.path.isdir(p)]
+    if dirs:
+        if len(inputs) != 1:
+            raise PstateError("give one snapshot directory, or recordings, not both", ExitCode.USAGE)
+        if live:
+            raise PstateError("--live reads a stream, not a snapshot directory", ExitCode.USAGE,
+                              hint=f"pstate heat {dirs[0]} draws the snapshots")
+        if latency:
+            raise PstateError("snapshots hold time per state, not single waits: no latency map",
+                              ExitCode.USAGE, hint="use --state STATE (e.g. --state runnable)")
+        stats = ReadStats()
+        lines = snapshot_map(dirs[0], stats, strict, shade or "running", by or "pid", top, W,
+                             H if fit_height else 0, filt, style)
+        _emit(lines)
+        ctx.exit(stats.report("pstate heat", strict=strict))
+
+    sources = list(inputs) or ["-"]
+    if "-" in sources and sys.stdin.isatty():
+        raise PstateError("no input: heat reads a recording, a snapshot directory or a stream on "
+                          "standard input, and standard input is a terminal", ExitCode.USAGE,
+                          hint="pstate heat rec.jsonl, or sudo pstate record | pstate heat --live")
+    by = by or "tid"
+    if live:
+        from pstate import live as lv
+
+        if len(sources) != 1:
+            raise PstateError("--live reads one stream (a file, a pipe or standard input)", ExitCode.USAGE)
+        src = sources[0]
+        if src == "-":
+            fd, name = sys.stdin.fileno(), "<stdin>"
+        else:
+            from pstate.streamio import open_input
+
+            fp = open_input(src)
+            fd, name = fp.fileno(), src
+        # A regular file has no pace to keep up with: read all of it.
+        import stat
+
+        adaptive = not stat.S_ISREG(os.fstat(fd).st_mode)
+        opts = lv.LiveOptions(by=by, top=top, shade=shade_i, measure=latency, window_ns=window,
+                              bucket_ns=bucket, refresh=refresh, width=width, height=height,
+                              style=style, filt=filt, strict=strict, name=name, adaptive=adaptive)
+        sys.stdout.flush()
+        res = lv.run_live(fd, sys.stdout.fileno(), opts, tty=isatty)
+        ctx.exit(lv.stderr_report(res, strict))
+
+    stats = ReadStats()
+    tracker = hm.RecordedStates(by, filt, latency)
+    try:
+        for rec in read_records(sources, stats, strict=strict):
+            tracker.feed(rec)
+    except KeyboardInterrupt:
+        # `pstate record | pstate heat`: Ctrl-C ends the recording; draw what came.
+        click.echo("pstate heat: interrupted; drawing what was read", err=True)
+    tracker.close()
+    if latency:
+        lines = latency_map(tracker, stats, latency, bucket, W, H if fit_height else 0, style, sources)
+    else:
+        lines = state_map(tracker, stats, shade_i, top, bucket, W, H if fit_height else 0, style, sources)
+    _emit(lines)
+    ctx.exit(stats.report("pstate heat", strict=strict))
+
+
+def _emit(lines: list[str]) -> None:
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+# --- building views -------------------------------------------------------------------
+
+
+def _footer(tracker: hm.Tracker | None, stats: ReadStats, sources, what: str) -> list[str]:
+    parts = [what]
+    if stats.lost:
+        reasons = ", ".join(f"{r} {n:,}" for r, n in sorted(stats.loss.items()))
+        parts.append(f"lost {stats.lost:,} events ({reasons}): incomplete")
+    else:
+        parts.append("lost 0")
+    if stats.n_skipped:
+        parts.append(f"skipped {stats.n_skipped:,} bad lines")
+    if stats.truncated_tail:
+        parts.append("truncated last line")
+    if tracker is not None and tracker.input_sample_every > 1:
+        parts.append(f"recorded with sampling 1/{tracker.input_sample_every}")
+    src = ", ".join("stdin" if s == "-" else os.path.basename(s) for s in sources)
+    if len(src) > 60:
+        src = f"{len(sources)} inputs"
+    head = f"Input: {src}"
+    if tracker is not None and tracker.hosts:
+        head += f" (host {', '.join(tracker.hosts)})"
+    if tracker is not None and tracker.wall_ns:
+        t = datetime.datetime.fromtimestamp(tracker.wall_ns / 1e9, datetime.timezone.utc)
+        head += f", start {t:%Y-%m-%d %H:%M:%S} UTC"
+    return [head + "; " + "; ".join(parts) + "."]
+
+
+def _rows_fit(top, H, default) -> int:
+    if top:
+        return top
+    if H:
+        return max(3, H - OVERHEAD)
+    return default
+
+
+def state_map(tracker: hm.RecordedStates, stats, shade, top, bucket, W, H, style, sources) -> list[str]:
+    t0, t1 = tracker.range()
+    unit = UNITS[tracker.by]
+    events = f"{tracker.n_events:,} events"
+    if t0 is None or not tracker.totals:
+        view = hm.View("state", "No state transitions in the input", [], [],
+                       footer=_footer(tracker, stats, sources, events))
+        return hr.render(view, W, style)
+    slot = hm.BUSY if shade is None else shade
+    score = {k: v[slot] for k, v in tracker.totals.items()}
+    keys = tracker.rank(score, _rows_fit(top, H, DEFAULT_ROWS))
+    labels = [tracker.label(k) for k in keys]
+    lw = hr.label_width(labels, W)
+    ncols = hr.map_columns(W, lw)
+    span = max(1, t1 - t0)
+    b = bucket or hm.nice_bucket(span, ncols)
+    total_cols = max(1, -(-span // b))
+    grid = tracker.state_grid(keys, t0, b, t1)
+    nall = len(set(tracker.totals) | set(tracker.events))
+    if shade is None:
+        title = (f"Dominant state per {unit}: {len(keys)} of {nall} {PLURAL[unit]}, busiest first; "
+                 f"{fmt_ns(span)} in {fmt_ns(b)} buckets")
+    else:
+        name = hm.STATE_NAMES[shade]
+        letter = schema.STATES.get(name, ("?",))[0]
+        title = (f"Share of each {fmt_ns(b)} bucket spent {name} ({letter}): {len(keys)} of {nall} "
+                 f"{PLURAL[unit]}, most {name} first; {fmt_ns(span)}")
+    return _bands(grid, keys, labels, lw, ncols, total_cols, b, shade, title, W, style,
+                  _footer(tracker, stats, sources, events))
+
+
+def _bands(grid, keys, labels, lw, ncols, total_cols, b, shade, title, W, style, footer) -> list[str]:
+    nb = -(-total_cols // ncols)
+    out = []
+    if nb > MAX_BANDS:
+        click.echo(f"pstate heat: warning: {total_cols} buckets make {nb} bands; showing the first "
+                   f"{MAX_BANDS} (use a larger --bucket)", err=True)
+        nb = MAX_BANDS
+    seen_all: set = set()
+    bands = []
+    for i in range(nb):
+        c0 = i * ncols
+        n = min(ncols, total_cols - c0)
+        rows, seen = hm.state_rows(grid, keys, c0, n, shade)
+        seen_all.update(seen)
+        bands.append((c0, rows))
+    for i, (c0, rows) in enumerate(bands):
+        view = hm.View("state" if shade is None else "share", title, labels, rows,
+                       axis=hm.TimeAxis(c0 * b, b), scale_max=1.0, scale_title="share",
+                       scale_unit="%", footer=footer, states_present=sorted(seen_all))
+        out.extend(hr.render(view, W, style, label_w=lw, head=i == 0, tail=i == len(bands) - 1))
+        if i < len(bands) - 1:
+            out.append("")
+    return out
+
+
+def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style, sources) -> list[str]:
+    t0, t1 = tracker.range()
+    what, _states = hm.MEASURES[measure]
+    footer = _footer(tracker, stats, sources, f"{tracker.n_samples:,} samples of {tracker.n_events:,} events")
+    if t0 is None or not tracker.n_samples:
+        view = hm.View("count", f"Latency heat map of {what}: no such durations in the input", [], [],
+                       footer=footer)
+        return hr.render(view, W, style)
+    lw = 7
+    ncols = hr.map_columns(W, lw)
+    span = max(1, t1 - t0)
+    b = bucket or hm.nice_bucket(span, ncols)
+    total_cols = max(1, -(-span // b))
+    cols = tracker.latency_counts(t0, b)
+    max_rows = max(3, H - OVERHEAD) if H else DEFAULT_LAT_ROWS
+    rows, spans, per = hm.latency_rows(cols, 0, total_cols, max_rows)
+    labels = [fmt_ns(hm.log2_lower(b0)).rjust(lw) for b0, _ in spans]
+    vmax = max((max(r) for r in rows), default=0)
+    merged = "" if per == 1 else f" ({per} log2 buckets per row)"
+    title = (f"Latency heat map of {what}: count per {fmt_ns(b)} bucket (x) and log2 duration (y, "
+             f"row = lower bound){merged}; {fmt_ns(span)}")
+    nb = min(MAX_BANDS, -(-total_cols // ncols))
+    out = []
+    for i in range(nb):
+        c0 = i * ncols
+        band = [r[c0:c0 + ncols] for r in rows]
+        view = hm.View("count", title, labels, band, axis=hm.TimeAxis(c0 * b, b), scale_max=vmax,
+                       scale_mode="log", scale_title="count (log scale)", footer=footer)
+        out.extend(hr.render(view, W, style, label_w=lw, head=i == 0, tail=i == nb - 1))
+        if i < nb - 1:
+            out.append("")
+    return out
+
+
+def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) -> list[str]:
+    snaps = hm.read_snapshot_dir(directory, stats, strict=strict)
+    if filt.active:
+        for s in snaps:
+            s.tasks = [t for t in s.tasks if _task_match(filt, t)]
+    elif not filt.include_idle:
+        for s in snaps:
+            s.tasks = [t for t in s.tasks if t["tid"] != 0]
+    unit = UNITS[by]
+    footer_what = f"{len(snaps)} snapshots"
+    if len(snaps) < 1:
+        view = hm.View("value", f"No snapshots in {directory}", [], [],
+                       footer=[f"Input: {os.path.basename(os.path.normpath(directory))}/; "
+                               "no pstate-snap-*.jsonl files."])
+        return hr.render(view, W, style)
+    values, comms = hm.snapshot_values(snaps, (state,), by)
+    totals: dict = {}
+    for _iv, vals in values:
+        for k, v in vals.items():
+            totals[k] = totals.get(k, 0) + v
+    order = sorted(set(totals) | set(comms), key=lambda k: (-totals.get(k, 0), str(k)))
+    keys = order[:_rows_fit(top, H, DEFAULT_ROWS)]
+    labels = [str(k) if by == "comm" else f"{comms.get(k, '?')} {k}" for k in keys]
+    lw = hr.label_width(labels, W)
+    ncols = hr.map_columns(W, lw)
+    cells, spans, per = hm.snapshot_view_cells(values, keys, ncols)
+    vmax = max((v for row in cells for v in row if v is not None), default=0) or 1.0
+    # Few snapshots: draw each several characters wide so the map is readable.
+    rep = max(1, min(8, ncols // max(1, len(spans))))
+    if rep > 1:
+        cells = [[v for v in row for _ in range(rep)] for row in cells]
+    # Column labels: the wall-clock time (UTC) a snapshot was taken. Runs
+    # and boots have their own monotonic clocks; the wall clock spans them.
+    walls = []
+    for c in range(len(spans)):
+        w = snaps[min(len(snaps) - 1, (c + 1) * per - 1)].meta
+        w = w.get("wall_end_ns", w.get("wall_ns"))
+        walls.append(datetime.datetime.fromtimestamp(w / 1e9, datetime.timezone.utc) if type(w) is int else None)
+    days = {w.date() for w in walls if w is not None}
+    fmt = "%H:%M:%S" if len(days) <= 1 else "%m-%d %H:%M"
+    col_labels = []
+    free = 0  # first column a label may start at
+    for c, w in enumerate(walls):
+        text = w.strftime(fmt) if w is not None else ""
+        if text and c * rep >= free:
+            col_labels.append((c * rep, text))
+            free = c * rep + len(text) + 2
+    letter = schema.STATES.get(state, ("?",))[0]
+    grouped = "" if per == 1 else f", {per} snapshots per column"
+    title = (f"Time {state} ({letter}) per {unit} and snapshot interval, as the average number of "
+             f"threads {state}: {len(keys)} of {len(order)} {PLURAL[unit]}{grouped}; "
+             f"columns end at the times shown (UTC)")
+    meta0 = snaps[0].meta
+    head = f"Input: {os.path.basename(os.path.normpath(directory))}/"
+    if isinstance(meta0.get("host"), str):
+        head += f" (host {meta0['host']})"
+    w = meta0.get("wall_start_ns", meta0.get("wall_ns"))
+    if type(w) is int:
+        t = datetime.datetime.fromtimestamp(w / 1e9, datetime.timezone.utc)
+        head += f", first interval from {t:%Y-%m-%d %H:%M:%S} UTC"
+    modes = sorted({str(s.meta.get("mode")) for s in snaps})
+    incomplete = sum(1 for s in snaps if not s.complete)
+    tail = f"; {footer_what} ({'/'.join(modes)})"
+    if incomplete:
+        tail += f"; {incomplete} without an end record"
+    truncated = sum(1 for s in snaps if s.meta.get("truncated") or s.meta.get("map_full"))
+    if truncated:
+        tail += f"; {truncated} truncated (task map full): incomplete"
+    view = hm.View("value", title, labels, cells, col_labels=col_labels, scale_max=vmax,
+                   scale_mode="linear", scale_title=f"threads {state}", footer=[head + tail + "."])
+    return hr.render(view, W, style, label_w=lw)
+
+
+def _task_match(filt: Filter, t: dict) -> bool:
+    rec = {"type": "state", "pid": t["pid"], "tid": t["tid"], "comm": t.get("comm"), "cpu": 0}
+    return filt.match(rec)

@@ -1,0 +1,807 @@
+"""Heat map models: pstate events and snapshots bucketed into grids.
+
+Three maps, all pure computation (the only I/O is reading a snapshot
+directory):
+
+- state map: rows = tasks, columns = time buckets, each cell the time spent
+  in each state in that bucket (drawn as the dominant state, or shaded by
+  the share of one state);
+- latency map: columns = time buckets, rows = log2 buckets of one kind of
+  duration (run-queue wait, time blocked, on-CPU slice), cell = count;
+- snapshot map: rows = processes, columns = snapshots, cell = time in the
+  chosen states per interval.
+
+Time in a state is known from the transition that leaves it: a record with
+from=S, dur_ns=d at ts says the task was in S during [ts - d, ts]. The state
+a task entered last is "open" until its next transition; it is drawn up to
+the end of the data (or "now" in the live view), so a task stuck in D shows
+from the moment it entered D.
+
+Columns are absolute bucket numbers counted from an origin: column c covers
+[origin + c*bucket, origin + (c+1)*bucket).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from array import array
+from dataclasses import dataclass, field
+
+from pstate import schema
+from pstate.filters import Filter
+from pstate.streamio import ReadStats, read_records
+
+# --- state vocabulary as indices --------------------------------------------
+
+STATE_NAMES: tuple[str, ...] = tuple(schema.STATES) + ("other",)
+STATE_INDEX: dict[str, int] = {name: i for i, name in enumerate(STATE_NAMES)}
+OTHER = STATE_INDEX["other"]  # any state_<letter> a newer kernel reports
+NSTATES = len(STATE_NAMES)
+BUSY = NSTATES  # extra slot in every cell: the sum of the "busy" states
+
+# Background states: a task in them is not doing or waiting for anything
+# interesting, so they do not count as activity when ranking rows.
+BACKGROUND = frozenset({"sleeping", "idle", "parked", schema.UNKNOWN, schema.REAPED})
+IS_BUSY: tuple[bool, ...] = tuple(name not in BACKGROUND for name in STATE_NAMES)
+REAPED_IDX = STATE_INDEX[schema.REAPED]
+
+
+def state_index(name) -> int:
+    i = STATE_INDEX.get(name)
+    return OTHER if i is None else i
+
+
+# --- latency measures: which transitions give which durations ---------------
+
+# measure -> (title, states whose time (dur_ns of leaving them) is counted)
+MEASURES: dict[str, tuple[str, frozenset]] = {
+    "runq": ("run-queue wait (runnable -> running)", frozenset({"runnable", "new"})),
+    "preempt": ("wait after preemption (preempted -> running)", frozenset({"preempted"})),
+    "wait": ("time runnable, woken or preempted", frozenset({"runnable", "new", "preempted"})),
+    "blocked": ("time blocked (S or D)", frozenset({"sleeping", "uninterruptible"})),
+    "S": ("interruptible sleep (S)", frozenset({"sleeping"})),
+    "D": ("uninterruptible sleep (D)", frozenset({"uninterruptible"})),
+    "oncpu": ("on-CPU slices (running)", frozenset({"running"})),
+}
+NLOG2 = 65  # dur.bit_length() for a 64-bit duration: 0..64
+
+
+def log2_bucket(dur_ns: int) -> int:
+    """Bucket b holds durations in [2**(b-1), 2**b); bucket 0 holds 0."""
+    return dur_ns.bit_length()
+
+
+def log2_lower(b: int) -> int:
+    return 0 if b == 0 else 1 << (b - 1)
+
+
+# --- bucket and window arithmetic --------------------------------------------
+
+
+def nice_bucket(span_ns: int, ncols: int) -> int:
+    """The smallest bucket with at most two significant digits (170ms, 2.5s)
+    that fits span_ns into ncols columns."""
+    raw = max(1, -(-max(span_ns, 1) // max(ncols, 1)))
+    if raw < 100:
+        return raw
+    mag = 10 ** (len(str(raw)) - 2)
+    return -(-raw // mag) * mag
+
+
+class Grid:
+    """Column-major sparse grid: col -> key -> list of ns per state (+ BUSY)."""
+
+    __slots__ = ("origin", "bucket", "cols")
+
+    def __init__(self, origin: int, bucket: int):
+        self.origin = origin
+        self.bucket = bucket
+        self.cols: dict[int, dict] = {}
+
+    def paint(self, key, s: int, start: int, end: int, lo: int | None = None) -> None:
+        """Add [start, end) in state s to row key; columns below lo are dropped."""
+        if end <= start:
+            return
+        b = self.bucket
+        o = self.origin
+        c = (start - o) // b
+        if lo is not None and c < lo:
+            c = lo
+            start = o + lo * b
+            if end <= start:
+                return
+        last = (end - 1 - o) // b
+        busy = IS_BUSY[s]
+        cols = self.cols
+        while True:
+            cs = o + c * b
+            ce = cs + b
+            ov = (end if end < ce else ce) - (start if start > cs else cs)
+            col = cols.get(c)
+            if col is None:
+                col = cols[c] = {}
+            cell = col.get(key)
+            if cell is None:
+                cell = col[key] = [0] * (NSTATES + 1)
+            cell[s] += ov
+            if busy:
+                cell[BUSY] += ov
+            if c >= last:
+                return
+            c += 1
+
+    def cell(self, c: int, key):
+        col = self.cols.get(c)
+        return None if col is None else col.get(key)
+
+    def drop_before(self, lo: int) -> None:
+        cols = self.cols
+        for c in [c for c in cols if c < lo]:
+            del cols[c]
+
+
+# --- the stream tracker: events -> intervals ---------------------------------
+
+
+def key_of(by: str):
+    if by == "tid":
+        return lambda pid, tid, comm: tid
+    if by == "pid":
+        return lambda pid, tid, comm: pid or tid
+    return lambda pid, tid, comm: comm
+
+
+class Tracker:
+    """Turns state records into (key, state, start, end) intervals.
+
+    Subclasses decide what an interval or a latency sample does (emit,
+    sample). Keeps per-key labels, event counts and per-state totals (for
+    ranking rows), the open state of every thread, and the time range seen.
+
+    sample_every > 1 means the caller feeds only some of the records (live
+    decimation): the gap between two kept records of a thread is then
+    credited to the state the thread was last seen entering, and latency
+    samples carry the weight the caller passes.
+    """
+
+    def __init__(self, by: str = "tid", filt: Filter | None = None, measure: str | None = None):
+        self.by = by
+        self.keyf = key_of(by)
+        self.filt = filt if (filt is not None and filt.active) else None
+        self.skip_idle = filt is None or not filt.include_idle
+        self.measure = measure
+        self.measure_states = frozenset(state_index(s) for s in MEASURES[measure][1]) if measure else frozenset()
+        self.comm: dict = {}  # key -> comm for its label
+        self.events: dict = {}  # key -> state records seen
+        self.totals: dict = {}  # key -> [ns per state] + [busy]
+        self.open: dict = {}  # tid -> (state idx, since ts, key)
+        self.first_ts: int | None = None
+        self.last_ts: int | None = None
+        self.start_ts: int | None = None  # stream start from meta records
+        self.end_ts: int | None = None  # from end trailers
+        self.n_events = 0  # state/lifecycle records that passed the filter
+        self.n_samples = 0  # latency samples (weighted)
+        self.sample_every = 1
+        self.input_sample_every = 1  # record --max-rate, from rate records
+        self.hosts: list = []
+        self.wall_ns: int | None = None  # wall clock at start_ts
+
+    # hooks -----------------------------------------------------------------
+    def emit(self, key, s: int, start: int, end: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def sample(self, ts: int, b: int, weight: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # feeding ---------------------------------------------------------------
+    def feed(self, rec: dict, weight: int = 1) -> None:
+        """One validated record (see streamio.check_record)."""
+        t = rec["type"]
+        if t == "state":
+            if self.filt is not None:
+                if not self.filt.match(rec):
+                    return
+            elif self.skip_idle and rec["tid"] == 0:
+                return
+            self.state(rec["ts"], rec["pid"], rec["tid"], rec.get("comm") or "?",
+                       rec["from"], rec["to"], rec.get("dur_ns"), weight)
+        elif t in ("exec", "fork", "exit"):
+            if self.filt is not None and not self.filt.match(rec):
+                return
+            if self.skip_idle and rec["tid"] == 0:
+                return
+            self.n_events += 1
+            ts = rec["ts"]
+            self._saw_ts(ts)
+            if t == "exec":
+                comm = rec.get("comm") or "?"
+                key = self.keyf(rec["pid"], rec["tid"], comm)
+                if self.by != "comm":
+                    self.comm[key] = comm
+        elif t == "meta":
+            ts = rec.get("ts")
+            if type(ts) is int and (self.start_ts is None or ts < self.start_ts):
+                self.start_ts = ts
+                w = rec.get("wall_ns")
+                self.wall_ns = w if type(w) is int else None
+            h = rec.get("host")
+            if isinstance(h, str) and h not in self.hosts:
+                self.hosts.append(h)
+        elif t == "end":
+            ts = rec.get("ts")
+            if type(ts) is int and (self.end_ts is None or ts > self.end_ts):
+                self.end_ts = ts
+        elif t == "rate":
+            n = rec.get("sample_every")
+            if type(n) is int and n >= 1:
+                self.input_sample_every = n
+
+    def _saw_ts(self, ts: int) -> None:
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1) -> None:
+        self.n_events += 1
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        key = self.keyf(pid, tid, comm)
+        if self.by != "pid" or tid == pid or key not in self.comm:
+            self.comm[key] = comm
+        self.events[key] = self.events.get(key, 0) + 1
+        start = None if dur is None else ts - dur
+        if self.measure_states:
+            if start is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
+                self.n_samples += weight
+                self.sample(ts, dur.bit_length(), weight)
+            return
+        s = STATE_INDEX.get(frm, OTHER)
+        prev = self.open.get(tid)
+        if prev is not None and self.sample_every > 1:
+            # Records in between were not looked at: credit the gap to the
+            # state this thread entered last.
+            gap_end = ts if start is None else start
+            if gap_end > prev[1]:
+                self._interval(prev[2], prev[0], prev[1], gap_end)
+        if start is not None:
+            self._interval(key, s, start, ts)
+        ns = STATE_INDEX.get(to, OTHER)
+        if ns == REAPED_IDX:
+            self.open.pop(tid, None)
+        else:
+            self.open[tid] = (ns, ts, key)
+
+    def _interval(self, key, s, start, end) -> None:
+        tot = self.totals.get(key)
+        if tot is None:
+            tot = self.totals[key] = [0] * (NSTATES + 1)
+        d = end - start
+        tot[s] += d
+        if IS_BUSY[s]:
+            tot[BUSY] += d
+        self.emit(key, s, start, end)
+
+    # ranking ---------------------------------------------------------------
+    def label(self, key) -> str:
+        if self.by == "comm":
+            return str(key)
+        return f"{self.comm.get(key, '?')} {key}"
+
+    def rank(self, score, top: int) -> list:
+        """Keys by score (desc), then events (desc), then key; at most top."""
+        keys = set(score) | set(self.events)
+        order = sorted(keys, key=lambda k: (-score.get(k, 0), -self.events.get(k, 0), str(k)))
+        return order[:top]
+
+
+# --- recorded (static) maps ---------------------------------------------------
+
+
+class RecordedStates(Tracker):
+    """Keeps every interval compactly (about 25 bytes each) until the time
+    range is known, then buckets the rows that made the top N."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.key_ids: dict = {}
+        self.keys: list = []
+        self.iv_key = array("l")
+        self.iv_state = array("B")
+        self.iv_start = array("q")
+        self.iv_end = array("q")
+        self.lat_ts = array("q")
+        self.lat_b = array("B")
+
+    def emit(self, key, s, start, end):
+        kid = self.key_ids.get(key)
+        if kid is None:
+            kid = self.key_ids[key] = len(self.keys)
+            self.keys.append(key)
+        self.iv_key.append(kid)
+        self.iv_state.append(s)
+        self.iv_start.append(start)
+        self.iv_end.append(end)
+
+    def sample(self, ts, b, weight):
+        self.lat_ts.append(ts)
+        self.lat_b.append(b)
+
+    def close(self) -> None:
+        """End of input: the open state of every thread lasts to the end."""
+        end = self.range()[1]
+        if end is None:
+            return
+        for tid, (s, since, key) in sorted(self.open.items(), key=lambda kv: kv[0]):
+            if end > since:
+                self._interval(key, s, since, end)
+        self.open.clear()
+
+    def range(self) -> tuple[int | None, int | None]:
+        if self.first_ts is None:
+            return None, None
+        start = self.first_ts if self.start_ts is None else min(self.start_ts, self.first_ts)
+        end = self.last_ts if self.end_ts is None else max(self.end_ts, self.last_ts)
+        return start, end
+
+    def state_grid(self, keys: list, origin: int, bucket: int, end: int) -> Grid:
+        g = Grid(origin, bucket)
+        want = {self.key_ids[k] for k in keys if k in self.key_ids}
+        ks, st, a, b = self.iv_key, self.iv_state, self.iv_start, self.iv_end
+        keyl = self.keys
+        for i in range(len(ks)):
+            kid = ks[i]
+            if kid in want:
+                s0 = a[i] if a[i] > origin else origin
+                e0 = b[i] if b[i] < end else end
+                if e0 > s0:
+                    g.paint(keyl[kid], st[i], s0, e0)
+        return g
+
+    def latency_counts(self, origin: int, bucket: int) -> dict:
+        """col -> [count per log2 bucket]."""
+        cols: dict = {}
+        for ts, b in zip(self.lat_ts, self.lat_b):
+            c = (ts - origin) // bucket
+            col = cols.get(c)
+            if col is None:
+                col = cols[c] = [0] * NLOG2
+            col[b] += 1
+        return cols
+
+
+MAX_OPEN = 1 << 18  # threads whose current state the live view remembers
+
+
+class Window(Tracker):
+    """A sliding window of ncols buckets ending at the newest event (live view).
+
+    Columns are ts // bucket (origin 0); intervals and samples older than the
+    window are dropped as they arrive, old columns when the window moves.
+    """
+
+    def __init__(self, bucket: int, ncols: int, *a, **kw):
+        super().__init__(*a, **kw)
+        self.bucket = bucket
+        self.ncols = ncols
+        self.grid = Grid(0, bucket)
+        self.lat: dict = {}  # col -> [weighted count per log2 bucket]
+        self.lo = None  # first column of the window
+
+    def _lo(self) -> int:
+        return (self.last_ts or 0) // self.bucket - self.ncols + 1
+
+    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1) -> None:
+        # Tracker.state, specialised for speed: this runs for every event a
+        # live stream brings (hundreds of thousands a second).
+        self.n_events += 1
+        lt = self.last_ts
+        if lt is None or ts > lt:
+            if lt is None:
+                self.first_ts = ts
+            self.last_ts = lt = ts
+        by = self.by
+        if by == "tid":
+            key = tid
+            self.comm[key] = comm
+        elif by == "pid":
+            key = pid or tid
+            if tid == pid or key not in self.comm:
+                self.comm[key] = comm
+        else:
+            key = comm
+        ev = self.events
+        ev[key] = ev.get(key, 0) + 1
+        s = STATE_INDEX.get(frm, OTHER)
+        if self.measure_states:
+            if dur is not None and s in self.measure_states:
+                self.n_samples += weight
+                self.sample(ts, dur.bit_length(), weight)
+            return
+        b = self.bucket
+        lo = lt // b - self.ncols + 1
+        start = None if dur is None else ts - dur
+        if self.sample_every > 1:
+            prev = self.open.get(tid)
+            if prev is not None:
+                gap_end = ts if start is None else start
+                if gap_end > prev[1]:
+                    self.grid.paint(prev[2], prev[0], prev[1], gap_end, lo)
+        if dur:
+            c = start // b
+            if c >= lo and c == (ts - 1) // b:
+                # the common case: the whole interval in one bucket
+                cols = self.grid.cols
+                col = cols.get(c)
+                if col is None:
+                    col = cols[c] = {}
+                cell = col.get(key)
+                if cell is None:
+                    cell = col[key] = [0] * (NSTATES + 1)
+                cell[s] += dur
+                if IS_BUSY[s]:
+                    cell[BUSY] += dur
+            else:
+                self.grid.paint(key, s, start, ts, lo)
+        ns = STATE_INDEX.get(to, OTHER)
+        if ns == REAPED_IDX:
+            self.open.pop(tid, None)
+        else:
+            self.open[tid] = (ns, ts, key)
+
+    def _interval(self, key, s, start, end) -> None:
+        # no per-key totals: ranking is over the window only
+        self.grid.paint(key, s, start, end, self._lo())
+
+    def sample(self, ts, b, weight):
+        c = ts // self.bucket
+        if c < self._lo():
+            return
+        col = self.lat.get(c)
+        if col is None:
+            col = self.lat[c] = [0] * NLOG2
+        col[b] += weight
+
+    def advance(self) -> int:
+        """Forget columns that left the window; return its first column."""
+        lo = self._lo()
+        if self.lo != lo:
+            self.grid.drop_before(lo)
+            for c in [c for c in self.lat if c < lo]:
+                del self.lat[c]
+            self.lo = lo
+        return lo
+
+    def prune(self) -> None:
+        """Forget tasks that are neither in the window nor open (bounded memory)."""
+        self.advance()
+        if len(self.open) > MAX_OPEN:
+            # lost reap events leave threads open forever: drop the stalest
+            stale = sorted(self.open.items(), key=lambda kv: kv[1][1])[:len(self.open) - MAX_OPEN]
+            for tid, _ in stale:
+                del self.open[tid]
+        alive = set()
+        for col in self.grid.cols.values():
+            alive.update(col)
+        for _s, _t, key in self.open.values():
+            alive.add(key)
+        for d in (self.comm, self.events):
+            for k in [k for k in d if k not in alive]:
+                del d[k]
+
+    def scores(self, shade: int | None = None) -> dict:
+        """Busy time (or time in state shade) per key over the window,
+        counting the open states up to now."""
+        slot = BUSY if shade is None else shade
+        lo = self.advance()
+        score: dict = {}
+        for col in self.grid.cols.values():
+            for key, cell in col.items():
+                score[key] = score.get(key, 0) + cell[slot]
+        now = self.last_ts or 0
+        lo_ts = lo * self.bucket
+        for s, since, key in self.open.values():
+            if (IS_BUSY[s] if shade is None else s == shade) and now > since:
+                score[key] = score.get(key, 0) + now - (since if since > lo_ts else lo_ts)
+            elif key not in score:
+                score[key] = 0
+        return score
+
+    def overlay(self, keys) -> Grid:
+        """The open states of the given rows, painted up to now (not kept)."""
+        want = set(keys)
+        g = Grid(0, self.bucket)
+        lo = self._lo()
+        now = self.last_ts or 0
+        for s, since, key in self.open.values():
+            if key in want and now > since:
+                g.paint(key, s, since, now, lo)
+        return g
+
+    def tasks_in_window(self) -> int:
+        keys = set()
+        for col in self.grid.cols.values():
+            keys.update(col)
+        for _s, _t, key in self.open.values():
+            keys.add(key)
+        return len(keys)
+
+
+# --- views: what a renderer draws -------------------------------------------
+
+
+@dataclass
+class TimeAxis:
+    """Column c starts at start_ns + c*bucket_ns (relative to the axis zero).
+    ago=True labels times as "-Ns" back from the right edge (live view)."""
+
+    start_ns: int
+    bucket_ns: int
+    ago: bool = False
+
+
+@dataclass
+class View:
+    """A grid ready to draw. kind: "state" (cells are state indices or None),
+    "share", "count" or "value" (cells are numbers or None)."""
+
+    kind: str
+    title: str
+    row_labels: list
+    cells: list  # rows x columns
+    axis: TimeAxis | None = None
+    col_labels: list | None = None  # (column, text) ticks, when not a time axis
+    scale_max: float = 1.0
+    scale_mode: str = "linear"  # or "log" (counts)
+    scale_title: str = ""
+    scale_unit: str = ""  # "%" for shares
+    footer: list = field(default_factory=list)
+    states_present: list = field(default_factory=list)
+
+
+def dominant(cell) -> int | None:
+    """Index of the state with the most time in a cell (first on ties)."""
+    if cell is None:
+        return None
+    best = None
+    bv = 0
+    for i in range(NSTATES):
+        v = cell[i]
+        if v > bv:
+            bv = v
+            best = i
+    return best
+
+
+def state_rows(grid: Grid, keys: list, c0: int, ncols: int, shade: int | None, overlay: Grid | None = None):
+    """Rows of cells for keys over columns c0..c0+ncols-1, and the states seen.
+
+    Without shade a cell is the dominant state index; with shade it is the
+    share (0..1) of the observed time in that cell spent in state shade.
+    None: the task was not observed in that bucket. overlay (open states in
+    the live view) adds to the grid's cells."""
+    rows = []
+    seen = set()
+    cols = grid.cols
+    ocols = overlay.cols if overlay is not None else {}
+    for key in keys:
+        row = []
+        for c in range(c0, c0 + ncols):
+            col = cols.get(c)
+            cell = None if col is None else col.get(key)
+            ocol = ocols.get(c)
+            extra = None if ocol is None else ocol.get(key)
+            if extra is not None:
+                cell = extra if cell is None else [x + y for x, y in zip(cell, extra)]
+            if cell is None:
+                row.append(None)
+                continue
+            if shade is None:
+                d = dominant(cell)
+                row.append(d)
+                if d is not None:
+                    seen.add(d)
+            else:
+                tot = sum(cell[:NSTATES])
+                row.append(cell[shade] / tot if tot else None)
+        rows.append(row)
+    return rows, sorted(seen)
+
+
+def latency_rows(cols: dict, c0: int, ncols: int, max_rows: int):
+    """Rows (largest durations first) of counts per column, labels, and the
+    log2 buckets each row covers. Rows span the populated range; when it is
+    taller than max_rows, neighbouring log2 buckets are merged."""
+    lo, hi = None, None
+    for c in range(c0, c0 + ncols):
+        col = cols.get(c)
+        if col is None:
+            continue
+        for b in range(NLOG2):
+            if col[b]:
+                if lo is None or b < lo:
+                    lo = b
+                if hi is None or b > hi:
+                    hi = b
+    if lo is None:
+        return [], [], 1
+    n = hi - lo + 1
+    per = max(1, -(-n // max(1, max_rows)))
+    lo = hi - (-(-n // per) * per) + 1  # align so the top row ends at hi
+    if lo < 0:
+        lo = 0
+    rows, spans = [], []
+    b = hi
+    while b >= lo:
+        b0 = max(lo, b - per + 1)
+        row = []
+        for c in range(c0, c0 + ncols):
+            col = cols.get(c)
+            row.append(0 if col is None else sum(col[b0:b + 1]))
+        rows.append(row)
+        spans.append((b0, b))
+        b = b0 - 1
+    return rows, spans, per
+
+
+# --- snapshots -----------------------------------------------------------------
+
+SNAP_RE = re.compile(r"^pstate-snap-\d{8}T\d{6}(?:\.\d+)?Z-\d{6}\.jsonl$")
+STATE_FIELDS = tuple(f"{name}_ns" for name in schema.STATES if name not in (schema.REAPED,))
+
+
+@dataclass
+class Snapshot:
+    name: str
+    meta: dict
+    tasks: list
+    complete: bool  # an end record was seen
+
+
+def list_snapshots(directory: str) -> list[str]:
+    """Snapshot files of a directory, oldest first (names sort by time)."""
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        from pstate.exitcodes import ExitCode, PstateError
+
+        raise PstateError(f"cannot read {directory}: {e.strerror}", ExitCode.NOINPUT) from None
+    return sorted(n for n in names if SNAP_RE.match(n))
+
+
+def read_snapshot_dir(directory: str, stats: ReadStats, strict: bool = False) -> list[Snapshot]:
+    out = []
+    for name in list_snapshots(directory):
+        meta, tasks, done = None, [], False
+        for rec in read_records([os.path.join(directory, name)], stats, strict=strict):
+            t = rec["type"]
+            if t == "meta" and meta is None:
+                meta = rec
+            elif t == "task":
+                if _valid_task(rec):
+                    tasks.append(rec)
+                else:
+                    stats.skip("bad task record", f"{name}")
+            elif t == "end":
+                done = True
+        if meta is not None:
+            out.append(Snapshot(name, meta, tasks, done))
+    return out
+
+
+def _valid_task(rec: dict) -> bool:
+    for f in ("pid", "tid", "ts"):
+        v = rec.get(f)
+        if type(v) is not int or v < 0:
+            return False
+    for f in STATE_FIELDS:
+        v = rec.get(f, 0)
+        if type(v) is not int or v < 0:
+            return False
+    return True
+
+
+def _run_of(meta: dict) -> tuple:
+    """Snapshots of one run of pstate snap share counters; runs differ by
+    boot, run id or start."""
+    return (meta.get("boot_id"), meta.get("run_id"), meta.get("run_start_ts"))
+
+
+def _interval_of(meta: dict, prev: dict | None):
+    a = meta.get("interval_start_ts")
+    b = meta.get("interval_end_ts", meta.get("ts"))
+    if prev is not None:
+        pb = prev.get("interval_end_ts", prev.get("ts"))
+        if type(pb) is int:
+            a = pb
+    if type(a) is not int or type(b) is not int or b <= a:
+        return None
+    return a, b
+
+
+def snapshot_values(snaps: list[Snapshot], states: tuple[str, ...], by: str = "pid"):
+    """Per snapshot: (interval (start, end) or None, {key: ns in states}),
+    plus labels {key: comm}.
+
+    Cumulative snapshots are differenced against the previous snapshot of
+    the same run (boot, run id) and the same thread identity (pid, tid,
+    start_ts); the first snapshot of a run counts from the run's start. A
+    thread whose times do not fit in the interval (counted since before it,
+    or a counter that went back) is left out."""
+    fields = tuple(f"{s}_ns" for s in states)
+    keyf = key_of(by)
+    labels: dict = {}
+    out = []
+    last_of_run: dict = {}  # run -> (meta, {identity: row}) of its latest snapshot so far
+    for snap in snaps:
+        meta = snap.meta
+        cumulative = meta.get("mode") == "cumulative"
+        run = _run_of(meta)
+        prev = last_of_run.get(run) if cumulative else None
+        if prev is not None and not (type(meta.get("ts")) is int and type(prev[0].get("ts")) is int
+                                     and meta["ts"] > prev[0]["ts"]):
+            prev = None
+        iv = _interval_of(meta, prev[0] if prev is not None else None)
+        prev_rows = prev[1] if prev is not None else {}
+        vals: dict = {}
+        rows: dict = {}
+        for t in snap.tasks:
+            ident = (t["pid"], t["tid"], t.get("start_ts"))
+            rows[ident] = t
+            comm = t.get("comm") if isinstance(t.get("comm"), str) else "?"
+            key = keyf(t["pid"], t["tid"], comm)
+            if by == "pid":
+                if t["tid"] == t["pid"] or key not in labels:
+                    labels[key] = comm
+            elif by == "tid":
+                labels[key] = comm
+            if iv is None:
+                continue
+            v = sum(t.get(f, 0) for f in fields)
+            total = sum(t.get(f, 0) for f in STATE_FIELDS)
+            p = prev_rows.get(ident)
+            if p is not None:
+                v -= sum(p.get(f, 0) for f in fields)
+                total -= sum(p.get(f, 0) for f in STATE_FIELDS)
+            span = iv[1] - iv[0]
+            if v < 0 or total > span + span // 20 + 1_000_000:
+                continue
+            vals[key] = vals.get(key, 0) + v
+        out.append((iv, vals))
+        if cumulative:
+            last_of_run[run] = (meta, rows)
+    return out, labels
+
+
+def snapshot_view_cells(values, keys: list, ncols: int):
+    """Columns = snapshots, merged into groups when there are more than ncols.
+    Cell = ns in the states / interval ns (the average number of threads in
+    them), None when unknown. Returns cells, per-column (start, end)."""
+    n = len(values)
+    per = max(1, -(-n // max(1, ncols)))
+    groups = [values[i:i + per] for i in range(0, n, per)]
+    spans = []
+    cells = [[] for _ in keys]
+    for g in groups:
+        ivs = [iv for iv, _ in g if iv is not None]
+        span = sum(b - a for a, b in ivs)
+        spans.append((ivs[0][0], ivs[-1][1]) if ivs else None)
+        for r, key in enumerate(keys):
+            have = [vals[key] for iv, vals in g if iv is not None and key in vals]
+            cells[r].append(sum(have) / span if (have and span) else None)
+    return cells, spans, per
+
+
+def human_count(n: float) -> str:
+    n = float(n)
+    if n >= 10_000_000:
+        return f"{n / 1e6:.0f}M"
+    if n >= 10_000:
+        return f"{n / 1e3:.0f}k"
+    if n == int(n):
+        return str(int(n))
+    return f"{n:.2g}"
+

@@ -1,0 +1,148 @@
+"""`pstate heat` command line: errors and exit codes, help, input handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pstate.main import cli
+
+DATA = Path(__file__).parent / "data" / "heat"
+SMALL = str(DATA / "small.jsonl")
+
+
+def _env(**extra):
+    """This checkout's code, whatever is installed."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "cli")
+    return env
+
+
+def heat(*args, input=None):
+    return CliRunner().invoke(cli, ["heat", *args], input=input, env={"NO_COLOR": None, "COLORTERM": None})
+
+
+def test_help_has_examples_and_glyphs():
+    r = heat("--help")
+    assert r.exit_code == 0
+    assert "Examples:" in r.stdout and "pstate heat --live" in r.stdout
+    assert "# running" in r.stdout and "--latency" in r.stdout and "--window" in r.stdout
+
+
+def test_reads_stdin():
+    r = heat("--width", "80", input=Path(SMALL).read_bytes())
+    assert r.exit_code == 0
+    assert r.stdout.splitlines()[1].startswith("worker 101 ")
+    assert "Input: stdin" in r.stdout
+    assert r.stderr == "pstate heat: warning: the input reports 3 lost events; results are incomplete\n"
+
+
+def test_missing_file_exits_66():
+    r = heat("/nonexistent/rec.jsonl")
+    assert r.exit_code == 66
+    assert r.stderr == "Error: cannot open /nonexistent/rec.jsonl: No such file or directory\n"
+    assert r.stdout == ""
+
+
+def test_newer_schema_exits_65(tmp_path):
+    f = tmp_path / "new.jsonl"
+    f.write_text('{"type":"meta","schema":2,"version":"9.0"}\n')
+    r = heat(str(f))
+    assert r.exit_code == 65 and "event format 2" in r.stderr and r.stdout == ""
+
+
+def test_bad_lines_are_skipped_and_counted_or_fatal_with_strict(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    lines = Path(SMALL).read_text().splitlines()
+    lines.insert(5, "{not json")
+    lines.insert(9, json.dumps({"type": "state", "ts": "x"}))
+    f.write_text("\n".join(lines) + "\n")
+    r = heat(str(f), "--width", "80")
+    assert r.exit_code == 0
+    assert "skipped 2 bad lines" in r.stdout.replace("\n", " ")
+    assert "skipped 1 line: not valid JSON (first at" in r.stderr
+    r = heat(str(f), "--width", "80", "--strict")
+    assert r.exit_code == 65 and r.stdout == ""
+    assert r.stderr.startswith(f"Error: {f}:6: not valid JSON")
+
+
+def test_truncated_tail_warns_and_strict_fails(tmp_path):
+    f = tmp_path / "cut.jsonl"
+    f.write_bytes(Path(SMALL).read_bytes()[:-40])
+    r = heat(str(f), "--width", "80")
+    assert r.exit_code == 0 and "truncated final record" in r.stderr
+    assert "truncated last line" in r.stdout.replace("\n", " ")
+    r = heat(str(f), "--width", "80", "--strict")
+    assert r.exit_code == 65
+
+
+def test_latency_followed_by_a_file_says_how_to_fix():
+    r = heat("--latency", SMALL)
+    assert r.exit_code == 2
+    assert "looks like an input: put inputs before --latency, or write --latency=runq" in r.stderr
+
+
+def test_latency_measure_names_are_case_insensitive():
+    assert heat(SMALL, "--latency", "d", "--width", "60").exit_code == 0
+    r = heat(SMALL, "--latency", "bogus")
+    assert r.exit_code == 2 and "bogus" in r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    ([str(DATA / "snaps"), "--live"], "--live reads a stream, not a snapshot directory"),
+    ([str(DATA / "snaps"), "--latency"], "snapshots hold time per state"),
+    ([str(DATA / "snaps"), SMALL], "give one snapshot directory, or recordings, not both"),
+    ([SMALL, "--latency", "--state", "D"], "--latency and --state draw different maps"),
+    ([SMALL, SMALL, "--live"], "--live reads one stream"),
+])
+def test_usage_errors_exit_2(args, msg):
+    r = heat(*args)
+    assert r.exit_code == 2, r.output
+    assert msg in r.stderr and r.stdout == ""
+
+
+def test_filters(tmp_path):
+    r = heat(SMALL, "--width", "80", "-p", "200", "-p", "300")
+    assert r.exit_code == 0
+    rows = [line.split()[0] + " " + line.split()[1] for line in r.stdout.splitlines()[1:4]]
+    assert rows == ["db 201", "web 301", "web 302"]
+    assert "(nothing to show)" in heat(SMALL, "-p", "200", "-c", "web").stdout  # filters combine
+    r = heat(SMALL, "--width", "80", "-t", "501")
+    assert r.stdout.splitlines()[1].startswith("sh 501")
+    assert "1 of 1 threads" in r.stdout
+
+
+def test_empty_snapshot_dir(tmp_path):
+    r = heat(str(tmp_path), "--width", "60")
+    assert r.exit_code == 0
+    assert r.stdout.replace("\n", " ").startswith(f"No snapshots in {tmp_path} (nothing to show)")
+
+
+def test_stdin_terminal_is_refused():
+    # Needs a real terminal on stdin: use a pty.
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "pstate", "heat"], stdin=slave, capture_output=True,
+                           timeout=30, env=_env())
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert p.returncode == 2
+    assert b"standard input is a terminal" in p.stderr
+
+
+def test_closed_output_pipe_is_quiet(tmp_path):
+    env = {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run(f"{sys.executable} -m pstate heat {SMALL} --bucket 1ms --width 80 | head -n1",
+                       shell=True, capture_output=True, env=env, timeout=60)
+    assert p.returncode == 0
+    assert p.stdout.startswith(b"Dominant state per thread")
+    assert b"Traceback" not in p.stderr and b"BrokenPipe" not in p.stderr
