@@ -1,0 +1,252 @@
+// pstate snap: per-thread time in each scheduler state, accumulated in a BPF
+// hash map that user space reads at each snapshot. No events leave the kernel.
+//
+// This program reads tracepoint arguments only, never a kernel struct. BCC
+// builds the argument layout from the running kernel's tracefs format files,
+// so it compiles against any kernel header tree, even one of another kernel
+// version: that is what lets pstate run where no matching headers exist.
+// Keep it so: no task_struct, no bpf_probe_read of kernel memory.
+//
+// Compile-time settings (-D cflags, set by pstate/commands/snap.py):
+//   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
+//   NR_KBITS      number of those bits that get a counter (highest bit + 1)
+//   MAX_TASKS     size of the live-thread map, and of the map of freed threads
+//
+// Layout: `tasks` holds one row per live thread, keyed by tid. When the
+// kernel frees a thread its final row moves to `gone`, keyed by (tid,
+// start_ts) so a reused tid cannot overwrite it; user space drains `gone` at
+// each snapshot. A task that lives and dies between two snapshots is thus
+// still in the next one.
+
+#define SLOT_UNKNOWN 0
+#define SLOT_RUNNING 1
+#define SLOT_RUNNABLE 2
+#define SLOT_PREEMPTED 3
+#define SLOT_NEW 4
+#define SLOT_KERNEL 5 // + index of the lowest reported prev_state bit
+#define NR_SLOTS (SLOT_KERNEL + NR_KBITS)
+#define SLOT_REAPED 0xff // final state of a freed thread; has no counter
+
+#define F_EXITED 1  // sched_process_exit seen
+#define F_FREED 2   // final row: the kernel freed the thread, or its tid was reused
+#define F_GUESSED 4 // first seen by a switch or wake-up: start_ts is when pstate saw it first
+
+#define CNT_TASKS_FULL 0 // a row could not be created: tasks map full
+#define CNT_GONE_FULL 1  // a final row could not be kept: gone map full
+#define NR_COUNTERS 2
+
+#define CLONE_THREAD_FLAG 0x00010000
+
+// user space decodes this through BCC's generated ctypes layout
+struct snap_task {
+    u64 start_ts; // fork time, or first seen (F_GUESSED), or /proc start time (seeded)
+    u64 since;    // when the thread entered `state`
+    u64 exit_ts;  // 0 while alive
+    u64 nvcsw;    // voluntary switch-outs (blocked)
+    u64 nivcsw;   // involuntary switch-outs (preempted)
+    u64 wakeups;  // wake-ups from a blocked state
+    u64 ns[NR_SLOTS];
+    u32 tgid; // 0 = not known yet (first seen as the next task of a switch)
+    u8 state;
+    u8 flags;
+    u16 pad;
+    char comm[16];
+};
+
+struct gone_key {
+    u32 tid;
+    u32 pad;
+    u64 start_ts;
+};
+
+BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
+BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
+BPF_PERCPU_ARRAY(counters, u64, NR_COUNTERS);
+
+static __always_inline void count(u32 idx) {
+    u64 *c = counters.lookup(&idx);
+    if (c)
+        (*c)++;
+}
+
+// Counter slot of reported prev_state bits: the lowest set bit names a
+// combination, as the kernel's own letters do.
+static __always_inline u8 kernel_slot(u32 bits) {
+#pragma unroll
+    for (int i = 0; i < NR_KBITS; i++) {
+        if (bits & (1u << i))
+            return SLOT_KERNEL + i;
+    }
+    return SLOT_PREEMPTED;
+}
+
+// Add the time since the last event to the current state, and enter `to`.
+static __always_inline void move_to(struct snap_task *t, u8 to, u64 now) {
+    u32 slot = t->state;
+    if (t->since && now > t->since && slot < NR_SLOTS)
+        t->ns[slot] += now - t->since;
+    t->state = to;
+    t->since = now;
+}
+
+static __always_inline void first_seen(u32 tid, u32 tgid, u8 state, u64 now, const char *comm) {
+    struct snap_task fresh = {};
+    fresh.start_ts = now;
+    fresh.since = now;
+    fresh.tgid = tgid;
+    fresh.state = state;
+    fresh.flags = F_GUESSED;
+    __builtin_memcpy(fresh.comm, comm, 16);
+    if (tasks.insert(&tid, &fresh) != 0)
+        count(CNT_TASKS_FULL);
+}
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 prev = args->prev_pid;
+    u32 next = args->next_pid;
+
+    if (prev != 0) {
+        u32 bits = (u32)args->prev_state & REPORT_MASK;
+        u8 to = bits ? kernel_slot(bits) : SLOT_PREEMPTED;
+        struct snap_task *t = tasks.lookup(&prev);
+        if (t) {
+            // The time since the last event goes to the state the row says,
+            // even when an event was missed (a task seeded as R was queued,
+            // or the kernel did not trace a switch): user space has already
+            // reported the open interval that way, and counters never shrink.
+            move_to(t, to, now);
+            // prev is the current task: its tgid and name are known for sure
+            // (comm changes with prctl(PR_SET_NAME) without any tracepoint).
+            t->tgid = bpf_get_current_pid_tgid() >> 32;
+            __builtin_memcpy(t->comm, args->prev_comm, 16);
+            if (bits)
+                t->nvcsw++;
+            else
+                t->nivcsw++;
+        } else {
+            char comm[16];
+            __builtin_memcpy(comm, args->prev_comm, 16);
+            first_seen(prev, bpf_get_current_pid_tgid() >> 32, to, now, comm);
+        }
+    }
+
+    if (next != 0) {
+        struct snap_task *t = tasks.lookup(&next);
+        if (t) {
+            move_to(t, SLOT_RUNNING, now);
+        } else {
+            char comm[16];
+            __builtin_memcpy(comm, args->next_comm, 16);
+            first_seen(next, 0, SLOT_RUNNING, now, comm);
+        }
+    }
+    return 0;
+}
+
+static __always_inline void woken(u32 tid, const char *comm, int is_new) {
+    struct snap_task *t = tasks.lookup(&tid);
+    if (!t) {
+        first_seen(tid, 0, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        return;
+    }
+    // Woken before it got off the CPU, or already queued: it never blocked
+    // (checked before reading the clock, which is not free in a VM).
+    if (t->state == SLOT_RUNNING || t->state == SLOT_RUNNABLE || t->state == SLOT_PREEMPTED)
+        return;
+    if (!is_new)
+        t->wakeups++;
+    move_to(t, SLOT_RUNNABLE, bpf_ktime_get_ns());
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup) {
+    char comm[16];
+    __builtin_memcpy(comm, args->comm, 16);
+    woken(args->pid, comm, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new) {
+    char comm[16];
+    __builtin_memcpy(comm, args->comm, 16);
+    woken(args->pid, comm, 1);
+    return 0;
+}
+
+// Move a thread's final row to `gone`, closing its last state at `now`.
+static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
+    struct snap_task last = *t;
+    move_to(&last, SLOT_REAPED, now);
+    last.flags |= F_FREED | F_EXITED;
+    if (!last.exit_ts)
+        last.exit_ts = now;
+    struct gone_key key = {};
+    key.tid = tid;
+    key.start_ts = last.start_ts;
+    if (gone.update(&key, &last) != 0)
+        count(CNT_GONE_FULL);
+    tasks.delete(&tid);
+}
+
+// task_newtask runs in the parent's context with the clone flags: the child's
+// tgid is the parent's for a thread, its own pid for a process. Its time is
+// the child's birth: the identity (tid, start_ts) survives tid reuse.
+TRACEPOINT_PROBE(task, task_newtask) {
+    u64 now = bpf_ktime_get_ns();
+    u32 child = args->pid;
+    // The kernel frees a task (sched_process_free) an RCU grace period after
+    // its pid was released, so the pid may already be in use again: a row
+    // still under this tid is the previous owner's, and final.
+    struct snap_task *old = tasks.lookup(&child);
+    if (old)
+        finish(child, old, now);
+    struct snap_task fresh = {};
+    fresh.start_ts = now;
+    fresh.since = now;
+    fresh.state = SLOT_NEW;
+    fresh.tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
+    __builtin_memcpy(fresh.comm, args->comm, 16);
+    if (tasks.update(&child, &fresh) != 0)
+        count(CNT_TASKS_FULL);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec) {
+    u32 tid = args->pid;
+    u32 old = args->old_pid;
+    if (old != tid) {
+        // A non-leader thread exec'd and took over the leader's pid.
+        struct snap_task *o = tasks.lookup(&old);
+        if (o) {
+            struct snap_task copy = *o;
+            tasks.delete(&old);
+            if (tasks.update(&tid, &copy) != 0)
+                count(CNT_TASKS_FULL);
+        }
+    }
+    struct snap_task *t = tasks.lookup(&tid);
+    if (t)
+        bpf_get_current_comm(t->comm, sizeof(t->comm));
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u32 tid = args->pid;
+    struct snap_task *t = tasks.lookup(&tid);
+    if (t) {
+        t->flags |= F_EXITED;
+        t->exit_ts = bpf_ktime_get_ns();
+    }
+    return 0;
+}
+
+// The kernel frees the task (after its parent reaped the zombie, or at once
+// for a thread): close its last state and move the final row to `gone`. A
+// row that has not exited belongs to a new task that reuses the pid.
+TRACEPOINT_PROBE(sched, sched_process_free) {
+    u32 tid = args->pid;
+    struct snap_task *t = tasks.lookup(&tid);
+    if (t && (t->flags & F_EXITED))
+        finish(tid, t, bpf_ktime_get_ns());
+    return 0;
+}

@@ -1,0 +1,393 @@
+"""pstate snap: point-in-time snapshots of per-thread scheduler state times."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import grp
+import os
+import sys
+import time
+
+import click
+
+from pstate import loader, snapfiles
+from pstate.durations import Duration
+from pstate.eventcodec import tgid_from_proc
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.kstates import KernelStates, read_kernel_states
+from pstate.meta import meta_record
+from pstate.snapwriter import Plan, Sample, SnapDir, Snapper, Stopper
+
+EPILOG = """\b
+Examples:
+  sudo pstate snap --out /var/lib/pstate          one 5 s snapshot (from cron)
+  sudo pstate snap --out /var/lib/pstate -k 1440  ... keeping the newest 1440
+  sudo pstate snap --out DIR --every 10s --max-age 24h    a daemon
+  sudo pstate snap --out DIR --every 1m --clear   each file covers its minute
+  sudo pstate snap --out /var/lib/node_exporter/textfile --every 15s \\
+       --format prom --group prometheus           for Prometheus
+  pstate stats DIR/                               trends, churn, leak suspects
+  jq -c 'select(.type=="task" and .uninterruptible_ns > 0)' DIR/pstate-snap-*
+
+\b
+Files: pstate-snap-<UTC time>-<seq>.jsonl (or .csv) in DIR, mode 0600
+(0640 with --group), published atomically: a meta header, one task row per
+thread, an end trailer (man pstate-events). CSV has the same columns, with
+the meta and end records as JSON in '#' comment lines. --format prom keeps
+one file, pstate-snap.prom, replaced at each snapshot, for node_exporter's
+textfile collector; series are per process by default (--prom-by).
+DIR/.pstate-last.json tells the outcome of the latest snapshot.
+
+\b
+Values are cumulative since the run began (the state a thread was in when
+the run began counts from then on); --clear makes each file a delta over its
+own interval. Threads that exited stay in the next snapshot, then go.
+A missing DIR is created (mode 0700) when its parent exists. DIR must not be
+a symlink, nor group- or world-writable (exit 77). One snap per DIR: another
+one exits 75. A full disk exits 73 and leaves earlier snapshots intact.
+SIGINT/SIGTERM remove the snapshot in progress and exit 130/143, unless the
+interval's snapshot was already out (exit 0).
+"""
+
+# state slots of bpf/snap.bpf.c
+SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = 1, 5, 0xFF
+SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
+F_EXITED, F_FREED, F_GUESSED = 1, 2, 4
+BPF_NOEXIST = 1
+
+
+def defines_for(ks: KernelStates, max_tasks: int) -> dict:
+    return {
+        "REPORT_MASK": f"0x{ks.report_mask:x}",
+        "NR_KBITS": max(1, ks.report_mask.bit_length()),
+        "MAX_TASKS": max_tasks,
+    }
+
+
+def slot_names(ks: KernelStates) -> list[str]:
+    """State name of each counter slot."""
+    kernel = [ks.names.get(1 << i, f"state_0x{1 << i:x}") for i in range(max(1, ks.report_mask.bit_length()))]
+    return list(SYNTHETIC_SLOTS) + kernel
+
+
+def boottime_offset_ns() -> int:
+    """CLOCK_BOOTTIME - CLOCK_MONOTONIC: the time the machine spent suspended."""
+    best = None
+    for _ in range(3):
+        m0 = time.monotonic_ns()
+        b = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, b - (m0 + m1) // 2)
+    return best[1]
+
+
+def proc_threads():
+    """(tgid, tid, state letter, comm bytes, start time in clock ticks since boot)
+    of every thread alive now, from /proc/<pid>/task/<tid>/stat."""
+    for pid_dir in os.scandir("/proc"):
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid_dir.name}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                with open(f"/proc/{pid_dir.name}/task/{t}/stat", "rb") as f:
+                    data = f.read()
+                close = data.rindex(b")")
+                comm = data[data.index(b"(") + 1:close]
+                fields = data[close + 2:].split()
+                # fields[0] is field 3 (state); starttime is field 22
+                yield int(pid_dir.name), int(t), chr(fields[0][0]), comm[:15], int(fields[19])
+            except (OSError, ValueError, IndexError):
+                continue
+
+
+def _tid(key) -> int:
+    # batch reads give a u32 key as an int, iteration as a ctypes value
+    return key if isinstance(key, int) else key.value
+
+
+def _decode_comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class BpfCollector:
+    """Reads bpf/snap.bpf.c's maps into snapshot rows."""
+
+    def __init__(self, prog: loader.Program, ks: KernelStates, loaded_ts: int):
+        self.prog = prog
+        self.loaded_ts = loaded_ts  # monotonic ns before the program was loaded
+        self.tasks = prog.table("tasks")
+        self.gone = prog.table("gone")
+        self.slots = slot_names(ks)
+        self.fields = [f"{s}_ns" for s in snapfiles.STATE_FIELDS]
+        self.fields += [f"{s}_ns" for s in self.slots if f"{s}_ns" not in self.fields]
+        self.letter_slot = {"R": SLOT_RUNNING}
+        for bit, letter in ks.letters.items():
+            if bit & ks.report_mask and bit & (bit - 1) == 0:
+                self.letter_slot.setdefault(letter, SLOT_KERNEL + bit.bit_length() - 1)
+        self.seed_failed = 0
+        self.run_start = self.seed_ts = 0
+        self.seeded: dict[int, int] = {}  # tid -> start_ts of the rows seeding created
+        self.start_fix: dict[int, int] = {}  # tid -> /proc start of a thread seen before it was seeded
+        self.tgids: dict[tuple, int] = {}
+
+    def start(self) -> int:
+        """Seed every live thread in the state /proc shows. Counting began
+        when the first tracepoint fired: threads it saw before they were
+        seeded have their counts from then on; for the others the time
+        between that and their seeding is "unknown". So per thread, the
+        state times always add up to the interval."""
+        self.seed_ts = time.monotonic_ns()
+        self.seed(self.seed_ts)
+        first = self.seed_ts
+        rows = [(_tid(k), v) for k, v in self._read(self.tasks, delete=False)]
+        rows += [(k.tid, v) for k, v in self._read(self.gone, delete=False)]
+        for tid, v in rows:
+            if self.seeded.get(tid) != v.start_ts and v.start_ts >= self.loaded_ts:
+                first = min(first, v.start_ts)
+        self.run_start = first
+        return first
+
+    def seed(self, since: int) -> None:
+        lib = loader.import_bcc().libbcc.lib
+        hz = os.sysconf("SC_CLK_TCK")
+        offset = boottime_offset_ns()
+        fd = self.tasks.map_fd
+        Key, Leaf = self.tasks.Key, self.tasks.Leaf
+        for tgid, tid, letter, comm, ticks in proc_threads():
+            start = ticks * 1_000_000_000 // hz - offset
+            leaf = Leaf()
+            leaf.start_ts = max(start, 0)
+            leaf.since = since
+            leaf.tgid = tgid
+            leaf.state = self.letter_slot.get(letter, 0)
+            leaf.comm = comm
+            key = Key(tid)
+            if lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST) == 0:
+                # It may have died between the read and the insert, and then
+                # nothing would ever remove its row.
+                if not os.path.exists(f"/proc/{tgid}/task/{tid}"):
+                    lib.bpf_delete_elem(fd, ctypes.byref(key))
+                else:
+                    self.seeded[tid] = leaf.start_ts
+                continue
+            err = ctypes.get_errno()
+            if err == errno.EEXIST:
+                self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
+            else:
+                self.seed_failed += 1
+
+    def _read(self, table, delete: bool):
+        try:
+            items = list(table.items_lookup_and_delete_batch() if delete else table.items_lookup_batch())
+        except Exception:  # kernels before 5.6 have no batch operations
+            items = list(table.items())
+            if delete:
+                for k, _v in items:
+                    try:
+                        del table[k]
+                    except KeyError:
+                        pass
+        return items
+
+    def collect(self) -> Sample:
+        # The snapshot's time is taken before the maps are read. An open
+        # interval is closed at `now`; the kernel adds at least as much to
+        # the same state later (its next event comes after the read), so
+        # counters never shrink from one snapshot to the next. Events
+        # between `now` and the read are already in the counters: rows are
+        # exact to within read_ns.
+        now = time.monotonic_ns()
+        try:
+            live = self._read(self.tasks, delete=False)
+            freed = self._read(self.gone, delete=True)
+        except Exception as e:  # bcc raises plain Exception
+            raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
+        read_ns = time.monotonic_ns() - now
+        rows = [self._row(_tid(k), v, now) for k, v in live]
+        for k, v in freed:
+            rows.append(self._row(k.tid, v, now))
+            self.start_fix.pop(k.tid, None)
+            if self.seeded.get(k.tid) == v.start_ts:
+                del self.seeded[k.tid]
+        rows.sort(key=lambda r: (r["pid"], r["tid"], r["start_ts"]))
+        return Sample(ts=now, rows=rows, map_full=sum(self.prog.counters()) + self.seed_failed, read_ns=read_ns)
+
+    def _row(self, tid: int, v, now: int) -> dict:
+        ns = list(v.ns)
+        slot = v.state
+        freed = bool(v.flags & F_FREED)
+        if not freed and v.since and now > v.since and slot < len(ns):
+            ns[slot] += now - v.since  # close the open interval: exact at `now`
+        start = v.start_ts
+        if v.flags & F_GUESSED and tid in self.start_fix:
+            # seen by an event before seeding reached it: unknown before that
+            ns[0] += max(0, start - self.run_start)
+            start = self.start_fix[tid]
+        elif self.seeded.get(tid) == start:
+            ns[0] += self.seed_ts - self.run_start
+        tgid = v.tgid or self._tgid(tid, start)
+        counts = dict.fromkeys(self.fields, 0)
+        for i, n in enumerate(ns):
+            counts[f"{self.slots[i]}_ns"] += n
+        return {
+            "pid": tgid, "tid": tid, "comm": _decode_comm(v.comm), "start_ts": start,
+            "state": "reaped" if freed else (self.slots[slot] if slot < len(self.slots) else "unknown"),
+            "state_since_ts": v.since or None,
+            "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
+            **counts,
+            "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
+        }
+
+    def _tgid(self, tid: int, start: int) -> int:
+        """Process of a thread first seen being switched in: from /proc."""
+        key = (tid, start)
+        if key not in self.tgids:
+            if len(self.tgids) > 65536:
+                self.tgids.clear()
+            self.tgids[key] = tgid_from_proc(tid)
+        return self.tgids[key]
+
+
+def make_collector(prog: loader.Program, ks: KernelStates, loaded_ts: int) -> BpfCollector:
+    return BpfCollector(prog, ks, loaded_ts)
+
+
+def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None) -> loader.Program:
+    return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers)
+
+
+def _kernel_states(ebpf: bool) -> KernelStates:
+    try:
+        return read_kernel_states()
+    except (OSError, ValueError):
+        if ebpf:  # print the program even where tracefs is missing: current kernels' mask
+            return KernelStates(report_mask=0xFF, preempt_bit=0x100,
+                                letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
+        loader.check_privileges()
+        loader.ensure_tracefs()
+        return read_kernel_states()
+
+
+def _gid(group: str | None) -> int | None:
+    if group is None:
+        return None
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise click.BadParameter(f"no such group: {group}", param_hint="--group") from None
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-o", "--out", "out_dir", type=click.Path(), metavar="DIR",
+              help="Directory for the snapshot files (created 0700 if missing and its parent exists). Required.")
+@click.option("-i", "--interval", type=Duration("s"), default=None, metavar="DURATION",
+              help="Time each snapshot covers, e.g. 500ms, 5s, 1m.  [default: 5s]")
+@click.option("-n", "--count", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Take N snapshots, one per interval (0: until stopped).  [default: 1]")
+@click.option("-e", "--every", type=Duration("s"), default=None, metavar="DURATION",
+              help="Keep running, one snapshot per DURATION, until stopped: --interval DURATION --count 0.")
+@click.option("--clear", is_flag=True,
+              help="Each snapshot holds the deltas over its own interval, not totals since the start.")
+@click.option("-f", "--format", "fmt", type=click.Choice(["jsonl", "csv", "prom"]), default="jsonl",
+              show_default=True, help="File format: JSON lines, CSV, or Prometheus text for node_exporter.")
+@click.option("--prom-by", type=click.Choice(["process", "thread", "comm"]), default="process",
+              show_default=True, help="--format prom: one series per process, thread or command name.")
+@click.option("-k", "--keep", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Delete pstate's own oldest snapshot files beyond the newest N.")
+@click.option("--max-age", type=Duration("s"), default=None, metavar="DURATION",
+              help="Delete pstate's own snapshot files older than this, e.g. 36h (age from the time in the name).")
+@click.option("--max-tasks", type=click.IntRange(64, 4_194_304), default=65536, show_default=True,
+              help="Threads the kernel side can track; beyond that the snapshot says truncated.")
+@click.option("--group", metavar="GROUP",
+              help="Make files group-readable (0640) by this group, e.g. for node_exporter.")
+@click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
+              metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
+@click.option("-v", "--verbose", is_flag=True, help="Say on stderr when collecting starts and each file written.")
+@click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
+def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max_tasks, group, kernel_headers,
+        verbose, ebpf):
+    """Write point-in-time snapshots of every thread's time per scheduler state.
+
+    A BPF program counts, per thread, the time spent running, runnable,
+    preempted, sleeping (S), uninterruptible (D), stopped and so on, with
+    context switches and wake-ups. Every live thread is seeded from /proc
+    at the start. By default snap collects for one interval, writes one
+    snapshot and exits: run it from cron, and analyse the directory later
+    with `pstate stats DIR/` (trends, churn, leak suspects).
+    """
+    if out_dir is None and not ebpf:
+        raise click.UsageError("Missing option '--out' (the directory for the snapshot files).")
+    if every is not None and interval is not None and every != interval:
+        raise click.UsageError("--every is the interval of a running snap: give --every or --interval, not both")
+    if every is not None:
+        interval = every
+        count = 0 if count is None else count
+    interval = interval if interval is not None else 5_000_000_000
+    count = 1 if count is None else count
+    if interval < 10_000_000:
+        raise click.BadParameter("must be at least 10ms", param_hint="--interval/--every")
+    if fmt == "prom" and clear:
+        raise click.UsageError("--format prom writes counters, which are cumulative: drop --clear")
+    if fmt == "prom" and (keep is not None or max_age is not None):
+        raise click.UsageError("--format prom keeps one file (pstate-snap.prom): --keep and --max-age do not apply")
+    gid = _gid(group)
+    ks = _kernel_states(ebpf)
+    if ebpf:
+        click.echo(loader.program_text("snap", defines_for(ks, max_tasks)))
+        return
+
+    def log(msg: str) -> None:
+        if verbose:
+            print(f"pstate snap: {msg}", file=sys.stderr, flush=True)
+
+    loader.check_privileges()  # before anything is created in DIR
+    stopper = Stopper().install()
+    out = prog = None
+    try:
+        out = SnapDir(out_dir, gid=gid)
+        out.lock()
+        stale = out.clean_temps()
+        if stale:
+            print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
+                  f"in {out_dir}", file=sys.stderr)
+        if stopper.stopped:
+            sys.exit(stopper.exit_code())
+        loaded_ts = time.monotonic_ns()
+        prog = load_program(ks, max_tasks, kernel_headers)
+        meta = meta_record("snap", ks)
+        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt})
+        plan = Plan(fmt=fmt, interval_ns=interval, count=count, clear=clear, keep=keep, max_age_ns=max_age,
+                    prom_by=prom_by)
+        snapper = Snapper(out, make_collector(prog, ks, loaded_ts), plan, meta, stopper, log)
+        log(f"collecting into {out_dir}, {'until stopped' if count == 0 else f'{count} snapshot(s)'}, "
+            f"every {interval / 1e9:g}s")
+        code = snapper.run()
+        if code:
+            _status_failed(out, f"interrupted by signal {stopper.signum} before the snapshot was written")
+    except PstateError as e:
+        if out is not None and out.lock_fd is not None:
+            _status_failed(out, e.message)
+        raise
+    finally:
+        if prog is not None:
+            prog.close()
+        if out is not None:
+            out.close()
+        stopper.restore()
+    if code:
+        sys.exit(code)
+
+
+def _status_failed(out: SnapDir, message: str) -> None:
+    try:
+        out.write_status({"ok": False, "ts": time.monotonic_ns(), "wall_ns": time.time_ns(), "file": None,
+                          "pid": os.getpid(), "error": message.split("\n", 1)[0]})
+    except PstateError:
+        print(f"pstate snap: could not record the failure in {out.where(snapfiles.STATUS_NAME)} either",
+              file=sys.stderr)

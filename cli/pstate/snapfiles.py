@@ -1,0 +1,412 @@
+"""Snapshot files of `pstate snap`: names, row fields, and the shared reader.
+
+A snapshot is a JSON-lines file: a meta header (source "snap"), one "task"
+row per thread, and an "end" trailer (man pstate-events). This module lists
+and reads them, orders them, and turns them into intervals: per-thread
+counters over the time between consecutive snapshots, with identities that
+survive pid reuse. stats, heat and replay all read snapshots through it.
+
+Rules the readers rely on:
+- time comes from the monotonic fields; wall time only labels and orders
+  boots. Nothing is subtracted across two boot ids or two runs.
+- a thread is (pid, tid, start_ts). start_ts of a thread seeded from /proc
+  has the kernel's clock-tick resolution, and a thread seen at fork has the
+  exact fork time, so two runs may disagree by up to a tick: across runs,
+  start times within START_SLACK_NS are the same thread. Within a run they
+  must be equal.
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.streamio import ReadStats, read_records
+
+# --- names -----------------------------------------------------------------
+
+PREFIX = "pstate-snap-"
+NAME_RE = re.compile(r"^pstate-snap-(\d{8}T\d{6})\.(\d{6})Z-(\d{6,})\.(jsonl|csv)$")
+PROM_NAME = "pstate-snap.prom"  # one stable name: node_exporter reads every *.prom file
+TEMP_RE = re.compile(r"^\.pstate-.+\.tmp\.\d+\.[0-9a-f]+$")
+LOCK_NAME = ".pstate.lock"
+STATUS_NAME = ".pstate-last.json"
+EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "prom": "prom"}
+
+START_SLACK_NS = 20_000_000  # two clock ticks at HZ=100
+
+# --- row fields ------------------------------------------------------------
+
+# Every row has a <state>_ns field for each of these (0 when never seen);
+# a kernel that reports more states adds more <state>_ns fields.
+STATE_FIELDS = ("running", "runnable", "preempted", "new", "sleeping", "uninterruptible", "stopped",
+                "traced", "zombie", "dead", "parked", "idle", "unknown")
+COUNT_FIELDS = ("nvcsw", "nivcsw", "wakeups")
+ROW_FIELDS = ("type", "ts", "pid", "tid", "comm", "start_ts", "state", "state_since_ts", "exited", "exit_ts",
+              *(f"{s}_ns" for s in STATE_FIELDS), *COUNT_FIELDS)
+WAIT_FIELDS = ("runnable_ns", "preempted_ns", "new_ns")
+
+# Field descriptions for the format documentation (schema.RECORDS style).
+TASK_RECORD = (
+    "one thread in a snapshot (pstate snap): its time per state and counts, over the interval",
+    {
+        "pid": ("int", "process id (tgid); 0 when unknown"),
+        "tid": ("int", "thread id"),
+        "comm": ("string", "task name at the snapshot (or when it ended)"),
+        "start_ts": ("int", "CLOCK_MONOTONIC ns the thread started (fork), or /proc's start time for threads "
+                            "alive when snap began (clock-tick resolution); with pid and tid, the identity"),
+        "state": ("string", "state at the snapshot; reaped once the kernel freed the thread"),
+        "state_since_ts": ("int?", "when it entered that state"),
+        "exited": ("bool", "the thread has exited (it may still be a zombie)"),
+        "exit_ts": ("int?", "when it exited"),
+        **{f"{s}_ns": ("int", f"ns spent {s} in the interval (cumulative mode: since the run began)")
+           for s in STATE_FIELDS},
+        "nvcsw": ("int", "voluntary switches off the CPU (blocked)"),
+        "nivcsw": ("int", "involuntary switches off the CPU (preempted)"),
+        "wakeups": ("int", "wake-ups from a blocked state"),
+    },
+)
+SNAP_META_FIELDS = {
+    "interval_start_ts": ("int", "snap: CLOCK_MONOTONIC ns the interval starts (cumulative: the run's start)"),
+    "interval_end_ts": ("int", "snap: CLOCK_MONOTONIC ns of the snapshot"),
+    "wall_start_ns": ("int", "snap: wall-clock ns at interval_start_ts"),
+    "wall_end_ns": ("int", "snap: wall-clock ns at interval_end_ts (labels only; intervals use monotonic time)"),
+    "seq": ("int", "snap: sequence number in the directory"),
+    "mode": ("string", "snap: cumulative (since the run began) or delta (--clear: over this interval)"),
+    "truncated": ("bool", "snap: the task map was full at some point; threads are missing"),
+    "map_full": ("int", "snap: task map updates that failed since the run began"),
+    "read_ns": ("int", "snap: time taken to read the kernel's maps; rows may include events up to "
+                       "interval_end_ts + read_ns"),
+    "run_id": ("string", "snap: one value per run; snapshots of one run can be subtracted"),
+    "run_start_ts": ("int", "snap: CLOCK_MONOTONIC ns the run began counting"),
+    "max_tasks": ("int", "snap: --max-tasks"),
+    "interval_ns": ("int", "snap: --interval"),
+    "format": ("string", "snap: jsonl, csv or prom"),
+}
+
+
+def snapshot_name(wall_ns: int, seq: int, ext: str) -> str:
+    """pstate-snap-<UTC YYYYmmddTHHMMSS.ffffffZ>-<seq>.<ext>: sorts by time."""
+    secs, rem = divmod(wall_ns, 1_000_000_000)
+    return f"{PREFIX}{time.strftime('%Y%m%dT%H%M%S', time.gmtime(secs))}.{rem // 1000:06d}Z-{seq:06d}.{ext}"
+
+
+def parse_name(name: str) -> tuple[int, int, str] | None:
+    """(wall ns, seq, extension) of a snapshot file name, or None."""
+    m = NAME_RE.match(name)
+    if not m:
+        return None
+    try:
+        secs = calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S"))
+    except ValueError:
+        return None
+    return secs * 1_000_000_000 + int(m.group(2)) * 1000, int(m.group(3)), m.group(4)
+
+
+def counter_fields(row: dict) -> list[str]:
+    return [k for k in row if k.endswith("_ns")] + [k for k in COUNT_FIELDS if k in row]
+
+
+def subtract(cur: dict, prev: dict | None) -> dict[str, int]:
+    """Counters of cur minus those of prev (an earlier row of the same thread
+    in the same run); all of cur's when prev is None."""
+    out = {}
+    for k in counter_fields(cur):
+        v = cur[k]
+        if prev is not None:
+            v -= prev.get(k, 0)
+        out[k] = v if v > 0 else 0
+    return out
+
+
+# --- reading ---------------------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    path: str
+    meta: dict
+    rows: list
+    end: dict | None = None
+
+    @property
+    def boot_id(self) -> str:
+        return str(self.meta.get("boot_id") or "")
+
+    @property
+    def run_id(self) -> str:
+        return str(self.meta.get("run_id") or f"{self.meta.get('pstate_pid')}:{self.meta.get('run_start_ts')}")
+
+    @property
+    def start_ts(self) -> int:
+        return self.meta["interval_start_ts"]
+
+    @property
+    def end_ts(self) -> int:
+        return self.meta["interval_end_ts"]
+
+    @property
+    def wall_end_ns(self) -> int:
+        return self.meta.get("wall_end_ns") or 0
+
+    @property
+    def mode(self) -> str:
+        return self.meta.get("mode", "cumulative")
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.meta.get("truncated"))
+
+
+def _int(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def check_task(rec: dict) -> str | None:
+    """Why a task row is unusable, or None."""
+    for f in ("pid", "tid", "start_ts"):
+        if not _int(rec.get(f)):
+            return f'task row with a bad or missing "{f}"'
+    for k in counter_fields(rec):
+        if not _int(rec[k]):
+            return f'task row with a bad "{k}"'
+    for f in ("exit_ts", "state_since_ts"):
+        if rec.get(f) is not None and not _int(rec[f]):
+            return f'task row with a bad "{f}"'
+    return None
+
+
+def _check_meta(meta: dict, name: str) -> None:
+    if meta.get("source") != "snap":
+        raise PstateError(f"{name} is not a pstate snapshot (source {meta.get('source')!r})", ExitCode.DATAERR,
+                          hint="pass snapshot files or a directory written by `pstate snap`")
+    for f in ("interval_start_ts", "interval_end_ts"):
+        if not _int(meta.get(f)):
+            raise PstateError(f"{name}: snapshot header without a valid {f}", ExitCode.DATAERR)
+
+
+def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | None = None) -> Snapshot | None:
+    """One snapshot file, or None when it is unusable (why: appended to problems).
+
+    Malformed rows are skipped and counted in stats; a snapshot without its
+    end trailer, or with fewer rows than the trailer announces, is left out.
+    """
+    stats = stats if stats is not None else ReadStats()
+    problems = problems if problems is not None else []
+    meta = None
+    rows = []
+    end = None
+    bad = 0
+    for rec in read_records([path], stats):
+        t = rec["type"]
+        if t == "meta":
+            if meta is not None:
+                problems.append(f"{path}: a second meta record: not a single snapshot; not used")
+                return None
+            _check_meta(rec, path)
+            meta = rec
+        elif t == "task":
+            why = check_task(rec)
+            if why:
+                stats.skip(why, path)
+                bad += 1
+                continue
+            rows.append(rec)
+        elif t == "end":
+            end = rec
+    if meta is None:
+        problems.append(f"{path}: no meta header; not used")
+        return None
+    announced = end.get("tasks") if end is not None else None
+    if end is None or (type(announced) is int and len(rows) + bad < announced):
+        problems.append(f"{path}: incomplete snapshot (no end record, or fewer rows than it announces); not used")
+        return None
+    return Snapshot(path, meta, rows, end)
+
+
+def list_dir(path: str) -> list[str]:
+    """Snapshot JSON-lines files of a directory, oldest first (by sequence).
+    Dot-files, other names, symlinks and non-regular files are not snapshots."""
+    found = []
+    try:
+        entries = list(os.scandir(path))
+    except OSError as e:
+        raise PstateError(f"cannot read directory {path}: {e.strerror}", ExitCode.NOINPUT) from None
+    for e in entries:
+        parsed = parse_name(e.name)
+        if parsed and parsed[2] == "jsonl" and e.is_file(follow_symlinks=False):
+            found.append((parsed[1], e.name))
+    found.sort()
+    return [os.path.join(path, n) for _seq, n in found]
+
+
+def expand(paths: Iterable[str]) -> list[str]:
+    """Files to read: directories expand to their snapshot files."""
+    out = []
+    for p in paths:
+        if p != "-" and os.path.isdir(p):
+            out.extend(list_dir(p))
+        else:
+            out.append(p)
+    return out
+
+
+def is_snapshot_source(path: str) -> bool:
+    """True for a directory, or a file whose meta header says source "snap"
+    (lets stats tell snapshots from recordings)."""
+    if path == "-":
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return True
+    if parse_name(os.path.basename(path)):
+        return True
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16)
+    except OSError:
+        return False
+    return b'"source":"snap"' in first.replace(b" ", b"")
+
+
+def load(paths: Iterable[str], stats: ReadStats | None = None, problems: list | None = None) -> list[Snapshot]:
+    """Read snapshots and order them: boots by wall time, then by the
+    monotonic end of each interval within a boot. Duplicates are dropped;
+    unusable files are left out with a reason in problems."""
+    stats = stats if stats is not None else ReadStats()
+    snaps = {}
+    for p in expand(paths):
+        s = read_snapshot(p, stats, problems)
+        if s is not None:
+            snaps.setdefault((s.boot_id, s.run_id, s.end_ts), s)
+    boot_first: dict[str, int] = {}
+    for s in snaps.values():
+        w = s.wall_end_ns
+        boot_first[s.boot_id] = min(boot_first.get(s.boot_id, w), w)
+    return sorted(snaps.values(), key=lambda s: (boot_first[s.boot_id], s.boot_id, s.end_ts, s.meta.get("seq", 0)))
+
+
+# --- intervals ---------------------------------------------------------------
+
+
+@dataclass
+class TaskInterval:
+    """One thread over one interval: counters spent in it, and its life."""
+
+    key: tuple  # (boot_id, tid, start_ts): the thread
+    proc: tuple  # (boot_id, pid, start_ts of the leader): the process
+    pid: int
+    tid: int
+    comm: str
+    start_ts: int
+    state: str
+    values: dict
+    born: bool  # started inside the interval
+    gone: bool  # exited inside the interval
+    alive: bool  # not exited at the end of the interval
+
+
+@dataclass
+class Interval:
+    snapshot: Snapshot
+    start_ts: int
+    end_ts: int
+    tasks: list = field(default_factory=list)
+
+    @property
+    def boot_id(self) -> str:
+        return self.snapshot.boot_id
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ts - self.start_ts)
+
+    @property
+    def wall_end_ns(self) -> int:
+        return self.snapshot.wall_end_ns
+
+
+class _Identities:
+    """Canonical start times, so one thread keeps one key across runs."""
+
+    def __init__(self):
+        self.starts: dict[tuple, list] = {}  # (boot, tid) -> [(start_ts, run_id)]
+
+    def canon(self, boot: str, tid: int, start: int, run: str) -> int:
+        known = self.starts.setdefault((boot, tid), [])
+        for s, r in known:
+            if s == start:
+                return s
+        for s, r in known:
+            if r != run and abs(s - start) <= START_SLACK_NS:
+                return s
+        known.append((start, run))
+        return start
+
+
+def intervals(snapshots: list[Snapshot]) -> list[Interval]:
+    """Per-thread counters over each snapshot's interval.
+
+    Snapshots of a cumulative run are subtracted from the previous one of
+    the same run; the first of a run (or a --clear snapshot) already covers
+    its own interval. Snapshots must come ordered, as load() returns them.
+    """
+    ids = _Identities()
+    last_of_run: dict[tuple, tuple[int, dict]] = {}  # (boot, run) -> (end_ts, {(tid, start): row})
+    proc_start: dict[tuple, int] = {}  # (boot, pid) -> leader start_ts last seen
+    out = []
+    for snap in snapshots:
+        boot, run = snap.boot_id, snap.run_id
+        prev = last_of_run.get((boot, run))
+        if snap.mode == "cumulative" and prev is not None and prev[0] < snap.end_ts:
+            start, prev_rows = prev[0], prev[1]
+        else:
+            start, prev_rows = snap.start_ts, None
+        iv = Interval(snap, start, snap.end_ts)
+        canon = {}
+        for r in snap.rows:
+            canon[id(r)] = ids.canon(boot, r["tid"], r["start_ts"], run)
+        # A reused pid may have two leader rows (the freed one and the new
+        # one): a thread belongs to the latest leader that started before it.
+        leaders: dict[int, list] = {}
+        first_thread: dict[int, int] = {}
+        for r in snap.rows:
+            if r["tid"] == r["pid"]:
+                leaders.setdefault(r["pid"], []).append(canon[id(r)])
+            first_thread[r["pid"]] = min(first_thread.get(r["pid"], canon[id(r)]), canon[id(r)])
+        for r in snap.rows:
+            pid, tid = r["pid"], r["tid"]
+            st = canon[id(r)]
+            if tid == pid:
+                lead = st
+            else:
+                lead = max((s for s in leaders.get(pid, ()) if s <= st + START_SLACK_NS), default=None)
+                if lead is None:
+                    known = proc_start.get((boot, pid))
+                    lead = known if known is not None and known <= st + START_SLACK_NS else first_thread[pid]
+                proc_start[(boot, pid)] = lead
+            values = subtract(r, prev_rows.get((tid, r["start_ts"])) if prev_rows is not None else None)
+            exit_ts = r.get("exit_ts")
+            exited = bool(r.get("exited"))
+            iv.tasks.append(TaskInterval(
+                key=(boot, tid, st), proc=(boot, pid, lead if pid else 0), pid=pid, tid=tid,
+                comm=str(r.get("comm", "")), start_ts=st, state=str(r.get("state", "")), values=values,
+                born=start < r["start_ts"] <= snap.end_ts,
+                gone=exited and exit_ts is not None and start < exit_ts <= snap.end_ts,
+                alive=not exited,
+            ))
+        if snap.mode == "cumulative":
+            last_of_run[(boot, run)] = (snap.end_ts, {(r["tid"], r["start_ts"]): r for r in snap.rows})
+        out.append(iv)
+    return out

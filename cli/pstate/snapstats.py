@@ -1,0 +1,509 @@
+"""Offline analysis across snapshots (`pstate stats DIR/`).
+
+Four views, each a pure function of the intervals snapfiles.intervals()
+derives from the snapshots:
+- trends: per group (process by default), per interval: on-CPU share,
+  run-queue wait share, time in D;
+- churn: processes and threads born and gone per interval, short-lived ones
+  (born and gone in the same interval) included;
+- leak suspects: a group whose thread count, or whose share of time in one
+  state, grows at every one of at least MIN_RUN consecutive snapshots,
+  ranked by slope (least squares, per minute). A state's share is the
+  average number of threads in it, so both kinds of slope are in threads
+  per minute and rank together;
+- changed: groups seen in at least two snapshots, their first against their
+  last, ranked by the largest change of those shares (or relative change of
+  the thread count).
+
+Shares are fractions of the interval: 1.0 is one thread for the whole
+interval (one CPU's worth for on-CPU time). Intervals are measured on the
+monotonic clock; wall time only labels them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+import orjson
+
+from pstate import snapfiles
+from pstate.durations import fmt_ns
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.streamio import ReadStats
+
+MIN_RUN = 4  # snapshots of uninterrupted growth before a leak is suspected
+MIN_SHARE_STEP = 0.005  # a state share must grow by this much per snapshot (noise floor)
+SPARK_WIDTH = 24
+TABLE_SPARK_WIDTH = 8  # keeps the trends table within 80 columns
+COMM_WIDTH = 15
+BY_CHOICES = {"pid": "process", "process": "process", "tid": "thread", "thread": "thread", "comm": "comm"}
+DEFAULT_TOP = 15
+LEAK_STATES = ("running", "runnable", "preempted", "sleeping", "uninterruptible", "stopped", "traced",
+               "zombie", "parked", "idle")
+
+
+# --- grouping ---------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """One group over one interval."""
+
+    i: int  # interval index
+    duration_ns: int
+    end_ts: int
+    wall_end_ns: int
+    values: dict = field(default_factory=dict)  # counter -> ns or count, summed over the group's threads
+    threads: int = 0  # live threads at the end of the interval
+
+    def share(self, key: str) -> float:
+        return self.values.get(key, 0) / self.duration_ns if self.duration_ns else 0.0
+
+    @property
+    def running(self) -> int:
+        return self.values.get("running_ns", 0)
+
+    @property
+    def wait(self) -> int:
+        return sum(self.values.get(k, 0) for k in snapfiles.WAIT_FIELDS)
+
+    @property
+    def d(self) -> int:
+        return self.values.get("uninterruptible_ns", 0)
+
+    def cpu_share(self) -> float:
+        return self.share("running_ns")
+
+    def wait_share(self) -> float:
+        return self.wait / self.duration_ns if self.duration_ns else 0.0
+
+
+@dataclass
+class Group:
+    key: tuple
+    pid: int
+    tid: int | None
+    comm: str
+    start_ts: int | None
+    boot_id: str | None
+    points: list = field(default_factory=list)
+
+    def label(self) -> dict:
+        out = {"boot_id": self.boot_id} if self.boot_id is not None else {}
+        out["pid"] = self.pid
+        if self.tid is not None:
+            out["tid"] = self.tid
+        out["comm"] = self.comm
+        if self.start_ts is not None:
+            out["start_ts"] = self.start_ts
+        return out
+
+
+def _group_of(t: snapfiles.TaskInterval, by: str):
+    if by == "thread":
+        return t.key, t.pid, t.tid, t.start_ts, t.key[0]
+    if by == "comm":
+        return ("comm", t.comm), 0, None, None, None
+    return t.proc, t.pid, None, t.proc[2], t.proc[0]
+
+
+def groups(ivs: list[snapfiles.Interval], by: str) -> list[Group]:
+    out: dict[tuple, Group] = {}
+    for i, iv in enumerate(ivs):
+        here: dict[tuple, Point] = {}
+        for t in iv.tasks:
+            key, pid, tid, start, boot = _group_of(t, by)
+            g = out.get(key)
+            if g is None:
+                g = out[key] = Group(key, pid, tid, t.comm, start, boot)
+            if by != "comm" and (t.tid == t.pid or by == "thread"):
+                g.comm = t.comm  # the leader's name names the process
+            p = here.get(key)
+            if p is None:
+                p = here[key] = Point(i, iv.duration_ns, iv.end_ts, iv.wall_end_ns)
+                g.points.append(p)
+            for k, v in t.values.items():
+                p.values[k] = p.values.get(k, 0) + v
+            if t.alive:
+                p.threads += 1
+    return list(out.values())
+
+
+# --- the four views -----------------------------------------------------------
+
+
+def trends(gs: list[Group]) -> list[dict]:
+    rows = []
+    for g in gs:
+        total_run = sum(p.running for p in g.points)
+        total_dur = sum(p.duration_ns for p in g.points)
+        series = [{
+            "interval": p.i, "end_ts": p.end_ts, "wall_end_ns": p.wall_end_ns, "duration_ns": p.duration_ns,
+            "running_ns": p.running, "wait_ns": p.wait, "uninterruptible_ns": p.d,
+            "sleeping_ns": p.values.get("sleeping_ns", 0), "threads": p.threads,
+            "cpu_share": round(p.cpu_share(), 6), "wait_share": round(p.wait_share(), 6),
+        } for p in g.points]
+        rows.append({
+            **g.label(), "snapshots": len(g.points),
+            "cpu_share_avg": round(total_run / total_dur, 6) if total_dur else 0.0,
+            "cpu_share_max": max((s["cpu_share"] for s in series), default=0.0),
+            "wait_share_avg": round(sum(p.wait for p in g.points) / total_dur, 6) if total_dur else 0.0,
+            "d_ns_per_interval": sum(p.d for p in g.points) // max(1, len(g.points)),
+            "running_ns": total_run,
+            "series": series,
+        })
+    rows.sort(key=lambda r: (-r["running_ns"], -r["wait_share_avg"], r["pid"], r.get("tid", 0)))
+    return rows
+
+
+def churn(ivs: list[snapfiles.Interval]) -> dict:
+    per = []
+    by_comm: dict[str, dict] = {}
+    for i, iv in enumerate(ivs):
+        procs: dict[tuple, list] = {}
+        for t in iv.tasks:
+            procs.setdefault(t.proc, []).append(t)
+        c = {"interval": i, "start_ts": iv.start_ts, "end_ts": iv.end_ts, "wall_end_ns": iv.wall_end_ns,
+             "duration_ns": iv.duration_ns,
+             "processes": sum(1 for ts in procs.values() if any(t.alive for t in ts)),
+             "threads": sum(1 for t in iv.tasks if t.alive),
+             "processes_born": 0, "processes_gone": 0, "short_lived_processes": 0,
+             "threads_born": sum(1 for t in iv.tasks if t.born),
+             "threads_gone": sum(1 for t in iv.tasks if t.gone),
+             "short_lived_threads": sum(1 for t in iv.tasks if t.born and t.gone)}
+        for ts in procs.values():
+            leader = next((t for t in ts if t.tid == t.pid), None)
+            born = leader is not None and leader.born
+            gone = any(t.gone for t in ts) and not any(t.alive for t in ts)
+            c["processes_born"] += born
+            c["processes_gone"] += gone
+            c["short_lived_processes"] += born and gone
+            if born or gone:
+                name = leader.comm if leader else ts[0].comm
+                e = by_comm.setdefault(name, {"comm": name, "processes_born": 0, "processes_gone": 0,
+                                              "short_lived_processes": 0})
+                e["processes_born"] += born
+                e["processes_gone"] += gone
+                e["short_lived_processes"] += born and gone
+        per.append(c)
+    keys = ("processes_born", "processes_gone", "short_lived_processes", "threads_born", "threads_gone",
+            "short_lived_threads")
+    totals = {k: sum(c[k] for c in per) for k in keys}
+    comms = sorted(by_comm.values(), key=lambda e: (-(e["processes_born"] + e["processes_gone"]), e["comm"]))
+    return {"intervals": per, "totals": totals, "by_comm": comms}
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def _longest_growth(values: list[float], min_step: float) -> tuple[int, int]:
+    """(start, length) of the longest run where each value exceeds the previous by > min_step."""
+    best = (0, 1)
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] - values[i - 1] <= min_step:
+            if i - start > best[1]:
+                best = (start, i - start)
+            start = i
+    return best
+
+
+def leaks(gs: list[Group], ivs: list[snapfiles.Interval], min_run: int = MIN_RUN) -> list[dict]:
+    out = []
+    for g in gs:
+        # consecutive snapshots only: a gap in the group's presence breaks a run
+        segments, seg = [], []
+        for p in g.points:
+            if seg and p.i != seg[-1].i + 1:
+                segments.append(seg)
+                seg = []
+            seg.append(p)
+        segments.append(seg)
+        best_per_metric: dict[str, dict] = {}
+        for seg in segments:
+            if len(seg) < min_run:
+                continue
+            metrics = {"threads": ([float(p.threads) for p in seg], 0.5)}
+            for s in LEAK_STATES:
+                metrics[s] = ([p.share(f"{s}_ns") for p in seg], MIN_SHARE_STEP)
+            for name, (ys, step) in metrics.items():
+                start, n = _longest_growth(ys, step)
+                if n < min_run:
+                    continue
+                run_pts = seg[start:start + n]
+                xs = [(p.end_ts - run_pts[0].end_ts) / 1e9 for p in run_pts]
+                slope = _slope(xs, ys[start:start + n]) * 60.0
+                first, last = ys[start], ys[start + n - 1]
+                cand = {**g.label(), "metric": name, "snapshots": n,
+                        "first": round(first, 6), "last": round(last, 6), "slope_per_min": round(slope, 6),
+                        "from_ts": run_pts[0].end_ts, "to_ts": run_pts[-1].end_ts,
+                        "from_wall_ns": run_pts[0].wall_end_ns, "to_wall_ns": run_pts[-1].wall_end_ns}
+                if name not in best_per_metric or slope > best_per_metric[name]["slope_per_min"]:
+                    best_per_metric[name] = cand
+        out.extend(best_per_metric.values())
+    out.sort(key=lambda r: (-r["slope_per_min"], -r["snapshots"], r["pid"], r["metric"]))
+    return out
+
+
+def changed(gs: list[Group]) -> list[dict]:
+    """Groups seen in at least two snapshots: their first against their last."""
+    out = []
+    for g in gs:
+        if len(g.points) < 2:
+            continue
+        a, b = g.points[0], g.points[-1]
+        first = {"cpu_share": a.cpu_share(), "wait_share": a.wait_share(), "d_share": a.share("uninterruptible_ns"),
+                 "threads": a.threads}
+        last = {"cpu_share": b.cpu_share(), "wait_share": b.wait_share(), "d_share": b.share("uninterruptible_ns"),
+                "threads": b.threads}
+        delta = {k: last[k] - first[k] for k in first}
+        score = max(abs(delta["cpu_share"]), abs(delta["wait_share"]), abs(delta["d_share"]),
+                    abs(delta["threads"]) / max(first["threads"], 1))
+        if score <= 0:
+            continue
+
+        def r6(d):
+            return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
+
+        out.append({**g.label(), "first_interval": a.i, "last_interval": b.i, "first": r6(first), "last": r6(last),
+                    "delta": r6(delta), "score": round(score, 6)})
+    out.sort(key=lambda r: (-r["score"], r["pid"], r.get("tid", 0), r["comm"]))
+    return out
+
+
+def summary(snaps: list[snapfiles.Snapshot], ivs: list[snapfiles.Interval]) -> dict:
+    return {
+        "snapshots": len(snaps),
+        "hosts": sorted({str(s.meta.get("host", "")) for s in snaps}),
+        "boots": len({s.boot_id for s in snaps}),
+        "runs": len({(s.boot_id, s.run_id) for s in snaps}),
+        "covered_ns": sum(iv.duration_ns for iv in ivs),
+        "first_wall_ns": min((s.wall_end_ns for s in snaps), default=0),
+        "last_wall_ns": max((s.wall_end_ns for s in snaps), default=0),
+        "truncated": sum(1 for s in snaps if s.truncated),
+        "intervals": [{"interval": i, "file": iv.snapshot.path, "boot_id": iv.boot_id, "seq": iv.snapshot.meta.get("seq"),
+                       "start_ts": iv.start_ts, "end_ts": iv.end_ts, "duration_ns": iv.duration_ns,
+                       "wall_end_ns": iv.wall_end_ns, "tasks": len(iv.tasks),
+                       "truncated": iv.snapshot.truncated}
+                      for i, iv in enumerate(ivs)],
+    }
+
+
+def analyse(snaps: list[snapfiles.Snapshot], *, by: str = "process", min_run: int = MIN_RUN) -> dict:
+    ivs = snapfiles.intervals(snaps)
+    gs = groups(ivs, by)
+    return {
+        "type": "snapstats", "by": by, "min_run": min_run,
+        **summary(snaps, ivs),
+        "trends": trends(gs),
+        "churn": churn(ivs),
+        "leaks": leaks(gs, ivs, min_run),
+        "changed": changed(gs),
+    }
+
+
+# --- rendering ----------------------------------------------------------------
+
+
+def _utc(wall_ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_ns // 1_000_000_000))
+
+
+def _when(wall_ns: int) -> str:
+    """Month-day and time of day (UTC) with milliseconds: 01-15 08:02:10.250."""
+    return time.strftime("%m-%d %H:%M:%S", time.gmtime(wall_ns // 1_000_000_000)) + \
+        f".{wall_ns // 1_000_000 % 1000:03d}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def spark(values: list[float], width: int = SPARK_WIDTH, unicode: bool = True) -> str:
+    """A sparkline scaled to the values' own maximum, averaged down to width."""
+    if not values:
+        return ""
+    if len(values) > width:
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:]) if b > a]
+    chars = "▁▂▃▄▅▆▇█" if unicode else "_.-=+*#@"
+    top = max(values)
+    if top <= 0:
+        return chars[0] * len(values)
+    return "".join(chars[int(v / top * (len(chars) - 1) + 0.5)] for v in values)
+
+
+def grid(headers: list[str], rows: list[list], right: frozenset = frozenset()) -> str:
+    """Columns two spaces apart; the columns numbered in right are right-aligned."""
+    cells = [[str(c) for c in r] for r in [headers, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _who(r: dict) -> list:
+    return [r["pid"], r["tid"]] if "tid" in r else [r["pid"]]
+
+
+def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:
+    """Four tables in about 80 columns; JSON and CSV carry every value."""
+    top = DEFAULT_TOP if top is None else top
+    by = rep["by"]
+    boots = rep["boots"] > 1 and by != "comm"
+    who_hdr = (["BOOT"] if boots else []) + {"process": ["PID"], "thread": ["PID", "TID"], "comm": []}[by]
+    nwho = len(who_hdr)
+    nums = frozenset(range(nwho)) - ({0} if boots else set())
+
+    def who(r):
+        if by == "comm":
+            return []
+        return ([r["boot_id"][:8]] if boots else []) + _who(r)
+
+    def sp(values):
+        return spark(values, TABLE_SPARK_WIDTH, unicode)
+
+    n = rep["snapshots"]
+    out.write(f"{n} snapshot{'s' if n != 1 else ''} from {', '.join(rep['hosts']) or '?'}, "
+              f"{rep['boots']} boot{'s' if rep['boots'] != 1 else ''}, {rep['runs']} run{'s' if rep['runs'] != 1 else ''}, "
+              f"{fmt_ns(rep['covered_ns'])} covered\nfrom {_utc(rep['first_wall_ns'])} to {_utc(rep['last_wall_ns'])}\n")
+    if rep["truncated"]:
+        out.write(f"{rep['truncated']} truncated: the task map was full, some threads are missing\n")
+    out.write("\n")
+
+    group_word = {"process": "process", "thread": "thread", "comm": "command"}[by]
+    out.write(f"Trends per {group_word}, top {top} by on-CPU time (average, then each interval)\n")
+    rows = []
+    for r in rep["trends"][:top]:
+        s = r["series"]
+        rows.append([*who(r), r["comm"][:COMM_WIDTH],
+                     f"{_pct(r['cpu_share_avg']):>6} {sp([x['cpu_share'] for x in s])}",
+                     f"{_pct(r['wait_share_avg']):>6} {sp([x['wait_share'] for x in s])}",
+                     f"{fmt_ns(r['d_ns_per_interval']):>6} {sp([x['uninterruptible_ns'] for x in s])}",
+                     f"{s[0]['threads']}>{s[-1]['threads']}" if s else "-"])
+    out.write(grid([*who_hdr, "COMM", "ON-CPU", "RUN-QUEUE", "D/INTERVAL", "THREADS"], rows, nums))
+    out.write("\n")
+
+    ch = rep["churn"]
+    out.write("Churn per interval: processes and threads born (+) and gone (-); short: both\n")
+    rows = [[_when(c["wall_end_ns"]), fmt_ns(c["duration_ns"]), c["processes"], c["processes_born"],
+             c["processes_gone"], c["short_lived_processes"], c["threads"], c["threads_born"], c["threads_gone"],
+             c["short_lived_threads"]] for c in ch["intervals"]]
+    t = ch["totals"]
+    rows.append(["total", "", "", t["processes_born"], t["processes_gone"], t["short_lived_processes"], "",
+                 t["threads_born"], t["threads_gone"], t["short_lived_threads"]])
+    out.write(grid(["END (UTC)", "LENGTH", "PROCS", "+", "-", "SHORT", "THREADS", "+", "-", "SHORT"], rows,
+                   frozenset(range(1, 10))))
+    if ch["by_comm"]:
+        top_c = ", ".join(f"{e['comm']} +{e['processes_born']}/-{e['processes_gone']}"
+                          for e in ch["by_comm"][:5])
+        out.write(f"Most process churn: {top_c}\n")
+    out.write("\n")
+
+    out.write(f"Leak suspects: growing at each of >= {rep['min_run']} consecutive snapshots, by slope\n"
+              "(a state counts the threads in it on average: 1 = one thread all the time)\n")
+    if rep["leaks"]:
+        rows = [[*who(r), r["comm"][:COMM_WIDTH], r["metric"], r["snapshots"], f"{r['first']:.4g}",
+                 f"{r['last']:.4g}", f"{r['slope_per_min']:+.4g}"] for r in rep["leaks"][:top]]
+        out.write(grid([*who_hdr, "COMM", "METRIC", "SNAPS", "FIRST", "LAST", "PER MINUTE"], rows,
+                       nums | frozenset(range(nwho + 2, nwho + 6))))
+    else:
+        out.write("none\n")
+    out.write("\n")
+
+    out.write("Changed most between the first and the last snapshot each was in\n")
+    if rep["changed"]:
+        rows = []
+        for r in rep["changed"][:top]:
+            a, b = r["first"], r["last"]
+            rows.append([*who(r), r["comm"][:COMM_WIDTH], f"{_pct(a['cpu_share'])}>{_pct(b['cpu_share'])}",
+                         f"{_pct(a['wait_share'])}>{_pct(b['wait_share'])}",
+                         f"{_pct(a['d_share'])}>{_pct(b['d_share'])}", f"{a['threads']}>{b['threads']}"])
+        out.write(grid([*who_hdr, "COMM", "ON-CPU", "RUN-QUEUE", "D", "THREADS"], rows, nums))
+    else:
+        out.write("none (nothing was in two snapshots, or nothing changed)\n")
+
+
+def render_json(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:
+    if top is not None:
+        rep = dict(rep, trends=rep["trends"][:top], leaks=rep["leaks"][:top], changed=rep["changed"][:top])
+    out.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def render_csv(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:
+    """One block per view, each a '# name' line, a header and rows; blank
+    lines between blocks. Trends are in long form: one row per group and interval."""
+    w = csv.writer(out, lineterminator="\n")
+    lim = (lambda xs: xs[:top]) if top is not None else (lambda xs: xs)
+    who_cols = {"process": ["boot_id", "pid", "start_ts"], "thread": ["boot_id", "pid", "tid", "start_ts"],
+                "comm": []}[rep["by"]]
+    cols = ["interval", "end_ts", "wall_end_ns", "duration_ns", "running_ns", "wait_ns", "uninterruptible_ns",
+            "sleeping_ns", "threads", "cpu_share", "wait_share"]
+    out.write("# trends\n")
+    w.writerow([*who_cols, "comm", *cols])
+    for r in lim(rep["trends"]):
+        for s in r["series"]:
+            w.writerow([*(r.get(c) for c in who_cols), r["comm"], *(s[c] for c in cols)])
+    out.write("\n# churn\n")
+    ccols = ["interval", "start_ts", "end_ts", "wall_end_ns", "duration_ns", "processes", "processes_born",
+             "processes_gone", "short_lived_processes", "threads", "threads_born", "threads_gone",
+             "short_lived_threads"]
+    w.writerow(ccols)
+    for c in rep["churn"]["intervals"]:
+        w.writerow([c[k] for k in ccols])
+    out.write("\n# leaks\n")
+    lcols = ["metric", "snapshots", "first", "last", "slope_per_min", "from_ts", "to_ts"]
+    w.writerow([*who_cols, "comm", *lcols])
+    for r in lim(rep["leaks"]):
+        w.writerow([*(r.get(c) for c in who_cols), r["comm"], *(r[c] for c in lcols)])
+    out.write("\n# changed\n")
+    keys = ["cpu_share", "wait_share", "d_share", "threads"]
+    w.writerow([*who_cols, "comm", *(f"first_{k}" for k in keys), *(f"last_{k}" for k in keys), "score"])
+    for r in lim(rep["changed"]):
+        w.writerow([*(r.get(c) for c in who_cols), r["comm"], *(r["first"][k] for k in keys),
+                    *(r["last"][k] for k in keys), r["score"]])
+
+
+RENDERERS = {"table": render_table, "json": render_json, "csv": render_csv}
+
+
+def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: int = MIN_RUN,
+        strict: bool = False, err=None) -> int:
+    """`pstate stats` over snapshot files or directories. Returns the exit code."""
+    if fmt not in RENDERERS:
+        raise PstateError(f"unknown output format {fmt!r} for snapshots (table, json or csv)", ExitCode.USAGE)
+    group_by = BY_CHOICES.get(by)
+    if group_by is None:
+        raise PstateError(f"snapshots can be grouped by pid, tid or comm, not {by!r}", ExitCode.USAGE)
+    stats = ReadStats()
+    problems: list[str] = []
+    snaps = snapfiles.load(paths, stats, problems)
+    err = err or sys.stderr
+    code = stats.report("pstate stats", err, strict=strict)
+    for p in problems:
+        print(f"pstate stats: warning: {p}", file=err)
+    if problems and strict:
+        code = int(ExitCode.DATAERR)
+    if not snaps:
+        raise PstateError(f"no complete snapshots in {', '.join(paths)}", ExitCode.NOINPUT,
+                          hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --out DIR)")
+    rep = analyse(snaps, by=group_by, min_run=min_run)
+    if rep["truncated"]:
+        print(f"pstate stats: warning: {rep['truncated']} snapshot(s) are truncated (the task map was full); "
+              "some threads are missing (raise snap --max-tasks)", file=err)
+    buf = io.StringIO()
+    enc = getattr(out, "encoding", None) or "utf-8"
+    RENDERERS[fmt](rep, buf, top, unicode=enc.lower().replace("-", "").startswith("utf"))
+    out.write(buf.getvalue())
+    return code

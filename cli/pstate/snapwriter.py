@@ -1,0 +1,615 @@
+"""Writing snapshots: the output directory, atomic publishing, the lock,
+retention, the status marker, the file formats and the snapshot loop.
+
+Nothing here touches BPF: the loop takes a collector (commands/snap.py has
+the BPF one), so every rule below is testable with a fake.
+
+Directory rules (a root job from cron writes here):
+- --out must be a real directory (not a symlink), owned by root or the
+  caller, and not group- or world-writable; a missing one is created 0700
+  when its parent exists. Every file operation goes through one directory
+  file descriptor opened with O_NOFOLLOW, so a path swapped later is never
+  followed.
+- one instance per directory: flock on DIR/.pstate.lock; a second instance
+  exits 75 at once naming the holder. The kernel drops the lock when the
+  holder dies, even by SIGKILL.
+- a snapshot is written to .pstate-<name>.tmp.<pid>.<rand> (O_EXCL,
+  O_NOFOLLOW, mode 0600 whatever the umask), fsync'd, renamed to a name
+  that does not exist yet, and the directory is fsync'd. A reader never
+  sees a partial snapshot; temp files a killed run left are removed by the
+  next one (under the lock, so none of them can be in use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import secrets
+import select
+import signal
+import stat
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import orjson
+
+from pstate import snapfiles
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.meta import clock_anchor
+
+_NOSPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _errname(e: OSError) -> str:
+    return errno.errorcode.get(e.errno, str(e.errno)) if e.errno else "error"
+
+
+# --- the directory ----------------------------------------------------------
+
+
+def open_out_dir(path: str, create: bool = True) -> int:
+    """Check --out and return an O_DIRECTORY|O_NOFOLLOW descriptor of it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not create or not os.path.isdir(parent):
+            raise PstateError(f"--out {path}: no such directory, and its parent {parent} does not exist either",
+                              ExitCode.CANTCREAT, hint=f"mkdir -p -m 0700 {path}") from None
+        try:
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700, follow_symlinks=False)  # whatever the umask
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise PstateError(f"cannot create --out {path}: {e.strerror}",
+                              ExitCode.NOPERM if e.errno in (errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
+                              ) from None
+        st = os.lstat(path)
+    except OSError as e:
+        raise PstateError(f"--out {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise PstateError(f"--out {path} is a symbolic link; pstate writes only into a real directory",
+                          ExitCode.NOPERM, hint=f"pass the directory it points to: {os.path.realpath(path)}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise PstateError(f"--out {path} is not a directory", ExitCode.CANTCREAT)
+    if st.st_mode & 0o022:
+        raise PstateError(
+            f"--out {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
+            "another user could replace or plant snapshots there",
+            ExitCode.NOPERM, hint=f"chmod go-w {path}, or use a directory of your own")
+    if st.st_uid not in (0, os.geteuid()):
+        raise PstateError(f"--out {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
+                          hint=f"chown {os.geteuid()} {path}, or use a directory of your own")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
+        raise PstateError(f"cannot open --out {path}: {e.strerror}", code) from None
+    st2 = os.fstat(fd)
+    if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
+        os.close(fd)
+        raise PstateError(f"--out {path} changed while it was being opened", ExitCode.NOPERM)
+    return fd
+
+
+_libc = None
+
+
+def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
+    """renameat2(RENAME_NOREPLACE): never overwrite; FileExistsError if dst exists."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(_libc, "renameat2", None)
+    if fn is not None:
+        if fn(dfd, src.encode(), dfd, dst.encode(), 1) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), dst)
+    # The file system or libc lacks it; the lock keeps other pstates out.
+    try:
+        os.stat(dst, dir_fd=dfd, follow_symlinks=False)
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    except FileNotFoundError:
+        pass
+    os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+class SnapDir:
+    """The --out directory, locked for this process."""
+
+    def __init__(self, path: str, *, create: bool = True, gid: int | None = None):
+        self.path = path
+        self.fd = open_out_dir(path, create)
+        self.gid = gid
+        self.mode = 0o640 if gid is not None else 0o600
+        self.lock_fd: int | None = None
+        self.seq = 0
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def lock(self) -> None:
+        """Take DIR/.pstate.lock or exit 75 naming the holder."""
+        try:
+            fd = os.open(snapfiles.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.fd)
+        except OSError as e:
+            code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
+            raise PstateError(f"cannot open the lock file {self.where(snapfiles.LOCK_NAME)}: {e.strerror}",
+                              code) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise PstateError(f"{self.where(snapfiles.LOCK_NAME)} is not a regular file", ExitCode.NOPERM)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if not isinstance(e, BlockingIOError):
+                os.close(fd)
+                raise PstateError(f"cannot lock {self.where(snapfiles.LOCK_NAME)}: {e.strerror}",
+                                  ExitCode.CANTCREAT, hint="use a local file system for --out") from None
+            holder = ""
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            except OSError:
+                pass
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise PstateError(f"{self.path} is locked by {who} (another pstate snap writes there)",
+                              ExitCode.TEMPFAIL, hint="one pstate snap per directory; try again later") from None
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o600)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.lock_fd = fd
+        self.seq = max((seq for seq, _w, _n in self.own_files(None)), default=0)
+
+    def clean_temps(self) -> int:
+        """Remove temp files killed runs left behind. Only regular files with
+        pstate's temp name; never follows a symlink. Call with the lock held."""
+        removed = 0
+        for e in os.scandir(self.fd):
+            if snapfiles.TEMP_RE.match(e.name) and e.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(e.name, dir_fd=self.fd)
+                    removed += 1
+        return removed
+
+    def own_files(self, ext: str | None) -> list[tuple[int, int, str]]:
+        """(seq, wall ns, name) of pstate's snapshot files, oldest first."""
+        out = []
+        for e in os.scandir(self.fd):
+            parsed = snapfiles.parse_name(e.name)
+            if parsed and (ext is None or parsed[2] == ext) and e.is_file(follow_symlinks=False):
+                out.append((parsed[1], parsed[0], e.name))
+        out.sort()
+        return out
+
+    def _write_temp(self, name: str, data: bytes) -> str:
+        tmp = f".pstate-{name}.tmp.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode,
+                     dir_fd=self.fd)
+        try:
+            if self.gid is not None:
+                os.fchown(fd, -1, self.gid)
+            os.fchmod(fd, self.mode)  # the umask may have taken bits away
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)  # an fsync error is never ignored: the data may be gone
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+        os.close(fd)
+        return tmp
+
+    def publish(self, name: str, data: bytes, *, replace: bool = False) -> None:
+        """Write data to DIR/name atomically and durably. replace=False never
+        overwrites (FileExistsError)."""
+        tmp = None
+        try:
+            tmp = self._write_temp(name, data)
+            if replace:
+                os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            else:
+                _rename_noreplace(self.fd, tmp, name)
+            tmp = None
+            os.fsync(self.fd)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            if e.errno in _NOSPACE:
+                raise PstateError(
+                    f"cannot write snapshot {self.where(name)}: {e.strerror} ({_errname(e)}); "
+                    "earlier snapshots are intact", ExitCode.CANTCREAT,
+                    hint="free space there, or keep fewer snapshots (--keep, --max-age)") from None
+            code = ExitCode.CANTCREAT if e.errno in _REFUSED else ExitCode.IOERR
+            raise PstateError(f"cannot write snapshot {self.where(name)}: {e.strerror} ({_errname(e)})",
+                              code) from None
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=self.fd)
+
+    def publish_snapshot(self, wall_ns: int, ext: str, render: Callable[[int], bytes]) -> str:
+        """Publish render(seq) under the next free pstate-snap-<time>-<seq> name."""
+        for _ in range(100):
+            self.seq += 1
+            name = snapfiles.snapshot_name(wall_ns, self.seq, ext)
+            try:
+                self.publish(name, render(self.seq))
+                return name
+            except FileExistsError:
+                continue  # someone else's file took the name: take the next sequence
+        raise PstateError(f"cannot find a free snapshot name in {self.path}", ExitCode.CANTCREAT)
+
+    def prune(self, *, ext: str, keep: int | None, max_age_ns: int | None, now_wall_ns: int,
+              protect: str) -> list[str]:
+        """Delete pstate's own oldest snapshot files past --keep or --max-age
+        (age from the wall time in the name). Never the newest, never other files."""
+        files = [f for f in self.own_files(ext) if f[2] != protect]
+        doomed = []
+        if keep is not None:
+            excess = len(files) + 1 - keep
+            if excess > 0:
+                doomed.extend(files[:excess])
+                files = files[excess:]
+        if max_age_ns is not None:
+            doomed.extend(f for f in files if now_wall_ns - f[1] > max_age_ns)
+        removed = []
+        for _seq, _w, name in doomed:
+            try:
+                os.unlink(name, dir_fd=self.fd)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def write_status(self, rec: dict) -> None:
+        """DIR/.pstate-last.json: outcome of the latest run, for alerting on
+        stale or failing snapshots (like node_exporter's textfile mtime)."""
+        self.publish(snapfiles.STATUS_NAME, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), replace=True)
+
+    def close(self) -> None:
+        for fd in (self.lock_fd, self.fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.lock_fd = None
+        self.fd = None
+
+
+# --- formats -----------------------------------------------------------------
+
+
+def _dumps(rec: dict) -> bytes:
+    return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def render_jsonl(meta: dict, rows: list[dict], end: dict) -> bytes:
+    return b"".join([_dumps(meta), *map(_dumps, rows), _dumps(end)])
+
+
+def csv_columns(rows: list[dict]) -> list[str]:
+    cols = [c for c in snapfiles.ROW_FIELDS if c != "type"]
+    seen = set(cols)
+    for r in rows[:1]:
+        cols.extend(k for k in r if k not in seen and k != "type")
+    return cols
+
+
+def _csv_cell(v) -> str:
+    if v is None:
+        return ""
+    if v is True or v is False:
+        return "true" if v else "false"
+    s = str(v)
+    if any(c in s for c in ',"\n\r'):
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def render_csv(meta: dict, rows: list[dict], end: dict) -> bytes:
+    """A header row and one row per task; the meta and end records ride
+    along as JSON in '#' comment lines (pandas: read_csv(comment='#'))."""
+    cols = csv_columns(rows)
+    lines = [b"# " + orjson.dumps(meta) + b"\n", ",".join(cols).encode() + b"\n"]
+    for r in rows:
+        lines.append(",".join(_csv_cell(r.get(c)) for c in cols).encode() + b"\n")
+    lines.append(b"# " + orjson.dumps(end) + b"\n")
+    return b"".join(lines)
+
+
+def _label(v) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class PromExport:
+    """Prometheus text for node_exporter's textfile collector.
+
+    Counters must never go down, but threads exit, exec renames them and
+    rows leave the map; so each snapshot adds every thread's growth over
+    its interval to the series of its current labels, and the sums only
+    grow. Series per process (default) or per thread disappear once the
+    process or thread is gone; per comm they stay (the lowest cardinality).
+    No sample timestamps: the textfile collector rejects them.
+    """
+
+    LABELS = {"process": ("pid", "comm"), "thread": ("pid", "tid", "comm"), "comm": ("comm",)}
+
+    def __init__(self, by: str = "process"):
+        self.by = by
+        self.totals: dict[tuple, dict[str, int]] = {}
+        self.threads: dict[tuple, int] = {}
+        self.started = 0
+        self.exited = 0
+
+    def update(self, rows: list[dict], deltas: list[dict], new: list[bool], run_start_ts: int) -> None:
+        leader = {r["pid"]: r["comm"] for r in rows if r["tid"] == r["pid"]}
+        threads: dict[tuple, int] = {}
+        for r, d, is_new in zip(rows, deltas, new):
+            comm = leader.get(r["pid"], r["comm"]) if self.by != "thread" else r["comm"]
+            key = tuple(comm if f == "comm" else r[f] for f in self.LABELS[self.by])
+            acc = self.totals.setdefault(key, {})
+            for k, v in d.items():
+                acc[k] = acc.get(k, 0) + v
+            threads.setdefault(key, 0)
+            if not r["exited"]:
+                threads[key] += 1
+            if is_new and r["start_ts"] >= run_start_ts:
+                self.started += 1
+            if r["state"] == "reaped":
+                self.exited += 1
+        if self.by != "comm":
+            # A process or thread is shown once more after it is freed (with
+            # 0 threads); then its series ends.
+            for key in [k for k in self.totals if k not in threads]:
+                del self.totals[key]
+        self.threads = threads
+
+    def render(self, meta: dict) -> bytes:
+        names = self.LABELS[self.by]
+        out = []
+
+        def family(name, kind, help_text):
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+
+        def labels(key, **extra):
+            pairs = list(zip(names, key)) + list(extra.items())
+            return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs) + "}"
+
+        keys = sorted(self.totals, key=lambda k: tuple(str(x) for x in k))
+        family("pstate_state_seconds_total", "counter", "Time threads spent in each scheduler state.")
+        for key in keys:
+            for field, v in self.totals[key].items():
+                if field.endswith("_ns") and v:
+                    out.append(f"pstate_state_seconds_total{labels(key, state=field[:-3])} {v / 1e9:.9f}\n")
+        family("pstate_context_switches_total", "counter",
+               "Switches off the CPU: voluntary (blocked) or involuntary (preempted).")
+        for key in keys:
+            t = self.totals[key]
+            out.append(f"pstate_context_switches_total{labels(key, kind='voluntary')} {t.get('nvcsw', 0)}\n")
+            out.append(f"pstate_context_switches_total{labels(key, kind='involuntary')} {t.get('nivcsw', 0)}\n")
+        family("pstate_wakeups_total", "counter", "Wake-ups from a blocked state.")
+        for key in keys:
+            out.append(f"pstate_wakeups_total{labels(key)} {self.totals[key].get('wakeups', 0)}\n")
+        family("pstate_threads", "gauge", "Live threads at the snapshot.")
+        for key in keys:
+            out.append(f"pstate_threads{labels(key)} {self.threads.get(key, 0)}\n")
+        family("pstate_tasks_started_total", "counter", "Threads and processes started since pstate snap began.")
+        out.append(f"pstate_tasks_started_total {self.started}\n")
+        family("pstate_tasks_exited_total", "counter", "Threads and processes freed since pstate snap began.")
+        out.append(f"pstate_tasks_exited_total {self.exited}\n")
+        family("pstate_snapshot_timestamp_seconds", "gauge", "Wall-clock time of the snapshot.")
+        out.append(f"pstate_snapshot_timestamp_seconds {meta['wall_end_ns'] / 1e9:.6f}\n")
+        family("pstate_snapshot_interval_seconds", "gauge", "Length of the interval the snapshot covers.")
+        out.append(f"pstate_snapshot_interval_seconds "
+                   f"{(meta['interval_end_ts'] - meta['interval_start_ts']) / 1e9:.6f}\n")
+        family("pstate_snapshot_truncated", "gauge", "1 when the task map was full and rows are missing.")
+        out.append(f"pstate_snapshot_truncated {int(meta['truncated'])}\n")
+        family("pstate_map_full_total", "counter", "Task map updates that failed because the map was full.")
+        out.append(f"pstate_map_full_total {meta['map_full']}\n")
+        out.append("# EOF\n")
+        return "".join(out).encode()
+
+
+# --- signals -----------------------------------------------------------------
+
+
+class Stopper:
+    """SIGINT/SIGTERM/SIGHUP set a flag and wake any wait at once. Nothing is
+    interrupted half-way: a snapshot being written is finished or removed."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._r = self._w = None
+        self._old = {}
+
+    def install(self) -> "Stopper":
+        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        for s in self.SIGNALS:
+            self._old[s] = signal.signal(s, self._handler)
+        self._old_wakeup = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        return self
+
+    def _handler(self, signum, _frame):
+        if self.signum is None:
+            self.signum = signum
+
+    @property
+    def stopped(self) -> bool:
+        return self.signum is not None
+
+    def exit_code(self) -> int:
+        if self.signum == signal.SIGINT:
+            return int(ExitCode.SIGINT)
+        if self.signum == signal.SIGTERM:
+            return int(ExitCode.SIGTERM)
+        return 128 + int(self.signum or 0)
+
+    def wait_until(self, deadline_ns: int) -> bool:
+        """Sleep until the monotonic deadline; True if a signal came first."""
+        while not self.stopped:
+            left = deadline_ns - time.monotonic_ns()
+            if left <= 0:
+                return False
+            if self._r is None:
+                time.sleep(min(left / 1e9, 0.05))
+                continue
+            ready, _, _ = select.select([self._r], [], [], left / 1e9)
+            if ready:
+                with contextlib.suppress(OSError):
+                    while os.read(self._r, 64):
+                        pass
+        return True
+
+    def restore(self) -> None:
+        if self._r is None:
+            return
+        signal.set_wakeup_fd(self._old_wakeup)
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        os.close(self._r)
+        os.close(self._w)
+        self._r = self._w = None
+
+
+# --- the loop ----------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """What a collector read: cumulative rows, exact at ts."""
+
+    ts: int  # CLOCK_MONOTONIC ns
+    rows: list  # dicts with the task fields except type and ts; freed threads appear once
+    map_full: int  # failed map updates since the run began
+    read_ns: int = 0  # how long reading took: rows may hold events up to ts + read_ns
+
+
+class Collector(Protocol):
+    def start(self) -> int:
+        """Begin counting; return the monotonic ns counting starts at."""
+
+    def collect(self) -> Sample:
+        ...
+
+
+@dataclass
+class Plan:
+    fmt: str = "jsonl"  # jsonl | csv | prom
+    interval_ns: int = 5_000_000_000
+    count: int = 1  # 0: until stopped
+    clear: bool = False
+    keep: int | None = None
+    max_age_ns: int | None = None
+    prom_by: str = "process"
+
+
+class Snapper:
+    """Take snapshots on a drift-free schedule and publish each one."""
+
+    def __init__(self, out: SnapDir, collector: Collector, plan: Plan, meta_base: dict, stopper: Stopper,
+                 log: Callable[[str], None] = lambda msg: None):
+        self.out = out
+        self.collector = collector
+        self.plan = plan
+        self.meta_base = meta_base
+        self.stopper = stopper
+        self.log = log
+        self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
+        self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
+        self.run_id = secrets.token_hex(8)
+
+    def run(self) -> int:
+        """Returns the exit code: 0, or 130/143 when a signal ends the run
+        before the interval in progress was published."""
+        if self.stopper.stopped:
+            return self.stopper.exit_code()
+        run_start = self.collector.start()
+        mono, wall = clock_anchor()
+        start_ts, wall_start = run_start, wall + (run_start - mono)
+        k = 0
+        while self.plan.count == 0 or k < self.plan.count:
+            k += 1
+            if self.stopper.wait_until(run_start + k * self.plan.interval_ns):
+                return self.stopper.exit_code()
+            sample = self.collector.collect()
+            mono, wall = clock_anchor()
+            wall_end = wall + (sample.ts - mono)
+            name = self._publish(sample, run_start, start_ts, wall_start, wall_end)
+            self.log(f"wrote {self.out.where(name)} ({len(sample.rows)} tasks)")
+            self._after_publish(name, wall_end, sample)
+            if self.plan.clear:  # the next snapshot starts where this one ended
+                start_ts, wall_start = sample.ts, wall_end
+            if self.stopper.stopped:
+                break  # this interval's snapshot is out: a normal end
+        return int(ExitCode.OK)
+
+    def _publish(self, sample: Sample, run_start: int, start_ts: int, wall_start: int, wall_end: int) -> str:
+        ts = sample.ts
+        meta = dict(self.meta_base)
+        meta.update({
+            "ts": ts, "wall_ns": wall_end,
+            "interval_start_ts": start_ts, "interval_end_ts": ts,
+            "wall_start_ns": wall_start, "wall_end_ns": wall_end,
+            "mode": "delta" if self.plan.clear else "cumulative",
+            "truncated": sample.map_full > 0, "map_full": sample.map_full, "read_ns": sample.read_ns,
+            "run_id": self.run_id, "run_start_ts": run_start,
+        })
+        rows, deltas, new = [], [], []
+        for r in sample.rows:
+            prev = self.prev.get((r["tid"], r["start_ts"]))
+            d = snapfiles.subtract(r, prev)
+            row = {"type": "task", "ts": ts, **r}
+            if self.plan.clear:
+                row.update(d)
+            rows.append(row)
+            deltas.append(d)
+            new.append(prev is None)
+        self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
+        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval"}
+        if self.plan.fmt == "prom":
+            self.prom.update(rows, deltas, new, run_start)
+            self.out.seq += 1
+            meta["seq"] = self.out.seq
+            self.out.publish(snapfiles.PROM_NAME, self.prom.render(meta), replace=True)
+            return snapfiles.PROM_NAME
+        render = render_csv if self.plan.fmt == "csv" else render_jsonl
+
+        def with_seq(seq: int) -> bytes:
+            meta["seq"] = seq
+            return render(meta, rows, end)
+
+        return self.out.publish_snapshot(wall_end, snapfiles.EXTENSIONS[self.plan.fmt], with_seq)
+
+    def _after_publish(self, name: str, wall_end: int, sample: Sample) -> None:
+        try:
+            self.out.write_status({"ok": True, "ts": sample.ts, "wall_ns": wall_end, "file": name,
+                                   "seq": self.out.seq, "tasks": len(sample.rows),
+                                   "truncated": sample.map_full > 0, "pid": os.getpid(), "error": None})
+        except PstateError as e:
+            print(f"pstate snap: warning: {e.message}", file=sys.stderr)
+        if self.plan.fmt == "prom" or (self.plan.keep is None and self.plan.max_age_ns is None):
+            return
+        try:
+            removed = self.out.prune(ext=snapfiles.EXTENSIONS[self.plan.fmt], keep=self.plan.keep,
+                                     max_age_ns=self.plan.max_age_ns, now_wall_ns=wall_end, protect=name)
+        except OSError as e:
+            print(f"pstate snap: warning: retention failed in {self.out.path}: {e.strerror}", file=sys.stderr)
+            return
+        for n in removed:
+            self.log(f"removed {self.out.where(n)} (retention)")

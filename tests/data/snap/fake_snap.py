@@ -1,0 +1,85 @@
+"""`pstate snap` with a synthetic collector instead of BPF.
+
+Run as a script it behaves exactly like `python -m pstate snap ARGS` (lock,
+directory checks, publishing, retention, signals, exit codes) but needs no
+BPF, so the tests can start it hundreds of times. Environment:
+  FAKE_SNAP_ROWS   threads per snapshot (default 50)
+  FAKE_SNAP_PAD    bytes of padding in each comm-like field (bigger files)
+  FAKE_SNAP_SLOW   seconds to sleep in collect() (to be signalled mid-way)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from pstate import snapfiles
+from pstate.kstates import KernelStates
+from pstate.snapwriter import Sample
+
+KS = KernelStates(report_mask=0xFF, preempt_bit=0x100,
+                  letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
+
+
+def fake_row(pid: int, tid: int, start: int, now: int, *, comm: str = "worker", state: str = "sleeping",
+             exited: bool = False, exit_ts: int | None = None, **ns) -> dict:
+    """A task row with every field; counters default to 0."""
+    row = {"pid": pid, "tid": tid, "comm": comm, "start_ts": start, "state": state, "state_since_ts": start,
+           "exited": exited, "exit_ts": exit_ts}
+    for s in snapfiles.STATE_FIELDS:
+        row[f"{s}_ns"] = int(ns.get(f"{s}_ns", 0))
+    for c in snapfiles.COUNT_FIELDS:
+        row[c] = int(ns.get(c, 0))
+    return row
+
+
+class FakeCollector:
+    """Threads sleeping 90% and running 10% of the time since start()."""
+
+    def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0):
+        self.n = rows
+        self.pad = "x" * pad
+        self.slow = slow
+        self.t0 = 0
+
+    def start(self) -> int:
+        self.t0 = time.monotonic_ns()
+        return self.t0
+
+    def collect(self) -> Sample:
+        if self.slow:
+            time.sleep(self.slow)
+        now = time.monotonic_ns()
+        el = now - self.t0
+        rows = [fake_row(1000 + i // 4, 1000 + i, 5, now, comm=f"w{i}{self.pad}", running_ns=el // 10,
+                         sleeping_ns=el - el // 10, nvcsw=el // 1_000_000, wakeups=el // 1_000_000)
+                for i in range(self.n)]
+        return Sample(ts=now, rows=rows, map_full=0)
+
+
+class FakeProgram:
+    def close(self) -> None:
+        pass
+
+
+def install(collector_factory=None, setter=setattr) -> None:
+    """Replace the BPF parts of pstate.commands.snap with the fakes
+    (pass pytest's monkeypatch.setattr as setter to undo it after a test)."""
+    from pstate.commands import snap
+
+    factory = collector_factory or (lambda: FakeCollector(int(os.environ.get("FAKE_SNAP_ROWS", "50")),
+                                                          int(os.environ.get("FAKE_SNAP_PAD", "0")),
+                                                          float(os.environ.get("FAKE_SNAP_SLOW", "0"))))
+    setter(snap.loader, "check_privileges", lambda: None)
+    setter(snap, "_kernel_states", lambda ebpf: KS)
+    setter(snap, "load_program", lambda ks, max_tasks, kernel_headers: FakeProgram())
+    setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
+
+
+if __name__ == "__main__":
+    install()
+    from pstate.main import main
+
+    sys.argv = ["pstate", "snap", *sys.argv[1:]]
+    main()

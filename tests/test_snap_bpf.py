@@ -1,0 +1,320 @@
+"""pstate snap against real BPF, with workloads whose truth the tests control.
+
+Each run compiles the BPF program (about a second), so runs are few and
+short; the writer's rules are tested without BPF in test_snap_writer.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from pstate import snapfiles, snapstats
+
+pytestmark = pytest.mark.bpf
+
+
+def snap_run(*args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run(pstate_cmd("snap", *map(str, args)), capture_output=True, text=True, timeout=timeout,
+                          env=clean_env())
+
+
+def snap_start(*args) -> subprocess.Popen:
+    return subprocess.Popen(pstate_cmd("snap", "-v", *map(str, args)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=clean_env())
+
+
+def wait_collecting(p: subprocess.Popen, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    buf = b""
+    while time.monotonic() < end:
+        r, _, _ = select.select([p.stderr], [], [], 0.1)
+        if r:
+            chunk = os.read(p.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            if b"collecting" in buf:
+                return
+    raise AssertionError(f"snap did not start: {buf!r}")
+
+
+def py(code: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+
+
+def read_dir(d: Path) -> list[snapfiles.Snapshot]:
+    snaps = snapfiles.load([str(d)])
+    assert snaps, list(d.iterdir())
+    return snaps
+
+
+def analyse(d: Path, **kw) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    assert snapstats.run([str(d)], fmt="json", top=None, by="pid", out=out, err=err, **kw) == 0
+    return orjson.loads(out.getvalue())
+
+
+LEAKER = """
+import sys, threading, time
+def idle():
+    time.sleep(3600)
+print("ready", flush=True)
+while True:
+    threading.Thread(target=idle, daemon=True).start()
+    time.sleep(0.1)
+"""
+
+
+def test_thread_leaker_is_the_top_leak_suspect(tmp_path):
+    leaker = py(LEAKER)
+    try:
+        assert leaker.stdout.readline() == b"ready\n"
+        time.sleep(0.3)
+        r = snap_run("--out", tmp_path, "--every", "0.3", "--count", "6")
+        assert r.returncode == 0, r.stderr
+    finally:
+        leaker.kill()
+        leaker.wait()
+    assert len(list(tmp_path.glob("pstate-snap-*.jsonl"))) == 6
+    rep = analyse(tmp_path)
+    top = rep["leaks"][0]
+    assert top["pid"] == leaker.pid, [(x["pid"], x["comm"], x["metric"], x["snapshots"], x["first"], x["last"], x["slope_per_min"]) for x in rep["leaks"][:4]]
+    assert top["metric"] in ("threads", "sleeping") and top["snapshots"] >= 5
+    threads = next(x for x in rep["leaks"] if x["pid"] == leaker.pid and x["metric"] == "threads")
+    assert 6 <= threads["slope_per_min"] / 60 <= 14  # ~10 threads a second
+    counts = [sum(1 for row in s.rows if row["pid"] == leaker.pid and not row["exited"]) for s in read_dir(tmp_path)]
+    assert counts == sorted(counts) and counts[-1] - counts[0] >= 10
+
+
+CHURN = """
+import os, sys
+sys.stdin.read(1)
+pids = []
+for _ in range(100):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    pids.append(pid)
+print(" ".join(map(str, pids)), flush=True)
+"""
+
+
+def test_short_lived_children_appear_as_churn(tmp_path):
+    parent = py(CHURN)
+    snap = snap_start("--out", tmp_path, "-i", "1.5")
+    try:
+        wait_collecting(snap)
+        t0 = time.monotonic_ns()
+        parent.stdin.write(b"g")
+        parent.stdin.flush()
+        kids = [int(x) for x in parent.stdout.readline().split()]
+        t1 = time.monotonic_ns()
+        assert snap.wait(timeout=30) == 0
+    finally:
+        for p in (parent, snap):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert len(kids) == 100
+    (s,) = read_dir(tmp_path)
+    # (a busy machine may reuse a pid later on: the time of birth tells them apart)
+    rows = {r["tid"]: r for r in s.rows if r["pid"] in kids and t0 <= r["start_ts"] <= t1}
+    assert sorted(rows) == sorted(kids)
+    assert all(r["state"] == "reaped" and r["exited"] and r["exit_ts"] for r in rows.values()), \
+        [r for r in rows.values() if r["state"] != "reaped"]
+    assert all(s.start_ts < r["start_ts"] <= r["exit_ts"] <= s.end_ts for r in rows.values())
+    ch = analyse(tmp_path)["churn"]["intervals"][0]
+    assert ch["processes_born"] >= 100 and ch["processes_gone"] >= 100 and ch["short_lived_processes"] >= 100
+
+
+SLEEPER = """
+import json, select, sys, time
+sys.stdin.read(1)
+spans = []
+while not select.select([sys.stdin], [], [], 0)[0]:  # until the test closes stdin
+    spin = time.monotonic_ns() + 3_000_000
+    while time.monotonic_ns() < spin:
+        pass
+    t0 = time.monotonic_ns()
+    time.sleep(0.02)
+    spans.append((t0, time.monotonic_ns()))
+print(json.dumps(spans), flush=True)
+"""
+
+
+def test_one_shot_sleeper_time_matches_the_truth(tmp_path):
+    sleeper = py(SLEEPER)
+    try:
+        sleeper.stdin.write(b"g")
+        sleeper.stdin.flush()
+        r = snap_run("--out", tmp_path, "-i", "1")
+        assert r.returncode == 0, r.stderr
+        sleeper.stdin.close()
+        spans = json.loads(sleeper.stdout.readline())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    files = list(tmp_path.glob("pstate-snap-*.jsonl"))
+    assert len(files) == 1  # one-shot: exactly one snapshot
+    (s,) = read_dir(tmp_path)
+    a, b = s.start_ts, s.end_ts
+    # Asleep for the 20 ms asked for; after that the thread waits for a CPU
+    # until time.sleep() returns, which on a busy machine is not short.
+    truth = sum(max(0, min(t1, t0 + 20_000_000, b) - max(t0, a)) for t0, t1 in spans)
+    (row,) = [x for x in s.rows if x["tid"] == sleeper.pid]
+    assert truth > 0.7e9
+    assert abs(row["sleeping_ns"] - truth) <= 0.10 * truth, (row["sleeping_ns"], truth)
+    assert row["running_ns"] > 0.05 * (b - a) and row["nvcsw"] >= 30 and row["wakeups"] >= 30
+
+
+def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
+    """Per thread, the state times add up to the time it was watched, and a
+    cumulative counter never goes down from one snapshot to the next (the
+    open interval a snapshot reports is never given to another state later)."""
+    for mode, extra in (("cumulative", []), ("delta", ["--clear"])):
+        d = tmp_path / mode
+        r = snap_run("--out", d, "--every", "0.3", "--count", "3", *extra)
+        assert r.returncode == 0, r.stderr
+        snaps = read_dir(d)
+        assert [s.mode for s in snaps] == [mode] * 3
+        for s in snaps:
+            off = []
+            for row in s.rows:
+                total = sum(v for k, v in row.items() if k.endswith("_ns"))
+                begin = max(row["start_ts"], s.start_ts)
+                end = row["state_since_ts"] if row["state"] == "reaped" else s.end_ts
+                off.append(total - (end - begin))
+            assert len(off) >= 20
+            # exact but for the events that came while the maps were read
+            slack = 1_000_000 + sum(x.meta["read_ns"] for x in snaps)
+            assert all(-slack <= x <= slack for x in off), (sorted(off), slack)
+        if mode == "cumulative":
+            for a, b in zip(snaps, snaps[1:]):
+                before = {(r["tid"], r["start_ts"]): r for r in a.rows}
+                for row in b.rows:
+                    old = before.get((row["tid"], row["start_ts"]))
+                    for k in snapfiles.counter_fields(row) if old else ():
+                        assert row[k] >= old[k], (k, old, row)
+
+
+def prog_ids_of(pid: int) -> set[int]:
+    """IDs of the BPF programs a process holds open (from /proc/PID/fdinfo)."""
+    ids = set()
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                for line in f:
+                    if line.startswith("prog_id:"):
+                        ids.add(int(line.split()[1]))
+        except OSError:
+            pass
+    return ids
+
+
+def test_second_instance_is_refused_and_nothing_is_left_behind(tmp_path):
+    first = snap_start("--out", tmp_path, "-i", "30")
+    try:
+        wait_collecting(first)
+        ours = prog_ids_of(first.pid)
+        assert len(ours) >= 6
+        t0 = time.monotonic()
+        second = snap_run("--out", tmp_path, "-i", "1")
+        assert second.returncode == 75
+        assert time.monotonic() - t0 < 2
+        assert f"locked by pid {first.pid}" in second.stderr
+        t0 = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=5) == 143
+        assert time.monotonic() - t0 < 2
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert not list(tmp_path.glob("pstate-snap-*")) and not list(tmp_path.glob(".pstate-*.tmp.*"))
+    assert not ours & bpf_prog_ids()  # detached and unloaded
+
+
+REUSE = """
+import os, sys
+def spawn(argv):
+    pid = os.fork()
+    if pid == 0:
+        os.execv(argv[0], argv)
+    return pid
+sys.stdin.read(1)
+for attempt in range(100):
+    a = spawn(["/bin/true"])
+    os.waitpid(a, 0)
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(a - 1))
+    except OSError as e:
+        print("skip", e, flush=True)
+        sys.exit(0)
+    b = spawn(["/bin/sleep", "0.3"])
+    os.waitpid(b, 0)
+    if b == a:
+        print(a, flush=True)
+        sys.exit(0)
+print("fail", flush=True)
+"""
+
+
+def test_pid_reuse_gives_distinct_identities(tmp_path):
+    """The kernel hands out the same pid twice (forced through ns_last_pid):
+    the snapshot holds two threads and stats two processes, never one."""
+    w = py(REUSE)
+    snap = snap_start("--out", tmp_path, "-i", "1.5")
+    try:
+        wait_collecting(snap)
+        w.stdin.write(b"g")
+        w.stdin.flush()
+        got = w.stdout.readline().decode().strip()
+        assert snap.wait(timeout=30) == 0
+    finally:
+        for p in (w, snap):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    if got.startswith("skip"):
+        pytest.skip(f"cannot write ns_last_pid: {got}")
+    assert got.isdigit(), got
+    pid = int(got)
+    (s,) = read_dir(tmp_path)
+    rows = sorted((r for r in s.rows if r["tid"] == pid), key=lambda r: r["start_ts"])
+    assert [r["comm"] for r in rows][-2:] == ["true", "sleep"], rows
+    assert rows[-1]["start_ts"] > rows[-2]["exit_ts"]
+    procs = {(t["comm"], t["start_ts"]) for t in analyse(tmp_path)["trends"] if t["pid"] == pid}
+    assert {c for c, _ in procs} >= {"true", "sleep"} and len(procs) == len(rows)
+
+
+def test_full_map_says_truncated(tmp_path):
+    r = snap_run("--out", tmp_path, "-i", "0.2", "--max-tasks", "64")
+    assert r.returncode == 0, r.stderr
+    (s,) = read_dir(tmp_path)
+    assert s.meta["truncated"] is True and s.meta["map_full"] > 0
+    assert len(s.rows) <= 64 * 2
+    out, err = io.StringIO(), io.StringIO()
+    snapstats.run([str(tmp_path)], fmt="table", top=3, by="pid", out=out, err=err)
+    assert "are truncated (the task map was full)" in err.getvalue()
+
+
+def test_ebpf_prints_the_program():
+    r = subprocess.run(pstate_cmd("snap", "--ebpf", "--max-tasks", "1024"), capture_output=True, text=True,
+                       env=clean_env(), timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "#define MAX_TASKS 1024" in r.stdout and "TRACEPOINT_PROBE(sched, sched_switch)" in r.stdout
+    assert "task_struct" not in r.stdout.replace("no task_struct", "")

@@ -1,0 +1,284 @@
+"""Offline analysis across snapshots (snapfiles + snapstats), on a series whose
+truth is known (tests/data/snap/make_fixtures.py tells the story).
+
+Regenerate the series and the goldens: PSTATE_REGEN=1 pytest tests/test_snap_stats.py
+"""
+
+from __future__ import annotations
+
+import filecmp
+import io
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pstate import snapfiles, snapstats
+from pstate.exitcodes import PstateError
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data" / "snap"
+SERIES = DATA / "series"
+GOLDEN = HERE / "golden" / "snap"
+REGEN = os.environ.get("PSTATE_REGEN") == "1"
+
+sys.path.insert(0, str(DATA))
+import make_fixtures  # noqa: E402
+
+S = 1_000_000_000
+
+
+@pytest.fixture(autouse=True)
+def _in_data_dir(monkeypatch):
+    # goldens name the files relative to tests/data/snap, wherever the checkout is
+    monkeypatch.chdir(DATA)
+
+
+def run(paths, fmt="json", by="pid", top=None, **kw):
+    out, err = io.StringIO(), io.StringIO()
+    code = snapstats.run([str(p) for p in paths], fmt=fmt, top=top, by=by, out=out, err=err, **kw)
+    return code, out.getvalue(), err.getvalue()
+
+
+def report(**kw):
+    code, out, err = run(["series"], **kw)
+    assert code == 0 and err == ""
+    return orjson.loads(out)
+
+
+def test_series_is_current(tmp_path):
+    names = make_fixtures.generate(str(tmp_path))
+    if REGEN:
+        shutil.rmtree(SERIES, ignore_errors=True)
+        shutil.copytree(tmp_path, SERIES)
+    assert sorted(os.listdir(SERIES)) == sorted(names)
+    for n in names:
+        assert filecmp.cmp(tmp_path / n, SERIES / n, shallow=False), n
+
+
+@pytest.mark.parametrize("fmt,by,name", [
+    ("table", "pid", "stats-pid.txt"), ("json", "pid", "stats-pid.json"), ("csv", "pid", "stats-pid.csv"),
+    ("table", "comm", "stats-comm.txt"), ("table", "tid", "stats-tid.txt"),
+])
+def test_golden(fmt, by, name):
+    code, out, err = run(["series"], fmt=fmt, by=by)
+    assert code == 0 and err == ""
+    path = GOLDEN / name
+    if REGEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(out)
+    assert out == path.read_text()
+
+
+def test_leaker_is_top_suspect_ranked_by_slope():
+    leaks = report()["leaks"]
+    assert (leaks[0]["pid"], leaks[0]["comm"], leaks[0]["metric"]) == (100, "leaky", "threads")
+    assert leaks[0]["snapshots"] == 5 and leaks[0]["first"] == 3 and leaks[0]["last"] == 11
+    assert leaks[0]["slope_per_min"] == pytest.approx(12.0)  # two threads per 10 s
+    slopes = [r["slope_per_min"] for r in leaks]
+    assert slopes == sorted(slopes, reverse=True)
+    d = next(r for r in leaks if r["metric"] == "uninterruptible")
+    assert d["pid"] == 300 and d["first"] == pytest.approx(0.1) and d["last"] == pytest.approx(0.5)
+    # nothing that merely stays busy or asleep is a suspect
+    assert {r["pid"] for r in leaks} == {100, 300}
+
+
+def test_min_run_is_respected():
+    code, out, _ = run([SERIES], min_run=6)
+    leaks = orjson.loads(out)["leaks"]
+    assert [(r["pid"], r["metric"]) for r in leaks] == [(100, "sleeping")]  # 6 intervals of growth
+    code, out, _ = run([SERIES], min_run=8)
+    assert orjson.loads(out)["leaks"] == []
+
+
+def test_churn_counts_short_lived_ones():
+    ch = report()["churn"]
+    second = ch["intervals"][1]
+    assert (second["processes_born"], second["processes_gone"], second["short_lived_processes"]) == (3, 3, 3)
+    assert second["threads_born"] == 5  # the three sh + two leaky threads
+    assert ch["by_comm"][0] == {"comm": "sh", "processes_born": 3, "processes_gone": 3, "short_lived_processes": 3}
+    assert ch["totals"]["processes_gone"] == 4  # three sh and the first pid 500
+
+
+def test_pid_reuse_gives_two_processes():
+    rows = [r for r in report()["trends"] if r["pid"] == 500]
+    assert sorted((r["comm"], r["start_ts"]) for r in rows) == [("job", 122 * S), ("job2", 137 * S)]
+    job = next(r for r in rows if r["comm"] == "job")
+    # job ran from 122 s to 135 s: 8 s of the 120-130 s interval, 5 s of the next
+    assert [s["running_ns"] for s in job["series"]] == [8 * S, 5 * S]
+    assert [s["interval"] for s in job["series"]] == [2, 3]
+    assert [s["threads"] for s in job["series"]] == [1, 0]
+
+
+def test_never_subtracts_across_boots():
+    hogs = [r for r in report()["trends"] if r["pid"] == 200]
+    assert len(hogs) == 2
+    b = next(r for r in hogs if r["boot_id"] == make_fixtures.BOOT_B)
+    assert [(s["running_ns"], s["duration_ns"]) for s in b["series"]] == [(10 * S, 10 * S)]
+    a = next(r for r in hogs if r["boot_id"] == make_fixtures.BOOT_A)
+    assert all(s["cpu_share"] == 1.0 for s in a["series"])
+
+
+def test_intervals_come_from_the_monotonic_clock():
+    rep = report()
+    ivs = rep["intervals"]
+    # run 2's wall clock is one hour behind run 1's, yet it comes after it
+    assert [iv["seq"] for iv in ivs] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert ivs[5]["wall_end_ns"] < ivs[4]["wall_end_ns"]
+    assert all(iv["duration_ns"] == 10 * S for iv in ivs)
+    assert rep["covered_ns"] == 80 * S
+
+
+def test_start_times_within_slack_link_across_runs():
+    steady = [r for r in report()["trends"] if r["pid"] == 600]
+    assert len(steady) == 1 and steady[0]["snapshots"] == 7
+
+
+def test_delta_snapshots_are_used_as_they_are():
+    leaky = next(r for r in report()["trends"] if r["pid"] == 100)
+    last = leaky["series"][-1]
+    assert last["sleeping_ns"] == 11 * 10 * S and last["threads"] == 11
+
+
+def test_top_limits_every_list():
+    rep = orjson.loads(run([SERIES], top=1)[1])
+    assert len(rep["trends"]) == len(rep["leaks"]) == len(rep["changed"]) == 1
+
+
+def test_by_comm_merges_processes():
+    rep = report(by="comm")
+    sh = next(r for r in rep["trends"] if r["comm"] == "sh")
+    assert sh["series"][0]["running_ns"] == 3 * (S // 4)
+    assert "start_ts" not in sh
+
+
+def test_files_and_directories_mix_without_duplicates():
+    one = sorted(SERIES.iterdir())[0]
+    rep = orjson.loads(run([SERIES, one])[1])
+    assert rep["snapshots"] == 8
+
+
+def test_incomplete_snapshot_is_left_out(tmp_path):
+    shutil.copytree(SERIES, tmp_path / "s")
+    victim = sorted((tmp_path / "s").iterdir())[3]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: data.rindex(b'{"type":"end"')])
+    code, out, err = run([tmp_path / "s"])
+    assert code == 0
+    assert f"warning: {victim}: incomplete snapshot" in err
+    assert orjson.loads(out)["snapshots"] == 7
+    code, _out, _err = run([tmp_path / "s"], strict=True)
+    assert code == 65
+
+
+def test_bad_rows_are_skipped_and_counted(tmp_path):
+    src = sorted(SERIES.iterdir())[0]
+    lines = src.read_bytes().splitlines(keepends=True)
+    bad = orjson.loads(lines[1])
+    bad["pid"] = "100"
+    lines[1] = orjson.dumps(bad) + b"\n"
+    lines.insert(2, b"{not json\n")
+    dst = tmp_path / src.name
+    dst.write_bytes(b"".join(lines))
+    code, out, err = run([dst])
+    assert code == 0
+    assert 'skipped 1 line: task row with a bad or missing "pid"' in err
+    assert "skipped 1 line: not valid JSON" in err
+    assert orjson.loads(out)["snapshots"] == 1
+
+
+def test_truncated_snapshots_warn(tmp_path):
+    src = sorted(SERIES.iterdir())[0]
+    lines = src.read_bytes().splitlines(keepends=True)
+    meta = orjson.loads(lines[0])
+    meta.update(truncated=True, map_full=12)
+    (tmp_path / src.name).write_bytes(orjson.dumps(meta) + b"\n" + b"".join(lines[1:]))
+    code, out, err = run([tmp_path])
+    assert code == 0 and "1 snapshot(s) are truncated" in err
+    code, out, err = run([tmp_path], fmt="table")
+    assert out.splitlines()[2] == "1 truncated: the task map was full, some threads are missing"
+
+
+def test_refuses_what_is_not_a_snapshot(tmp_path):
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text('{"type":"meta","schema":1,"source":"record"}\n{"type":"end","ts":1}\n')
+    with pytest.raises(PstateError) as e:
+        run([rec])
+    assert e.value.exit_code == 65 and "is not a pstate snapshot" in e.value.message
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PstateError) as e:
+        run([tmp_path / "empty"])
+    assert e.value.exit_code == 66
+    with pytest.raises(PstateError) as e:
+        run([SERIES], by="cpu")
+    assert e.value.exit_code == 2
+    with pytest.raises(PstateError) as e:
+        run([SERIES], fmt="yaml")
+    assert e.value.exit_code == 2
+
+
+def test_newer_schema_is_refused(tmp_path):
+    src = sorted(SERIES.iterdir())[0]
+    lines = src.read_bytes().splitlines(keepends=True)
+    meta = orjson.loads(lines[0])
+    meta["schema"] = 99
+    (tmp_path / src.name).write_bytes(orjson.dumps(meta) + b"\n" + b"".join(lines[1:]))
+    with pytest.raises(PstateError) as e:
+        run([tmp_path])
+    assert e.value.exit_code == 65
+
+
+def test_directory_listing_ignores_other_files(tmp_path):
+    shutil.copy(sorted(SERIES.iterdir())[0], tmp_path)
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / ".pstate-x.tmp.1.ab").write_text("partial")
+    (tmp_path / "pstate-snap-20270101T000000.000000Z-000009.jsonl").symlink_to("/etc/passwd")
+    assert [Path(p).name for p in snapfiles.list_dir(str(tmp_path))] == [sorted(SERIES.iterdir())[0].name]
+
+
+def test_is_snapshot_source(tmp_path):
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text('{"type":"meta","schema":1,"source":"record"}\n')
+    assert snapfiles.is_snapshot_source(str(SERIES))
+    assert snapfiles.is_snapshot_source(str(sorted(SERIES.iterdir())[0]))
+    assert not snapfiles.is_snapshot_source(str(rec))
+    assert not snapfiles.is_snapshot_source("-")
+
+
+def test_names_round_trip_and_sort_by_time():
+    a = snapfiles.snapshot_name(1_800_000_000 * S + 123_456_000, 7, "jsonl")
+    assert a == "pstate-snap-20270115T080000.123456Z-000007.jsonl"
+    assert snapfiles.parse_name(a) == (1_800_000_000 * S + 123_456_000, 7, "jsonl")
+    b = snapfiles.snapshot_name(1_800_000_001 * S, 8, "jsonl")
+    assert sorted([b, a]) == [a, b]
+    assert snapfiles.parse_name("pstate-snap-2027.jsonl") is None
+    assert snapfiles.parse_name(".pstate-" + a + ".tmp.1.ab") is None
+
+
+def test_subtract_never_goes_negative():
+    assert snapfiles.subtract({"running_ns": 5, "nvcsw": 1}, {"running_ns": 7, "nvcsw": 0}) == \
+        {"running_ns": 0, "nvcsw": 1}
+
+
+def test_sparkline():
+    assert snapstats.spark([0, 1, 2, 4]) == "▁▃▅█"
+    assert snapstats.spark([0, 0]) == "▁▁"
+    assert len(snapstats.spark(list(range(100)))) == snapstats.SPARK_WIDTH
+    assert snapstats.spark([1, 2], unicode=False) == "+@"
+
+
+def test_table_fits_80_columns():
+    for by in ("pid", "comm"):
+        _code, out, _err = run(["series"], fmt="table", by=by)
+        assert max(map(len, out.splitlines())) <= 80, by
+
+
+def test_documented_fields_match_the_rows():
+    assert list(snapfiles.TASK_RECORD[1]) == [f for f in snapfiles.ROW_FIELDS if f not in ("type", "ts")]
+    rows = snapfiles.read_snapshot(str(sorted(SERIES.iterdir())[0])).rows
+    assert all(list(r) == list(snapfiles.ROW_FIELDS) for r in rows)
+    meta = snapfiles.read_snapshot(str(sorted(SERIES.iterdir())[0])).meta
+    assert set(snapfiles.SNAP_META_FIELDS) <= set(meta)
