@@ -1,0 +1,467 @@
+"""pstate stats: Thread State Analysis of a stream, a recording or snapshots."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import select
+import signal
+import stat as statmod
+import sys
+import time
+
+import click
+import orjson
+
+from pstate import schema, tables, tsa
+from pstate.durations import Duration
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.options import StateName
+from pstate.streamio import MAX_LINE, ReadStats, open_input, read_records
+
+PROG = "pstate stats"
+FORMATS = ("table", "json", "csv", "dot")
+CHUNK = 1 << 20
+
+EPILOG = """\b
+Examples:
+  sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
+  pstate stats rec.jsonl                      per process: time in each state, latencies
+  pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
+  pstate stats rec.jsonl --state D --top 5    the 5 processes most in uninterruptible sleep
+  pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
+  pstate stats rec.jsonl --matrix             transition counts and mean durations
+  pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
+  sudo pstate record | pstate stats --interval 1 --count 10
+  pstate stats /var/lib/pstate/               snapshots (from pstate snap)
+
+\b
+Time in state: dur_ns summed by the state left; the time from a task's last
+transition to the end of the window counts for the state it is in, so a task
+seen through the whole window sums to the window (the headline reports the
+largest deviation). When the start of a task's first state was not seen
+(dur_ns null), the time before it is "unobserved", not guessed. Percentages
+are of the time observed. Latencies: run-queue wait after a wake-up
+(runnable -> running) and after preemption (preempted -> running), on-CPU
+slice (running -> anything), blocked time per sleeping state (sleeping,
+uninterruptible, stopped, ... -> runnable): count, p50, p90, p99 and max.
+Percentiles come from log-linear histograms (within 1.6%; exact for one or
+two samples); max is exact.
+A transition counts under the pid and comm of its own record (a thread that
+execs moves to its new name). Memory grows with the number of tasks and
+latency buckets, not of events.
+
+\b
+Input with loss records, skipped lines or a truncated end (or a run cut short
+by Ctrl-C) is summarised but flagged INCOMPLETE (json: input.complete false, input.lost_total,
+input.lost_pct, input.skipped_total). Bad lines are skipped and reported on
+stderr; --strict makes them exit 65. A newer event format exits 65.
+While its input is a pipe, stats ignores the first Ctrl-C (so that `record`,
+which gets it too, can end the stream) and prints at end of input; a second
+Ctrl-C prints what it has at once.
+
+\b
+--format json writes one JSON object (one per line, one per interval, with
+--interval):
+  type "stats", schema 1, by, window {start_ts, end_ts, duration_ns},
+  interval {seq, start_ts, end_ts} (with --interval),
+  input {lines, records, events, skipped {reason: n}, skipped_total,
+    truncated_tail, lost {reason: n}, lost_total, lost_pct, complete,
+    interrupted},
+  accounting {tasks, groups, groups_shown, tasks_whole_window,
+    max_abs_deviation_ns, total_abs_deviation_ns, null_dur_transitions,
+    unobserved_ns},
+  groups [{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
+    threads (by pid, comm), processes (by comm), comm, observed_ns,
+    unobserved_ns, states {STATE: {ns, pct}}, transitions, voluntary,
+    involuntary, null_dur, forks, execs, exits,
+    latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
+      hist_unit, hist [[lo, hi, count]] (with --hist)}},
+    matrix (with --matrix)}],
+  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix).
+KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
+--format csv writes one row per group (fixed columns: STATE_ns for every
+state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row
+per group and transition instead; with --interval, a first column "interval"
+and one header. --format dot writes the state-transition graph of the groups
+shown (Graphviz).
+"""
+
+
+def _sort_help() -> str:
+    keys = ", ".join(k for k in tsa.SORT_KEYS if k not in schema.STATES)
+    return (f"Order groups by KEY (descending; key and comm ascending): {keys}, or a state name "
+            "(time in it). Default: time in the --state states, else time running.")
+
+
+@click.command(name="stats", epilog=EPILOG)
+@click.argument("files", nargs=-1, type=click.Path(allow_dash=True))
+@click.option("--by", type=click.Choice(tsa.BY_KEYS), default="pid", show_default=True,
+              help="Group by process (pid), thread (tid) or task name (comm).")
+@click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
+@click.option("--sort", "sort_key", type=click.Choice(list(tsa.SORT_KEYS)), metavar="KEY", help=_sort_help())
+@click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
+              help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
+                   "preempted, ...). Repeatable: any of them.")
+@click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
+              help="Only groups that spent at least DURATION in the --state states (without "
+                   "--state: observed at least that long), e.g. 10ms.")
+@click.option("--hist", is_flag=True,
+              help="Add log2 histograms of every latency, like runqlat (usecs; msecs from 100 ms up).")
+@click.option("--matrix", "with_matrix", is_flag=True,
+              help="Add the transition matrix: from -> to counts and mean time in the state left.")
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="Output format: table (80 columns), json, csv or dot (Graphviz state graph).")
+@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Print a summary of every SECONDS while the stream flows in (of recorded time "
+                   "for a file), each covering only its interval.")
+@click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
+              help="With --interval: stop after N summaries.")
+@click.option("--strict", is_flag=True,
+              help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="Digest a large file (32 MiB or more) in N processes; 0: one per CPU. "
+                   "Memory then grows with N times the number of tasks.")
+@click.option("--reader", type=click.Choice(("fast", "careful")), default="fast", hidden=True,
+              help="Input path: the chunked digester or the per-record reference reader.")
+@click.pass_context
+def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, interval, count,
+        strict, jobs, reader):
+    """Thread State Analysis: where each task's time goes, state by state.
+
+    Reads a pstate event stream (from a pipe, standard input, or recordings
+    given as FILES, in order) and prints per group: time in each state,
+    transitions, voluntary/involuntary switches, and latency distributions.
+    Snapshot files or directories written by `pstate snap` are summarised
+    too (trends per task).
+    """
+    if count and not interval:
+        raise click.UsageError("--count needs --interval")
+    sources = list(files) or ["-"]
+    if sources == ["-"] and sys.stdin.isatty():
+        raise PstateError("standard input is a terminal, not a stream", ExitCode.USAGE,
+                          hint="pipe one in (pstate record | pstate stats) or give a file")
+    if _is_snapshot_input(sources):
+        ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
+                            ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
+                                     "--state": states, "--min-dur": min_dur}))
+    opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
+                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt)
+    out = sys.stdout
+    stats = ReadStats()
+    agg = tsa.Aggregator(by)
+    with PipeInterruptGuard(sources):
+        if interval:
+            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=int(interval * 1e9),
+                                  count=count, opts=opts)
+        else:
+            code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
+                             jobs=jobs or _cpus())
+    ctx.exit(code)
+
+
+# --- whole input ---------------------------------------------------------------
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
+    interrupted = False
+    try:
+        if reader == "careful":
+            tsa.digest_records(read_records(sources, stats, strict=strict), agg)
+        else:
+            tsa.digest_files(sources, agg, stats, strict=strict, chunk=CHUNK, jobs=jobs)
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = agg.summarise(stats)
+    summary.interrupted = interrupted
+    _emit(summary, out, opts)
+    code = stats.report(PROG, strict=strict)
+    if interrupted:
+        print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
+        return int(ExitCode.SIGINT)
+    return code
+
+
+def _emit(summary, out, opts, banner: str | None = None) -> None:
+    groups = tsa.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
+                        sort=opts["sort"], top=opts["top"])
+    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
+    fmt = opts["fmt"]
+    if fmt == "json":
+        text = tables.render_json(rep)
+    elif fmt == "csv":
+        seq = (summary.interval or {}).get("seq", 1)
+        text = tables.render_csv(rep, with_matrix=opts["with_matrix"], header=seq == 1)
+    elif fmt == "dot":
+        text = tables.render_dot(rep)
+    else:
+        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
+        if banner:
+            text = banner + "\n" + text
+    out.write(text)
+    out.flush()
+
+
+# --- --interval ----------------------------------------------------------------
+
+
+def _run_intervals(sources, agg, stats, out, *, strict, interval_ns, count, opts) -> int:
+    """Per-interval summaries. Pipes and terminals tick on the wall clock
+    (the interval fires even when nothing arrives); regular files tick on
+    the recorded time."""
+    runner = IntervalRunner(agg, stats, out, interval_ns=interval_ns, count=count, opts=opts)
+    interrupted = False
+    try:
+        for src in sources:
+            if runner.done:
+                break
+            if _is_regular(src):
+                runner.file(src, strict=strict)
+            else:
+                runner.stream(src, strict=strict)
+        if not runner.done:
+            runner.finish()
+    except KeyboardInterrupt:
+        interrupted = True
+        if not runner.done:
+            runner.tick(final=True, interrupted=True)
+    code = stats.report(PROG, strict=strict)
+    return int(ExitCode.SIGINT) if interrupted else code
+
+
+class IntervalRunner:
+    def __init__(self, agg, stats, out, *, interval_ns, count, opts):
+        self.agg = agg
+        self.stats = stats
+        self.out = out
+        self.interval_ns = interval_ns
+        self.count = count
+        self.opts = opts
+        self.seq = 0
+        self.done = False
+        self.live = False  # a pipe was read: intervals on the wall clock
+        self.t0: int | None = None  # data-time start of the current interval
+        self.next_wall = time.monotonic() + interval_ns / 1e9
+        self.dig = tsa.LineDigester(agg, stats, strict=False)
+
+    def window_start(self) -> int | None:
+        if self.t0 is not None:
+            return self.t0
+        metas = [m.get("ts") for m in self.stats.metas if type(m.get("ts")) is int]
+        return min(metas) if metas else self.agg.first_ts()
+
+    def tick(self, end_ts: int | None = None, final: bool = False, interrupted: bool = False) -> None:
+        """Print the interval ending at end_ts (data time), start the next."""
+        start = self.window_start()
+        if end_ts is None:
+            end_ts = self._now_ts(start)
+        if final and self.seq and not self.agg.events and (end_ts is None or end_ts == start):
+            return  # nothing since the last summary
+        self.seq += 1
+        summary = self.agg.summarise(self.stats, start_ts=start, end_ts=end_ts)
+        summary.interval = {"seq": self.seq, "start_ts": start, "end_ts": end_ts}
+        summary.interrupted = interrupted
+        _emit(summary, self.out, self.opts, banner=self._banner(summary))
+        if end_ts is not None:
+            self.t0 = end_ts
+            self.agg.start_interval(end_ts)
+        if self.count and self.seq >= self.count:
+            self.done = True
+
+    def finish(self) -> None:
+        """The last summaries: for files (recorded time), every whole
+        interval up to the stream's end record, then the partial one; for a
+        live stream, the partial one."""
+        end = self.end_ts()
+        if end is not None and self.t0 is not None and not self.live:
+            while end > self.t0 + self.interval_ns and not self.done:
+                self.tick(end_ts=self.t0 + self.interval_ns)
+        if not self.done:
+            self.tick(end_ts=end, final=True)
+
+    def end_ts(self) -> int | None:
+        """Where the stream said it ended (its end records), if it did."""
+        ends = [e.get("ts") for e in self.stats.ends if type(e.get("ts")) is int]
+        if not ends:
+            return None
+        last = self.agg.last_ts()
+        return max(ends + ([last] if last is not None else []))
+
+    def _now_ts(self, start) -> int | None:
+        """The current time in the stream's clock: the live monotonic clock
+        when the stream comes from this boot, else the last event seen."""
+        last = self.agg.last_ts()
+        meta = self.stats.metas[-1] if self.stats.metas else None
+        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == _boot_id():
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            return max(now, last or 0, start or 0)
+        if last is None:
+            return start
+        return max(last, start or last)
+
+    def _banner(self, summary) -> str | None:
+        meta = self.stats.metas[0] if self.stats.metas else {}
+        wall = None
+        if type(meta.get("wall_ns")) is int and type(meta.get("ts")) is int and summary.end_ts is not None:
+            wall = meta["wall_ns"] + (summary.end_ts - meta["ts"])
+        return tables.interval_banner(wall)
+
+    # A regular file: intervals of recorded time, exact at record granularity.
+    def file(self, src: str, *, strict: bool) -> None:
+        agg = self.agg
+        for rec in read_records([src], self.stats, strict=strict):
+            t = rec["type"]
+            if t != "state" and t not in tsa.LIFECYCLE:
+                continue
+            ts = rec["ts"]
+            if self.t0 is None:
+                self.t0 = self.window_start() if self.stats.metas else ts
+            while ts >= self.t0 + self.interval_ns:
+                self.tick(end_ts=self.t0 + self.interval_ns)
+                if self.done:
+                    return
+            agg.add_record(rec)
+
+    # A pipe or a terminal: wall-clock intervals, select() so they fire with no input.
+    def stream(self, src: str, *, strict: bool) -> None:
+        self.live = True
+        fp = open_input(src)
+        fd = fp.fileno()
+        dig = self.dig
+        dig.strict = strict
+        dig.begin("<stdin>" if src == "-" else src)
+        try:
+            while not self.done:
+                timeout = max(0.0, self.next_wall - time.monotonic())
+                ready, _w, _x = select.select([fd], [], [], timeout)
+                if ready:
+                    data = os.read(fd, CHUNK)
+                    if not data:
+                        dig.end()
+                        return
+                    dig.feed(data)
+                if time.monotonic() >= self.next_wall:
+                    self.next_wall += self.interval_ns / 1e9
+                    if self.next_wall < time.monotonic():  # we fell behind: skip, don't burst
+                        self.next_wall = time.monotonic() + self.interval_ns / 1e9
+                    self.tick()
+        finally:
+            if fp is not sys.stdin.buffer:
+                fp.close()
+
+
+_BOOT_ID: list = []
+
+
+def _boot_id() -> str | None:
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                _BOOT_ID.append(f.read().strip())
+        except OSError:
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
+
+
+# --- inputs ---------------------------------------------------------------------
+
+
+def _is_regular(src: str) -> bool:
+    try:
+        st = os.fstat(sys.stdin.fileno()) if src == "-" else os.stat(src)
+    except (OSError, ValueError):
+        return False
+    return statmod.S_ISREG(st.st_mode)
+
+
+def _is_pipe(src: str) -> bool:
+    try:
+        st = os.fstat(sys.stdin.fileno()) if src == "-" else os.stat(src)
+    except (OSError, ValueError):
+        return False
+    return statmod.S_ISFIFO(st.st_mode) or statmod.S_ISSOCK(st.st_mode)
+
+
+class PipeInterruptGuard:
+    """While reading a pipe, the first SIGINT is ignored: Ctrl-C reaches the
+    whole pipeline, and `pstate record` answers it by writing its trailer and
+    closing the pipe, after which stats prints the summary. A second SIGINT
+    stops reading at once (KeyboardInterrupt, caught by the caller)."""
+
+    def __init__(self, sources):
+        self.active = any(_is_pipe(s) for s in sources)
+        self.hits = 0
+        self.old = None
+
+    def _handler(self, signum, frame):
+        self.hits += 1
+        if self.hits >= 2:
+            raise KeyboardInterrupt
+
+    def __enter__(self):
+        if self.active:
+            try:
+                self.old = signal.signal(signal.SIGINT, self._handler)
+            except ValueError:  # not the main thread
+                self.active = False
+        return self
+
+    def __exit__(self, *exc):
+        if self.active and self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        return False
+
+
+def _first_line(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.readline(MAX_LINE + 1)
+    except OSError:
+        return b""
+
+
+def _is_snapshot_path(path: str) -> bool:
+    if path == "-":
+        return False
+    if os.path.isdir(path):
+        return True
+    if not _is_regular(path):
+        return False
+    try:
+        rec = orjson.loads(_first_line(path))
+    except orjson.JSONDecodeError:
+        return False
+    return type(rec) is dict and rec.get("type") == "meta" and rec.get("source") == "snap"
+
+
+def _is_snapshot_input(sources) -> bool:
+    flags = [_is_snapshot_path(s) for s in sources]
+    if any(flags) and not all(flags):
+        raise PstateError("cannot mix snapshots and event streams in one run", ExitCode.USAGE,
+                          hint="run pstate stats once on the snapshots and once on the streams")
+    return bool(flags) and all(flags)
+
+
+def _snapshots(paths, *, fmt, top, by, strict, interval, ignored) -> int:
+    if interval:
+        raise PstateError("--interval reads a stream; snapshots are already per interval", ExitCode.USAGE)
+    try:
+        snapstats = importlib.import_module("pstate.snapstats")
+    except ImportError:
+        raise PstateError("snapshot analysis is not available in this pstate", ExitCode.UNAVAILABLE) from None
+    unused = [name for name, val in ignored.items() if val]
+    if unused:
+        print(f"{PROG}: warning: {', '.join(unused)} not used with snapshots", file=sys.stderr)
+    kwargs = {"fmt": fmt, "top": top, "by": by, "out": sys.stdout}
+    import inspect
+
+    if "strict" in inspect.signature(snapstats.run).parameters:
+        kwargs["strict"] = strict
+    return snapstats.run(list(paths), **kwargs)

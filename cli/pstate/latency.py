@@ -1,0 +1,166 @@
+"""Latency distributions in bounded memory: log-linear histograms, percentiles
+and log2 histogram rendering.
+
+A LogHist keeps counts in log-linear buckets (HDR-style): values below 64 ns
+are exact; above, every power-of-two octave is split into 32 equal
+sub-buckets, so a bucket's width is at most 1/32 of its lower bound. At most
+~1,900 buckets cover 0..2^64 ns whatever the number of samples; in practice a
+distribution touches a few hundred. A bucket is a dict entry holding a count.
+Percentiles report the midpoint of the bucket that holds the requested rank
+(relative error at most 1/64, about 1.6%), kept within the exact minimum and
+maximum, which are tracked apart like the count and the sum; the first and
+the last rank are those exact values (so a percentile of one or two samples
+is exact).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+SUB_BITS = 5  # 32 sub-buckets per octave
+_SUB = 1 << SUB_BITS
+_LOW = _SUB << 1  # values below this are their own bucket (exact)
+
+PERCENTILES = (50, 90, 99)
+
+
+def bucket_index(v: int) -> int:
+    """Bucket of a non-negative integer value (ns)."""
+    s = v.bit_length() - (SUB_BITS + 1)
+    if s <= 0:
+        return v
+    return (s << SUB_BITS) + (v >> s)
+
+
+def bucket_bounds(idx: int) -> tuple[int, int]:
+    """[lo, hi) of the values that fall in bucket idx."""
+    if idx < _LOW:
+        return idx, idx + 1
+    s = (idx >> SUB_BITS) - 1
+    lo = (idx - (s << SUB_BITS)) << s
+    return lo, lo + (1 << s)
+
+
+def bucket_mid(idx: int) -> int:
+    lo, hi = bucket_bounds(idx)
+    return lo + (hi - 1 - lo) // 2
+
+
+class LogHist:
+    """Counts of values (ns) in log-linear buckets, with exact count, sum,
+    min and max."""
+
+    __slots__ = ("buckets", "count", "total", "min", "max")
+
+    def __init__(self):
+        self.buckets: dict[int, int] = {}  # bucket -> count
+        self.count = 0
+        self.total = 0
+        self.min: int | None = None
+        self.max: int | None = None
+
+    def add(self, v: int, n: int = 1) -> None:
+        idx = bucket_index(v)
+        self.buckets[idx] = self.buckets.get(idx, 0) + n
+        self.count += n
+        self.total += v * n
+        if self.max is None or v > self.max:
+            self.max = v
+        if self.min is None or v < self.min:
+            self.min = v
+
+    def add_counts(self, buckets: dict, count: int, total: int, vmin: int, vmax: int) -> None:
+        """Add {bucket: count} of count values summing to total, from vmin to vmax."""
+        if not count:
+            return
+        b = self.buckets
+        for idx, n in buckets.items():
+            b[idx] = b.get(idx, 0) + n
+        self.count += count
+        self.total += total
+        if self.max is None or vmax > self.max:
+            self.max = vmax
+        if self.min is None or vmin < self.min:
+            self.min = vmin
+
+    def merge(self, other: "LogHist") -> None:
+        self.add_counts(other.buckets, other.count, other.total, other.min, other.max)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def percentile(self, p: float) -> int | None:
+        """Nearest-rank percentile p (0 < p <= 100): the midpoint of the
+        bucket that holds that rank, within the exact min and max."""
+        if not self.count:
+            return None
+        rank = max(1, -(-self.count * p // 100))  # ceil(count * p / 100)
+        if rank >= self.count:
+            return self.max
+        if rank == 1:
+            return self.min
+        seen = 0
+        for idx in sorted(self.buckets):
+            seen += self.buckets[idx]
+            if seen >= rank:
+                return min(max(bucket_mid(idx), self.min), self.max)
+        return self.max  # not reached
+
+    def summary(self, percentiles: Iterable[int] = PERCENTILES) -> dict:
+        out = {"count": self.count}
+        for p in percentiles:
+            out[f"p{p}_ns"] = self.percentile(p)
+        out["max_ns"] = self.max
+        out["mean_ns"] = round(self.total / self.count) if self.count else None
+        return out
+
+    def log2_buckets(self, unit_ns: int = 1000) -> list[tuple[int, int, int]]:
+        """(lo, hi, count) rows in whole units of unit_ns, powers of two like
+        BCC's runqlat: 0-1, 2-3, 4-7, ... Each log-linear bucket goes where
+        its midpoint goes, so row edges are exact to within 1/64."""
+        if not self.count:
+            return []
+        by_slot: dict[int, int] = {}
+        for idx, n in self.buckets.items():
+            # slot k holds [2^(k-1), 2^k - 1]; slot 1 also holds 0.
+            slot = max(1, (min(max(bucket_mid(idx), self.min), self.max) // unit_ns).bit_length())
+            by_slot[slot] = by_slot.get(slot, 0) + n
+        first = min(by_slot)
+        return [(0 if k == 1 else 1 << (k - 1), (1 << k) - 1, by_slot.get(k, 0))
+                for k in range(first, max(by_slot) + 1)]
+
+    def to_dict(self) -> dict:
+        return {"buckets": {str(k): v for k, v in sorted(self.buckets.items())},
+                "count": self.count, "total": self.total, "min": self.min, "max": self.max}
+
+
+def pick_unit(hist: LogHist) -> tuple[str, int]:
+    """usecs, or msecs when the largest value is 100 ms or more (like
+    runqlat -m), so rows stay short."""
+    if hist.max is not None and hist.max >= 100_000_000:
+        return "msecs", 1_000_000
+    return "usecs", 1_000
+
+
+def render_log2(hist: LogHist, unit: tuple[str, int] | None = None, width: int = 30) -> list[str]:
+    """A BCC-style ASCII log2 histogram."""
+    name, unit_ns = unit or pick_unit(hist)
+    return render_log2_rows(hist.log2_buckets(unit_ns), name, width)
+
+
+def render_log2_rows(rows: list, unit_name: str, width: int = 30) -> list[str]:
+    """Render (lo, hi, count) rows; at most 80 columns for counts below 10^9."""
+    if not rows:
+        return []
+    peak = max(n for _lo, _hi, n in rows) or 1
+    lo_w = max(len(str(lo)) for lo, _hi, _n in rows)
+    hi_w = max(len(str(hi)) for _lo, hi, _n in rows)
+    span_w = max(lo_w + hi_w + 4, len(unit_name))
+    n_w = max(5, max(len(str(n)) for _lo, _hi, n in rows))
+    out = [f"{unit_name:>{span_w}} : {'count':<{n_w}} distribution"]
+    for lo, hi, n in rows:
+        stars = int(round(n * width / peak))
+        span = f"{lo:>{lo_w}} -> {hi:<{hi_w}}"
+        out.append(f"{span:>{span_w}} : {n:<{n_w}} |{'*' * stars:<{width}}|")
+    return out

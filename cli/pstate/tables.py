@@ -1,0 +1,405 @@
+"""Renderers for `pstate stats`: table (80 columns), json, csv and dot.
+
+build_report() turns a Summary and the groups chosen for output into the
+JSON model (documented in pstate.commands.stats); the table, csv and dot
+renderers read that same model, so every format says the same thing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import textwrap
+import time
+
+import orjson
+import tabulate as _tabulate_mod
+
+from pstate import schema
+from pstate.durations import fmt_ns
+from pstate.latency import PERCENTILES, pick_unit, render_log2_rows
+from pstate.tsa import BLOCKED_PREFIX, LATENCY_KINDS, Group, Summary, kind_order, matrix, state_order
+
+REPORT_SCHEMA = 1
+
+# Kinds always present as csv columns (others are appended when seen).
+CSV_KINDS = LATENCY_KINDS + tuple(
+    BLOCKED_PREFIX + s for s in ("sleeping", "uninterruptible", "stopped", "traced", "parked", "idle"))
+CSV_STATES = tuple(s for s in schema.STATES if s != schema.REAPED)
+
+# Table columns: header -> states summed into it.
+TABLE_STATE_COLUMNS = (
+    ("RUN", ("running",)),
+    ("RUNQ", ("runnable", "new")),
+    ("PRMT", ("preempted",)),
+    ("SLP", ("sleeping", "idle", "parked")),
+    ("DISK", ("uninterruptible",)),
+    ("STOP", ("stopped", "traced")),
+)
+_COLUMN_STATES = frozenset(s for _h, states in TABLE_STATE_COLUMNS for s in states)
+TABLE_LEGEND = ("RUN running, RUNQ runnable after a wake-up, PRMT preempted, SLP sleeping "
+                "(S, I, P), DISK uninterruptible (D), STOP stopped (T, t), OTHR the rest")
+
+KIND_LABELS = {"runq_wakeup": "runq wake-up", "runq_preempt": "runq preempted", "oncpu": "on-cpu slice"}
+
+
+def kind_label(kind: str) -> str:
+    if kind in KIND_LABELS:
+        return KIND_LABELS[kind]
+    state = kind[len(BLOCKED_PREFIX):]
+    letter = schema.STATES.get(state, ("",))[0]
+    return f"{state} ({letter})" if letter else state
+
+
+# --- the JSON model -----------------------------------------------------------
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def group_dict(g: Group, by: str, *, hist: bool = False, with_matrix: bool = False) -> dict:
+    observed = g.observed_ns
+    out: dict = {"key": g.key}
+    if by == "tid":
+        out["tid"] = g.key
+        out["pid"] = min(g.pids) if g.pids else None
+    elif by == "pid":
+        out["pid"] = g.key
+        out["threads"] = len(g.tids)
+    else:
+        out["processes"] = len(g.pids)
+        out["threads"] = len(g.tids)
+    out["comm"] = g.comm
+    out["observed_ns"] = observed
+    out["unobserved_ns"] = g.unobserved_ns
+    out["states"] = {s: {"ns": ns, "pct": _pct(ns, observed)}
+                     for s, ns in sorted(g.state_ns.items(), key=lambda kv: state_order(kv[0])) if ns}
+    out["transitions"] = g.n_transitions
+    out["voluntary"] = g.voluntary
+    out["involuntary"] = g.involuntary
+    out["null_dur"] = g.null_dur
+    out["forks"] = g.lifecycle.get("fork", 0)
+    out["execs"] = g.lifecycle.get("exec", 0)
+    out["exits"] = g.lifecycle.get("exit", 0)
+    lat = {}
+    for kind in sorted(g.latency, key=kind_order):
+        h = g.latency[kind]
+        d = h.summary(PERCENTILES)
+        if hist:
+            unit, unit_ns = pick_unit(h)
+            d["hist_unit"] = unit
+            d["hist"] = [[lo, hi, n] for lo, hi, n in h.log2_buckets(unit_ns)]
+        lat[kind] = d
+    out["latency"] = lat
+    if with_matrix:
+        out["matrix"] = _matrix_rows([g])
+    return out
+
+
+def _matrix_rows(groups: list) -> list:
+    return [{"from": frm, "to": to, "count": n, "mean_ns": round(total / known) if known else None,
+             "total_ns": total}
+            for frm, to, n, total, known in matrix(groups)]
+
+
+def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: bool = False) -> dict:
+    st = s.stats
+    rep: dict = {
+        "type": "stats",
+        "schema": REPORT_SCHEMA,
+        "by": s.by,
+        "window": {"start_ts": s.start_ts, "end_ts": s.end_ts, "duration_ns": s.window_ns},
+    }
+    if s.interval is not None:
+        rep["interval"] = s.interval
+    rep["input"] = {
+        "lines": st.lines,
+        "records": st.records,
+        "events": s.events,
+        "skipped": dict(sorted(st.skipped.items())),
+        "skipped_total": st.n_skipped,
+        "truncated_tail": st.truncated_tail,
+        "lost": dict(sorted(st.loss.items())),
+        "lost_total": st.lost,
+        "lost_pct": round(s.lost_pct, 3),
+        "complete": s.complete,
+        "interrupted": s.interrupted,
+    }
+    rep["accounting"] = {
+        "tasks": s.tasks,
+        "groups": len(s.groups),
+        "groups_shown": len(groups),
+        "tasks_whole_window": s.checked_tasks,
+        "max_abs_deviation_ns": s.max_abs_deviation_ns,
+        "total_abs_deviation_ns": s.total_abs_deviation_ns,
+        "null_dur_transitions": s.null_dur,
+        "unobserved_ns": s.unobserved_ns,
+    }
+    rep["groups"] = [group_dict(g, s.by, hist=hist, with_matrix=with_matrix) for g in groups]
+    if with_matrix:
+        rep["matrix"] = _matrix_rows(groups)
+    return rep
+
+
+def render_json(rep: dict) -> str:
+    return orjson.dumps(rep).decode() + "\n"
+
+
+# --- table ----------------------------------------------------------------------
+
+
+def tabulate(rows, headers, **kw) -> str:
+    """tabulate's "simple" format without its extra padding around headers
+    (which would push the tables past 80 columns)."""
+    saved = _tabulate_mod.MIN_PADDING
+    _tabulate_mod.MIN_PADDING = 0
+    try:
+        return _tabulate_mod.tabulate(rows, headers, tablefmt="simple", disable_numparse=True, **kw)
+    finally:
+        _tabulate_mod.MIN_PADDING = saved
+
+
+BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM"}
+
+
+def _pct_cell(part: int, whole: int) -> str:
+    if not whole or not part:
+        return "-" if not part else "0.0"
+    p = 100.0 * part / whole
+    return "100" if p >= 99.95 else f"{p:.1f}"
+
+
+def _headline(rep: dict) -> list[str]:
+    inp, acc, win = rep["input"], rep["accounting"], rep["window"]
+    lines = []
+    iv = rep.get("interval")
+    what = f"interval {iv['seq']}, " if iv else ""
+    lines.append(
+        f"{what}window {fmt_ns(win['duration_ns'])}: {inp['events']} events, {acc['tasks']} tasks, "
+        f"{acc['groups']} groups by {rep['by']} ({acc['groups_shown']} shown)")
+    problems = []
+    if inp["lost_total"]:
+        reasons = ", ".join(f"{r} {n}" for r, n in inp["lost"].items())
+        problems.append(f"{inp['lost_total']} events lost ({inp['lost_pct']:.2g}%: {reasons})")
+    if inp["skipped_total"]:
+        problems.append(f"{inp['skipped_total']} bad lines skipped")
+    if inp["truncated_tail"]:
+        problems.append("truncated last line")
+    if inp.get("interrupted"):
+        problems.append("interrupted before the end")
+    if problems:
+        lines.append("INCOMPLETE: " + "; ".join(problems) + ".")
+    lines.append(
+        f"accounting: {acc['tasks_whole_window']} tasks seen through the window, max deviation "
+        f"{fmt_ns(acc['max_abs_deviation_ns'])}; {acc['null_dur_transitions']} transitions of unseen "
+        f"start, {fmt_ns(acc['unobserved_ns'])} unobserved")
+    return [_wrap(x) for x in lines]
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="  ")) or text
+
+
+def _comm(c) -> str:
+    return (c or "")[:15]
+
+
+def _key_cell(g: dict, by: str):
+    return _comm(g["key"]) if by == "comm" else g["key"]
+
+
+def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) -> str:
+    out = _headline(rep)
+    by = rep["by"]
+    groups = rep["groups"]
+    if not groups:
+        out.append("")
+        out.append("no groups to show")
+        return "\n".join(out) + "\n"
+    key_h = BY_HEADER[by]
+    key_al = "left" if by == "comm" else "right"
+
+    # Time in state.
+    rows = []
+    for g in groups:
+        obs = g["observed_ns"]
+        ns = {s: v["ns"] for s, v in g["states"].items()}
+        cells = [_pct_cell(sum(ns.get(s, 0) for s in states), obs) for _h, states in TABLE_STATE_COLUMNS]
+        other = sum(v for s, v in ns.items() if s not in _COLUMN_STATES)
+        cells.append(_pct_cell(other, obs))
+        first = [_key_cell(g, by)] if by == "comm" else [_key_cell(g, by), _comm(g["comm"])]
+        rows.append(first + [fmt_ns(obs)] + cells)
+    headers = ([key_h] if by == "comm" else [key_h, "COMM"]) + ["OBSERVED"] + \
+        [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
+    out.append("")
+    out.append("Time in state, % of the time observed:")
+    out.append(_wrap(TABLE_LEGEND))
+    out.append(tabulate(rows, headers,
+                        colalign=(key_al,) + ("left",) * (0 if by == "comm" else 1) + ("right",) * 8))
+
+    # Switches.
+    rows = []
+    for g in groups:
+        rows.append([_key_cell(g, by), g["transitions"], g["voluntary"], g["involuntary"],
+                     g["forks"], g["execs"], g["exits"], g["null_dur"], fmt_ns(g["unobserved_ns"])])
+    out.append("")
+    out.append("Transitions: voluntary (blocked) and involuntary (preempted) switches,")
+    out.append("lifecycle events, transitions whose start was not seen (NOSTART) and the")
+    out.append("time before them (UNOBS):")
+    out.append(tabulate(rows, [key_h, "TRANS", "VOL", "INVOL", "FORK", "EXEC", "EXIT", "NOSTART",
+                               "UNOBS"],
+                        colalign=(key_al,) + ("right",) * 8))
+
+    # Latency.
+    rows = []
+    for g in groups:
+        first = True
+        for kind, d in g["latency"].items():
+            rows.append([_key_cell(g, by) if first else "", kind_label(kind), d["count"]]
+                        + [fmt_ns(d[f"p{p}_ns"]) for p in PERCENTILES] + [fmt_ns(d["max_ns"])])
+            first = False
+    out.append("")
+    out.append("Latency: run-queue waits, on-CPU slices and blocked times until woken:")
+    if rows:
+        out.append(tabulate(rows, [key_h, "WHAT", "COUNT"] + [f"P{p}" for p in PERCENTILES] + ["MAX"],
+                            
+                            colalign=(key_al, "left") + ("right",) * 5))
+    else:
+        out.append("(no transitions with a known duration)")
+
+    if hist:
+        out.extend(_hist_lines(rep))
+    if with_matrix:
+        out.append("")
+        out.append("Transition matrix (shown groups): count and mean time in the state left:")
+        rows = [[m["from"], m["to"], m["count"], fmt_ns(m["mean_ns"]), fmt_ns(m["total_ns"])]
+                for m in rep.get("matrix", [])]
+        out.append(tabulate(rows, ["FROM", "TO", "COUNT", "MEAN", "TOTAL"],
+                            colalign=("left", "left", "right", "right", "right")))
+    return "\n".join(out) + "\n"
+
+
+def _hist_lines(rep: dict) -> list[str]:
+    out = []
+    by = rep["by"]
+    for g in rep["groups"]:
+        for kind, d in g["latency"].items():
+            rows = d.get("hist")
+            if not rows:
+                continue
+            who = f"{BY_HEADER[by].lower()} {_key_cell(g, by)}"
+            if by != "comm":
+                who += f" ({_comm(g['comm'])})"
+            out.append("")
+            out.append(f"{who}, {kind_label(kind)}:")
+            out.extend(render_log2_rows(rows, d.get("hist_unit", "usecs")))
+    return out
+
+
+# --- csv ------------------------------------------------------------------------
+
+
+def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> str:
+    """One row per group; with --interval, a first column says which
+    interval (the header comes once, with the first)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    by = rep["by"]
+    groups = rep["groups"]
+    iv = rep.get("interval")
+    pre = [] if iv is None else [iv["seq"]]
+    if with_matrix:
+        if header:
+            w.writerow((["interval"] if pre else []) + [by, "from", "to", "count", "mean_ns", "total_ns"])
+        for g in groups:
+            for m in g.get("matrix", []):
+                w.writerow(pre + [g["key"], m["from"], m["to"], m["count"], _num(m["mean_ns"]), m["total_ns"]])
+        return buf.getvalue()
+    states = list(CSV_STATES)
+    extra = sorted({s for g in groups for s in g["states"]} - set(states))
+    states += extra
+    kinds = list(CSV_KINDS)
+    kinds += sorted({k for g in groups for k in g["latency"]} - set(kinds), key=kind_order)
+    ident = CSV_IDENTITY[by]
+    head = (["interval"] if pre else []) + list(ident) + ["observed_ns", "unobserved_ns"]
+    head += [f"{s}_ns" for s in states]
+    head += ["transitions", "voluntary", "involuntary", "null_dur", "forks", "execs", "exits"]
+    for k in kinds:
+        head += [f"{k}_count"] + [f"{k}_p{p}_ns" for p in PERCENTILES] + [f"{k}_max_ns"]
+    if header:
+        w.writerow(head)
+    for g in groups:
+        row = pre + [_num(g["key"] if c == by else g.get(c)) for c in ident] + [g["observed_ns"],
+                                                                              g["unobserved_ns"]]
+        row += [g["states"].get(s, {}).get("ns", 0) for s in states]
+        row += [g["transitions"], g["voluntary"], g["involuntary"], g["null_dur"], g["forks"],
+                g["execs"], g["exits"]]
+        for k in kinds:
+            d = g["latency"].get(k)
+            if d is None:
+                row += [0] + [""] * (len(PERCENTILES) + 1)
+            else:
+                row += [d["count"]] + [_num(d[f"p{p}_ns"]) for p in PERCENTILES] + [_num(d["max_ns"])]
+        w.writerow(row)
+    return buf.getvalue()
+
+
+CSV_IDENTITY = {"pid": ("pid", "comm", "threads"), "tid": ("tid", "pid", "comm"),
+                "comm": ("comm", "processes", "threads")}
+
+
+def _num(v) -> str:
+    return "" if v is None else str(v)
+
+
+# --- dot ------------------------------------------------------------------------
+
+
+def _q(s) -> str:
+    """A DOT quoted string; a newline becomes DOT's line break."""
+    text = str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def render_dot(rep: dict) -> str:
+    """The state-transition graph of the shown groups: states as nodes
+    (labelled with the time spent in them), transitions as edges labelled
+    with their count and the mean time in the state left."""
+    rows = rep.get("matrix")
+    if rows is None:
+        rows = []
+    totals: dict = {}
+    observed = 0
+    for g in rep["groups"]:
+        observed += g["observed_ns"]
+        for s, v in g["states"].items():
+            totals[s] = totals.get(s, 0) + v["ns"]
+    nodes = set(totals)
+    for m in rows:
+        nodes.add(m["from"])
+        nodes.add(m["to"])
+    peak = max((m["count"] for m in rows), default=1)
+    out = ["digraph pstate {",
+           "  rankdir=LR;",
+           '  node [shape=box, style="rounded,filled", fillcolor="#f4f4f4", fontname="Helvetica"];',
+           '  edge [fontname="Helvetica", fontsize=10];']
+    for s in sorted(nodes, key=state_order):
+        ns = totals.get(s, 0)
+        label = f"{s}\n{fmt_ns(ns)} ({_pct(ns, observed):.1f}%)" if ns else s
+        out.append(f"  {_q(s)} [label={_q(label)}];")
+    for m in rows:
+        mean = fmt_ns(m["mean_ns"]) if m["mean_ns"] is not None else "?"
+        width = 1 + 3 * (m["count"] / peak)
+        label = f"{m['count']}\nmean {mean}"
+        out.append(f"  {_q(m['from'])} -> {_q(m['to'])} [label={_q(label)}, penwidth={width:.2f}];")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def interval_banner(wall_ns: int | None) -> str | None:
+    """The line that opens each --interval table: the wall-clock time of the
+    interval's end (local time), when the stream tells it."""
+    if not wall_ns:
+        return None
+    return "--- " + time.strftime("%H:%M:%S", time.localtime(wall_ns / 1e9))

@@ -1,0 +1,953 @@
+"""Thread State Analysis: where each task's time goes, state by state.
+
+An Aggregator digests state and lifecycle records into totals whose size
+depends on the number of tasks (and latency buckets), never on the number of
+events:
+
+- per group (pid, tid or comm) and transition (from, to), a "cell": the
+  count, the count whose dur_ns is null, the sum and max of dur_ns, and a
+  log-linear histogram of dur_ns (latency.py). Time in state, transition
+  counts and matrix, voluntary/involuntary switches and every latency
+  distribution are rolled up from the cells;
+- per task (thread), its first and last transition: for the time between
+  its last transition and the end of the window (attributed to the state it
+  is in), and for the part of the window before its first transition when
+  that transition's start was not seen (reported as unobserved).
+
+summarise() turns that into a Summary for the renderers. Records reach the
+Aggregator either one at a time (add_record, fed by streamio.read_records:
+the careful reference path) or through a LineDigester that parses chunks of
+bytes with the same rules and an inlined loop (the fast path). A large file
+can be cut into parts at line starts, digested by several processes and
+merged in file order (digest_parallel). All give the same numbers; the tests
+hold them to it.
+
+Accounting: for a task seen through the whole window, running + waiting +
+blocked + ... + unobserved = window, up to lost events; the difference is its
+deviation, reported in the summary's accounting block.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat as statmod
+from dataclasses import dataclass, field
+
+import orjson
+
+from pstate import schema
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.latency import LogHist, bucket_index
+from pstate.streamio import MAX_LINE, ReadStats, check_record, check_schema, open_input
+
+BY_KEYS = ("pid", "tid", "comm")
+LIFECYCLE = ("fork", "exec", "exit")
+
+RUNQ_WAKEUP = "runq_wakeup"
+RUNQ_PREEMPT = "runq_preempt"
+ONCPU = "oncpu"
+BLOCKED_PREFIX = "blocked_"
+# Kinds of latency distribution, in display order; blocked_<state> follow.
+LATENCY_KINDS = (RUNQ_WAKEUP, RUNQ_PREEMPT, ONCPU)
+
+_NOT_BLOCKED = frozenset({schema.RUNNING, schema.RUNNABLE, schema.PREEMPTED, schema.NEW,
+                          schema.UNKNOWN, schema.REAPED, "zombie", "dead"})
+_INVOLUNTARY = frozenset({schema.PREEMPTED, schema.RUNNABLE})
+_GONE = schema.REAPED
+
+
+def latency_kind(frm: str, to: str) -> str | None:
+    """Which latency distribution a transition's dur_ns belongs to."""
+    if to == schema.RUNNING:
+        if frm == schema.RUNNABLE or frm == schema.NEW:
+            return RUNQ_WAKEUP
+        if frm == schema.PREEMPTED:
+            return RUNQ_PREEMPT
+        return None
+    if frm == schema.RUNNING:
+        return ONCPU
+    if frm not in _NOT_BLOCKED:
+        return BLOCKED_PREFIX + frm
+    return None
+
+
+def state_order(name: str) -> tuple:
+    """Vocabulary order first, then unknown kernel states by name."""
+    keys = list(schema.STATES)
+    return (keys.index(name), "") if name in schema.STATES else (len(keys), name)
+
+
+def kind_order(kind: str) -> tuple:
+    if kind in LATENCY_KINDS:
+        return (LATENCY_KINDS.index(kind), ())
+    return (len(LATENCY_KINDS), state_order(kind[len(BLOCKED_PREFIX):]))
+
+
+# --- results --------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """Everything known about one group (a pid, a tid or a comm)."""
+
+    key: object
+    by: str
+    comm: str = ""
+    pids: set = field(default_factory=set)
+    tids: set = field(default_factory=set)
+    state_ns: dict = field(default_factory=dict)  # state -> ns (incl. the tail)
+    unobserved_ns: int = 0
+    null_dur: int = 0
+    transitions: dict = field(default_factory=dict)  # (from, to) -> [count, sum_ns, n_known]
+    voluntary: int = 0
+    involuntary: int = 0
+    lifecycle: dict = field(default_factory=dict)  # fork/exec/exit -> count
+    latency: dict = field(default_factory=dict)  # kind -> LogHist
+
+    @property
+    def observed_ns(self) -> int:
+        return sum(self.state_ns.values())
+
+    @property
+    def n_transitions(self) -> int:
+        return sum(v[0] for v in self.transitions.values())
+
+    def time_in(self, states) -> int:
+        return sum(self.state_ns.get(s, 0) for s in states)
+
+    def category_ns(self, category: str) -> int:
+        return sum(ns for s, ns in self.state_ns.items() if schema.state_category(s) == category)
+
+
+@dataclass
+class Summary:
+    by: str
+    start_ts: int | None
+    end_ts: int | None
+    groups: list  # of Group
+    stats: ReadStats
+    events: int = 0  # state + lifecycle records digested
+    tasks: int = 0
+    checked_tasks: int = 0  # tasks seen through the whole window
+    max_abs_deviation_ns: int = 0
+    total_abs_deviation_ns: int = 0
+    null_dur: int = 0
+    unobserved_ns: int = 0
+    interval: dict | None = None  # {"seq", "start_ts", "end_ts"} in --interval mode
+    interrupted: bool = False
+
+    @property
+    def window_ns(self) -> int:
+        if self.start_ts is None or self.end_ts is None:
+            return 0
+        return max(0, self.end_ts - self.start_ts)
+
+    @property
+    def lost(self) -> int:
+        return self.stats.lost
+
+    @property
+    def complete(self) -> bool:
+        return not (self.stats.lost or self.stats.n_skipped or self.stats.truncated_tail or self.interrupted)
+
+    @property
+    def lost_pct(self) -> float:
+        total = self.events + self.stats.lost
+        return 100.0 * self.stats.lost / total if total else 0.0
+
+
+# --- aggregation ------------------------------------------------------------
+
+# Transitions are counted per group in "cells" keyed by one int:
+#   group << 16 | from-id << 8 | to-id
+# (group: the pid or tid, or an id for a comm; state ids index a table of the
+# state names seen: at most 255, more is garbage and lands in "state_?").
+# A cell is [count, count with null dur_ns, sum of dur_ns, max dur_ns,
+# {latency bucket: count}, min dur_ns].
+C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN = range(6)
+_NO_MIN = 1 << 64  # above any dur_ns
+_MAX_STATES = 255
+_OVERFLOW_STATE = "state_?"
+
+# A task is a list, for speed: the pid, comm, ts and state of its last
+# record, when its first record was, whether that record's dur_ns was null,
+# the group of that record, the interval it was first seen in, and the
+# dur_ns it has summed (less what was clipped at the interval start).
+(T_PID, T_COMM, T_LAST_TS, T_LAST_TO, T_FIRST_TS, T_HEAD_NULL, T_FIRST_G, T_SEEN_AT,
+ T_KNOWN) = range(9)
+
+
+class Aggregator:
+    """Digests validated records; see the module docstring.
+
+    Transitions count under the group (pid, tid or comm) of their own
+    record; the time after a task's last record, under the group of that
+    record. clip_ts: in --interval mode, the start of the current interval.
+    The part of a transition's dur_ns before it was counted already (as the
+    task's tail) in the previous interval, so only the rest is added to the
+    time in state; latency histograms still get the whole dur_ns.
+    """
+
+    def __init__(self, by: str = "pid"):
+        if by not in BY_KEYS:
+            raise ValueError(by)
+        self.by = by
+        self.cells: dict = {}
+        self.tasks: dict = {}  # tid -> task list
+        self.state_ids: dict = {}  # state name -> id
+        self.state_names: list = []  # id -> state name
+        self.comm_ids: dict = {}  # by comm: comm -> group id
+        self.comm_names: list = []
+        self.cuts: dict = {}  # (group, state) -> ns clipped off at clip_ts
+        self.life: dict = {}  # (group, type) -> count
+        self.life_last_ts = 0
+        self.events = 0
+        self.clip_ts: int | None = None
+
+    def state_id(self, name: str) -> int:
+        sid = self.state_ids.get(name)
+        if sid is None:
+            if len(self.state_names) >= _MAX_STATES - 1 and name != _OVERFLOW_STATE:
+                return self.state_id(_OVERFLOW_STATE)  # the last id is kept for it
+            sid = self.state_ids[name] = len(self.state_names)
+            self.state_names.append(name)
+        return sid
+
+    def comm_id(self, comm) -> int:
+        cid = self.comm_ids.get(comm)
+        if cid is None:
+            cid = self.comm_ids[comm] = len(self.comm_names)
+            self.comm_names.append(comm)
+        return cid
+
+    def group_of(self, pid: int, tid: int, comm) -> int:
+        by = self.by
+        return pid if by == "pid" else (tid if by == "tid" else self.comm_id(comm))
+
+    def group_name(self, g: int):
+        return self.comm_names[g] if self.by == "comm" else g
+
+    # The reference path: one validated record at a time.
+    def add_record(self, rec: dict) -> None:
+        t = rec["type"]
+        if t == "state":
+            self.add_state(rec)
+        elif t in LIFECYCLE:
+            self.add_lifecycle(rec)
+
+    def add_state(self, rec: dict) -> None:
+        ts = rec["ts"]
+        pid = rec["pid"]
+        tid = rec["tid"]
+        comm = rec.get("comm")
+        frm = rec["from"]
+        to = rec["to"]
+        d = rec.get("dur_ns")
+        self.events += 1
+        g = self.group_of(pid, tid, comm)
+        key = (g << 16) | (self.state_id(frm) << 8) | self.state_id(to)
+        task = self.tasks.get(tid)
+        if task is None:
+            task = self.tasks[tid] = [pid, comm, ts, to, ts, d is None, g, self.clip_ts, d or 0]
+        else:
+            task[T_PID] = pid
+            task[T_COMM] = comm
+            task[T_LAST_TS] = ts
+            task[T_LAST_TO] = to
+            if d:
+                task[T_KNOWN] += d
+        c = self.cells.get(key)
+        if c is None:
+            c = self.cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
+        c[C_N] += 1
+        if d is None:
+            c[C_NULL] += 1
+            return
+        c[C_SUM] += d
+        if d > c[C_MAX]:
+            c[C_MAX] = d
+        if d < c[C_MIN]:
+            c[C_MIN] = d
+        idx = bucket_index(d)
+        hist = c[C_HIST]
+        hist[idx] = hist.get(idx, 0) + 1
+        if self.clip_ts is not None and d > ts - self.clip_ts:
+            task[T_KNOWN] -= self._clip(g, frm, d, ts)
+
+    def _clip(self, g: int, frm: str, d: int, ts: int) -> int:
+        """The part of d before the interval start: counted already."""
+        cut = d - max(0, ts - self.clip_ts)
+        k = (g, frm)
+        self.cuts[k] = self.cuts.get(k, 0) + cut
+        return cut
+
+    def add_lifecycle(self, rec: dict) -> None:
+        self.events += 1
+        t = rec["type"]
+        k = (self.group_of(rec["pid"], rec["tid"], rec.get("comm")), t)
+        self.life[k] = self.life.get(k, 0) + 1
+        if rec["ts"] > self.life_last_ts:
+            self.life_last_ts = rec["ts"]
+        if t == "exec":
+            task = self.tasks.get(rec["tid"])
+            if task is not None:
+                task[T_COMM] = rec.get("comm")
+
+    # --- interval bookkeeping -------------------------------------------
+
+    def start_interval(self, ts: int) -> None:
+        """Forget the aggregates, keep what each live task is doing."""
+        self.cells = {}
+        self.cuts = {}
+        self.life = {}
+        self.events = 0
+        self.clip_ts = ts
+        gone = [tid for tid, t in self.tasks.items() if t[T_LAST_TO] == _GONE]
+        for tid in gone:
+            del self.tasks[tid]
+        for t in self.tasks.values():
+            t[T_KNOWN] = 0
+
+    def last_ts(self) -> int | None:
+        ts = max((t[T_LAST_TS] for t in self.tasks.values()), default=None)
+        if self.life_last_ts and (ts is None or self.life_last_ts > ts):
+            ts = self.life_last_ts
+        return ts
+
+    def first_ts(self) -> int | None:
+        return min((t[T_FIRST_TS] for t in self.tasks.values()), default=None)
+
+    def absorb(self, later: "Aggregator") -> None:
+        """Add what another Aggregator digested from the input that follows
+        this one's (a later part of the same file): the result is what one
+        Aggregator would have made of both parts in order."""
+        ids = [self.state_id(name) for name in later.state_names]
+        gmap = ([self.comm_id(c) for c in later.comm_names] if self.by == "comm" else None)
+
+        def regroup(g):
+            return gmap[g] if gmap is not None else g
+
+        for key, lc in later.cells.items():
+            key = (regroup(key >> 16) << 16) | (ids[(key >> 8) & 255] << 8) | ids[key & 255]
+            c = self.cells.get(key)
+            if c is None:
+                self.cells[key] = lc
+                continue
+            c[C_N] += lc[C_N]
+            c[C_NULL] += lc[C_NULL]
+            c[C_SUM] += lc[C_SUM]
+            if lc[C_MAX] > c[C_MAX]:
+                c[C_MAX] = lc[C_MAX]
+            if lc[C_MIN] < c[C_MIN]:
+                c[C_MIN] = lc[C_MIN]
+            hist = c[C_HIST]
+            for idx, n in lc[C_HIST].items():
+                hist[idx] = hist.get(idx, 0) + n
+        for tid, lt in later.tasks.items():
+            task = self.tasks.get(tid)
+            if task is None:
+                lt[T_FIRST_G] = regroup(lt[T_FIRST_G])
+                self.tasks[tid] = lt
+                continue
+            task[T_PID], task[T_COMM] = lt[T_PID], lt[T_COMM]
+            task[T_LAST_TS], task[T_LAST_TO] = lt[T_LAST_TS], lt[T_LAST_TO]
+            task[T_KNOWN] += lt[T_KNOWN]
+        for (g, typ), n in later.life.items():
+            k = (regroup(g), typ)
+            self.life[k] = self.life.get(k, 0) + n
+        for (g, frm), n in later.cuts.items():
+            k = (regroup(g), frm)
+            self.cuts[k] = self.cuts.get(k, 0) + n
+        self.life_last_ts = max(self.life_last_ts, later.life_last_ts)
+        self.events += later.events
+
+    # --- roll-up ----------------------------------------------------------
+
+    def summarise(self, stats: ReadStats, start_ts: int | None = None, end_ts: int | None = None) -> Summary:
+        """Roll the cells and tasks up into groups. start_ts/end_ts default
+        to the window the input describes: its meta and end records, else
+        the first and last event; in --interval mode, the interval's start."""
+        if start_ts is None:
+            start_ts = self.clip_ts
+        if start_ts is None:
+            metas = [m.get("ts") for m in stats.metas if type(m.get("ts")) is int]
+            start_ts = min(metas) if metas else self.first_ts()
+        if end_ts is None:
+            last = self.last_ts()
+            ends = [e.get("ts") for e in stats.ends if type(e.get("ts")) is int]
+            end_ts = max(ends + ([last] if last is not None else []), default=None)
+        by = self.by
+        groups: dict = {}
+
+        def group(g) -> Group:
+            grp = groups.get(g)
+            if grp is None:
+                grp = groups[g] = Group(key=g, by=by)
+            return grp
+
+        names = self.state_names
+        for key, (n, nulls, total, vmax, hist, vmin) in self.cells.items():
+            grp = group(key >> 16)
+            frm = names[(key >> 8) & 255]
+            to = names[key & 255]
+            grp.transitions[(frm, to)] = [n, total, n - nulls]
+            grp.null_dur += nulls
+            if frm == schema.RUNNING:
+                if to in _INVOLUNTARY:
+                    grp.involuntary += n
+                else:
+                    grp.voluntary += n
+            if n == nulls:
+                continue
+            grp.state_ns[frm] = grp.state_ns.get(frm, 0) + total
+            kind = latency_kind(frm, to)
+            if kind is not None:
+                h = grp.latency.get(kind)
+                if h is None:
+                    h = grp.latency[kind] = LogHist()
+                h.add_counts(hist, n - nulls, total, vmin, vmax)
+        for (g, frm), cut in self.cuts.items():
+            grp = group(g)
+            grp.state_ns[frm] = grp.state_ns.get(frm, 0) - cut
+        for (g, typ), n in self.life.items():
+            grp = group(g)
+            grp.lifecycle[typ] = grp.lifecycle.get(typ, 0) + n
+
+        clip = self.clip_ts
+        checked = max_dev = total_dev = unobserved = 0
+        for tid, t in self.tasks.items():
+            pid = t[T_PID]
+            grp = group(self.group_of(pid, tid, t[T_COMM]))
+            grp.tids.add(tid)
+            grp.pids.add(pid)
+            if not grp.comm or (by == "pid" and tid == pid):
+                grp.comm = t[T_COMM] or ""
+            new_here = clip is None or t[T_SEEN_AT] == clip
+            head = 0
+            if t[T_HEAD_NULL] and new_here and start_ts is not None:
+                head = max(0, t[T_FIRST_TS] - start_ts)
+                group(t[T_FIRST_G]).unobserved_ns += head
+                unobserved += head
+            tail = 0
+            last_to = t[T_LAST_TO]
+            gone = last_to == _GONE
+            if not gone and end_ts is not None:
+                since = t[T_LAST_TS] if clip is None else max(t[T_LAST_TS], clip)
+                tail = max(0, end_ts - since)
+                if tail:
+                    grp.state_ns[last_to] = grp.state_ns.get(last_to, 0) + tail
+            # A task was there for the whole window when its first transition
+            # left a state whose start was not seen (it predates the window),
+            # or, per interval, when it was known before the interval began.
+            whole = (t[T_HEAD_NULL] if new_here else True) and not gone
+            if whole and start_ts is not None and end_ts is not None:
+                dev = abs((end_ts - start_ts) - (head + t[T_KNOWN] + tail))
+                checked += 1
+                total_dev += dev
+                if dev > max_dev:
+                    max_dev = dev
+        for grp in groups.values():
+            grp.key = self.group_name(grp.key)
+            if by == "comm":
+                grp.comm = grp.key or ""
+        ordered = sorted(groups.values(), key=lambda x: _sort_key(x.key))
+        return Summary(
+            by=by, start_ts=start_ts, end_ts=end_ts, groups=ordered, stats=stats,
+            events=self.events, tasks=len(self.tasks), checked_tasks=checked,
+            max_abs_deviation_ns=max_dev, total_abs_deviation_ns=total_dev,
+            null_dur=sum(x.null_dur for x in ordered), unobserved_ns=unobserved,
+        )
+
+
+def _sort_key(k):
+    return (0, k, "") if isinstance(k, int) else (1, 0, str(k))
+
+
+# --- the fast path: chunks of bytes in, records digested in an inlined loop ----
+
+
+class LineError(PstateError):
+    """A bad line under --strict, with its place kept apart so that a part of
+    a file digested on its own can be renumbered."""
+
+    def __init__(self, name: str, lineno: int, why: str):
+        super().__init__(f"{name}:{lineno}: {why}", ExitCode.DATAERR)
+        self.name, self.lineno, self.why = name, lineno, why
+
+
+class LineDigester:
+    """Splits byte chunks into lines and digests them into an Aggregator.
+
+    The rules are streamio.read_records' exactly: every line is counted;
+    lines longer than max_line are skipped without being held; blank lines
+    are ignored; a line that is not JSON or not a valid record is skipped and
+    counted (or, with strict, raises); a last line without a newline is
+    reported as a truncated tail unless it parses into a valid record; meta,
+    loss and end records go to the ReadStats; a newer schema raises.
+    """
+
+    def __init__(self, agg: Aggregator, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE):
+        self.agg = agg
+        self.stats = stats
+        self.strict = strict
+        self.max_line = max_line
+        self.name = "<stdin>"
+        self._reset()
+
+    def _reset(self) -> None:
+        self.lineno = 0
+        self.offset = 0  # bytes consumed before self.pending
+        self.pending = b""
+        self.discarding = False  # inside an over-long line
+
+    def begin(self, name: str) -> None:
+        self.name = name
+        self._reset()
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self.offset += len(data)
+                return
+            self.offset += nl + 1
+            self.discarding = False
+            data = data[nl + 1:]
+        buf = self.pending + data if self.pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._hold(buf)
+            return
+        self.pending = b""
+        self.offset += cut + 1
+        self._lines(buf[:cut].split(b"\n"), terminated=True)
+        self._hold(buf[cut + 1:])
+
+    def _hold(self, rest: bytes) -> None:
+        if len(rest) > self.max_line:
+            # An over-long line: count it now, drop its bytes until the newline.
+            self.lineno += 1
+            self.stats.lines += 1
+            self.stats.skip(f"line longer than {self.max_line} bytes", f"{self.name}:{self.lineno}")
+            self.offset += len(rest)
+            self.pending = b""
+            self.discarding = True
+        else:
+            self.pending = rest
+
+    def end(self) -> None:
+        """End of the current source: digest a last line without a newline."""
+        rest = self.pending
+        self.pending = b""
+        if self.discarding or not rest:
+            self.discarding = False
+            return
+        self.stats.truncated_tail = f"{self.name}: byte {self.offset}, line {self.lineno + 1}"
+        self._lines([rest], terminated=False)
+
+    def _lines(self, lines: list, terminated: bool) -> None:
+        stats = self.stats
+        base = self.lineno
+        self.lineno += len(lines)
+        stats.lines += len(lines)
+        if len(lines) > 1 or len(lines[0]) > self.max_line:
+            if max(map(len, lines)) > self.max_line:
+                self._lines_slow(lines, base, terminated)
+                return
+        agg = self.agg
+        tasks = agg.tasks
+        tasks_get = tasks.get
+        cells = agg.cells
+        cells_get = cells.get
+        sid_get = agg.state_ids.get
+        comm_ids = agg.comm_ids
+        by_pid = agg.by == "pid"
+        by_tid = agg.by == "tid"
+        clip = agg.clip_ts
+        loads = orjson.loads
+        careful = 0  # lines that took the careful way; the others are state events
+        for i, line in enumerate(lines):
+            try:
+                r = loads(line)
+                if r["type"] != "state":
+                    raise KeyError
+                ts = r["ts"]
+                pid = r["pid"]
+                tid = r["tid"]
+                frm = r["from"]
+                to = r["to"]
+                d = r.get("dur_ns")
+                comm = r.get("comm")
+                cpu = r["cpu"]
+                if not (type(ts) is int and type(pid) is int and type(tid) is int and type(cpu) is int
+                        and type(frm) is str and type(to) is str
+                        and (comm is None or type(comm) is str)
+                        and (d is None or type(d) is int)
+                        and (ts | pid | tid | cpu | (d or 0)) >= 0):
+                    raise ValueError
+            except Exception:
+                # Anything but a well-formed state record: the careful way.
+                careful += 1
+                self._one(line, base + i + 1, terminated)
+                continue
+            fi = sid_get(frm)
+            ti = sid_get(to)
+            if fi is None or ti is None:
+                fi = agg.state_id(frm)
+                ti = agg.state_id(to)
+            if by_pid:
+                g = pid
+            elif by_tid:
+                g = tid
+            else:
+                g = comm_ids.get(comm)
+                if g is None:
+                    g = agg.comm_id(comm)
+            task = tasks_get(tid)
+            if task is None:
+                task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0]
+            else:
+                task[0] = pid
+                task[1] = comm
+                task[2] = ts
+                task[3] = to
+                if d:
+                    task[8] += d
+            key = (g << 16) | (fi << 8) | ti
+            c = cells_get(key)
+            if c is None:
+                c = cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
+            c[0] += 1
+            if d is None:
+                c[1] += 1
+                continue
+            c[2] += d
+            if d > c[3]:
+                c[3] = d
+            if d < c[5]:
+                c[5] = d
+            s = d.bit_length() - 6
+            idx = ((s << 5) + (d >> s)) if s > 0 else d
+            hist = c[4]
+            hist[idx] = hist.get(idx, 0) + 1
+            if clip is not None and d > ts - clip:
+                task[8] -= agg._clip(g, frm, d, ts)
+        n_events = len(lines) - careful
+        agg.events += n_events
+        if not terminated and n_events:
+            stats.truncated_tail = None
+        stats.records += n_events
+
+    def _lines_slow(self, lines: list, base: int, terminated: bool) -> None:
+        for i, line in enumerate(lines):
+            if len(line) > self.max_line:
+                self.stats.skip(f"line longer than {self.max_line} bytes", f"{self.name}:{base + i + 1}")
+                continue
+            self._one(line, base + i + 1, terminated)
+
+    def _one(self, line: bytes, lineno: int, terminated: bool) -> None:
+        """One line, checked like streamio.read_records does."""
+        stats = self.stats
+        if not line.strip():
+            return
+        where = f"{self.name}:{lineno}"
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            why = "not valid JSON" if terminated else "truncated record"
+            if self.strict:
+                raise LineError(self.name, lineno, why) from None
+            if terminated:
+                stats.skip(why, where)
+            return
+        why = check_record(rec)
+        if why:
+            if self.strict:
+                raise LineError(self.name, lineno, why)
+            stats.skip(why, where)
+            return
+        if not terminated:
+            stats.truncated_tail = None
+        t = rec["type"]
+        if t == "meta":
+            check_schema(rec, self.name)
+            stats.metas.append(rec)
+        elif t == "loss":
+            r = rec["reason"]
+            stats.loss[r] = stats.loss.get(r, 0) + rec["count"]
+        elif t == "end":
+            stats.ends.append(rec)
+        stats.records += 1
+        self.agg.add_record(rec)
+
+
+PARALLEL_MIN_BYTES = 32 << 20  # smaller files are not worth the processes
+_PART_MIN_BYTES = 16 << 20
+
+
+def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = False,
+                 max_line: int = MAX_LINE, chunk: int = 1 << 20, jobs: int = 1) -> None:
+    """The fast path over files ("-" is stdin), in order. A large regular file
+    is split into jobs parts, digested by as many processes."""
+    import sys
+
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line)
+    for src in sources:
+        name = "<stdin>" if src == "-" else src
+        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES:
+            digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk)
+            continue
+        fp = open_input(src)
+        try:
+            dig.begin(name)
+            read = getattr(fp, "raw", fp).read
+            while True:
+                data = read(chunk)
+                if not data:
+                    break
+                dig.feed(data)
+            dig.end()
+        finally:
+            if fp is not sys.stdin.buffer:
+                fp.close()
+
+
+def _size(path: str) -> int:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    return st.st_size if statmod.S_ISREG(st.st_mode) else 0
+
+
+def file_parts(path: str, parts: int) -> list:
+    """[start, end) byte ranges of about equal size, each starting at a line."""
+    size = _size(path)
+    parts = max(1, min(parts, size // _PART_MIN_BYTES or 1))
+    bounds = [0]
+    with open(path, "rb") as f:
+        for k in range(1, parts):
+            pos = max(size * k // parts, bounds[-1])
+            f.seek(pos)
+            while True:  # to just after the next newline (lines never straddle parts)
+                block = f.read(1 << 16)
+                if not block:
+                    pos = size
+                    break
+                nl = block.find(b"\n")
+                if nl >= 0:
+                    pos += nl + 1
+                    break
+                pos += len(block)
+            if bounds[-1] < pos < size:
+                bounds.append(pos)
+    bounds.append(size)
+    return list(zip(bounds, bounds[1:]))
+
+
+def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool, max_line: int,
+                chunk: int, last: bool):
+    """Digest bytes [start, end) of a file on their own. Line numbers and
+    byte offsets in what comes back are relative to start."""
+    agg = Aggregator(by)
+    agg.clip_ts = clip_ts
+    stats = ReadStats()
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line)
+    dig.begin(path)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(start)
+            left = end - start
+            while left > 0:
+                data = f.read(min(chunk, left))
+                if not data:
+                    break
+                left -= len(data)
+                dig.feed(data)
+        if last:
+            dig.end()
+    except LineError as e:
+        return ("line-error", e.name, e.lineno, e.why, stats.lines)
+    except PstateError as e:
+        return ("error", e.message, e.exit_code)
+    except OSError as e:
+        return ("error", f"cannot read {path}: {e.strerror}", int(ExitCode.NOINPUT))
+    return ("ok", agg, stats)
+
+
+def _digest_part_args(args):
+    return digest_part(*args)
+
+
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, strict: bool = False,
+                    max_line: int = MAX_LINE, chunk: int = 1 << 20, parts: list | None = None) -> None:
+    """Digest one regular file in parts, one process each, and merge the
+    parts in file order: the same result as reading it in one go. On
+    KeyboardInterrupt, the parts done in order so far are kept and the
+    interrupt is raised again."""
+    import multiprocessing as mp
+
+    parts = parts or file_parts(path, jobs)
+    last = len(parts) - 1
+    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last)
+            for i, (a, b) in enumerate(parts)]
+    if jobs <= 1 or len(parts) == 1:  # in this process, one part after the other
+        results = (digest_part(*a) for a in args)
+        pool = None
+    else:
+        pool = mp.get_context("fork").Pool(min(jobs, len(parts)), initializer=_ignore_sigint)
+        results = pool.imap(_digest_part_args, args)  # in order, as they come
+    line_base = 0
+    try:
+        for (start, _end), res in zip(parts, results):
+            if res[0] == "line-error":
+                _name, lineno, why, _lines = res[1:]
+                raise LineError(path, line_base + lineno, why)
+            if res[0] == "error":
+                raise PstateError(res[1], ExitCode(res[2]))
+            _ok, part_agg, part = res
+            merge_read_stats(stats, part, line_base, start)
+            agg.absorb(part_agg)
+            line_base += part.lines
+    finally:
+        if pool is not None:
+            pool.terminate()  # done, or interrupted: no part is needed any more
+            pool.join()
+
+
+_WHERE = re.compile(r"^(.*):(\d+)$")
+_TAIL = re.compile(r"^(.*): byte (\d+), line (\d+)$")
+
+
+def merge_read_stats(into: ReadStats, part: ReadStats, line_base: int, byte_base: int) -> None:
+    """Add a part's ReadStats, renumbering its places by the lines and bytes
+    that came before it."""
+    into.lines += part.lines
+    into.records += part.records
+    for reason, n in part.skipped.items():
+        into.skipped[reason] = into.skipped.get(reason, 0) + n
+        if reason not in into.first_bad:
+            m = _WHERE.match(part.first_bad[reason])
+            into.first_bad[reason] = f"{m.group(1)}:{int(m.group(2)) + line_base}" if m else part.first_bad[reason]
+    if part.truncated_tail:  # only a file's last part can end without a newline
+        m = _TAIL.match(part.truncated_tail)
+        into.truncated_tail = (f"{m.group(1)}: byte {int(m.group(2)) + byte_base}, "
+                               f"line {int(m.group(3)) + line_base}") if m else part.truncated_tail
+    into.metas.extend(part.metas)
+    for reason, n in part.loss.items():
+        into.loss[reason] = into.loss.get(reason, 0) + n
+    into.ends.extend(part.ends)
+
+
+def digest_records(records, agg: Aggregator) -> None:
+    """The reference path: records from streamio.read_records."""
+    add = agg.add_record
+    for rec in records:
+        add(rec)
+
+
+# --- choosing and ordering groups ---------------------------------------------
+
+SORT_KEYS = {
+    "key": "the group key (pid, tid or comm), ascending",
+    "comm": "task name, ascending",
+    "observed": "time observed",
+    "unobserved": "time unobserved",
+    "transitions": "number of transitions",
+    "voluntary": "voluntary switches (blocked)",
+    "involuntary": "involuntary switches (preempted)",
+    "wait": "time waiting for a CPU (runnable, preempted, new)",
+    "blocked": "time blocked or stopped (S, D, T, t, I, P, ...)",
+    "runq-p99": "p99 run-queue wait (after wake-up or preemption, whichever is worse)",
+    "runq-max": "max run-queue wait",
+    "oncpu-p99": "p99 on-CPU slice",
+}
+SORT_KEYS.update({s: f"time {desc}" for s, (_l, _c, desc) in schema.STATES.items() if s != schema.REAPED})
+
+
+def _runq(g: Group, what: str) -> int:
+    vals = []
+    for kind in (RUNQ_WAKEUP, RUNQ_PREEMPT):
+        h = g.latency.get(kind)
+        if h is not None and h.count:
+            vals.append(h.max if what == "max" else h.percentile(99))
+    return max(vals, default=-1)
+
+
+def sort_value(g: Group, key: str):
+    if key == "key":
+        return _sort_key(g.key)
+    if key == "comm":
+        return (g.comm, _sort_key(g.key))
+    if key == "observed":
+        return g.observed_ns
+    if key == "unobserved":
+        return g.unobserved_ns
+    if key == "transitions":
+        return g.n_transitions
+    if key == "voluntary":
+        return g.voluntary
+    if key == "involuntary":
+        return g.involuntary
+    if key == "wait":
+        return g.category_ns("wait")
+    if key == "blocked":
+        return g.category_ns("blocked") + g.category_ns("stopped")
+    if key == "runq-p99":
+        return _runq(g, "p99")
+    if key == "runq-max":
+        return _runq(g, "max")
+    if key == "oncpu-p99":
+        h = g.latency.get(ONCPU)
+        return h.percentile(99) if h is not None and h.count else -1
+    return g.state_ns.get(key, 0)
+
+
+def select(groups: list, *, states=(), min_dur_ns: int = 0, sort: str | None = None,
+           top: int | None = None) -> list:
+    """--state, --min-dur, --sort and --top, in that order.
+
+    --state keeps the groups that spent time in any of the states; --min-dur
+    keeps those that spent at least that long in them (in total, without
+    --state). Sorting is descending except for key and comm; the default is
+    time in the --state states, else time running.
+    """
+    out = list(groups)
+    if states:
+        out = [g for g in out if g.time_in(states) > 0]
+    if min_dur_ns:
+        out = [g for g in out if (g.time_in(states) if states else g.observed_ns) >= min_dur_ns]
+    if sort is None:
+        out.sort(key=lambda g: (-g.time_in(states) if states else -g.state_ns.get(schema.RUNNING, 0),
+                                _sort_key(g.key)))
+    elif sort in ("key", "comm"):
+        out.sort(key=lambda g: sort_value(g, sort))
+    else:
+        out.sort(key=lambda g: (-sort_value(g, sort), _sort_key(g.key)))
+    if top is not None:
+        out = out[:top]
+    return out
+
+
+def matrix(groups: list) -> list:
+    """Transition counts over groups: [(from, to, count, total_ns, n_known)]."""
+    acc: dict = {}
+    for g in groups:
+        for (frm, to), (n, total, known) in g.transitions.items():
+            v = acc.get((frm, to))
+            if v is None:
+                acc[(frm, to)] = [n, total, known]
+            else:
+                v[0] += n
+                v[1] += total
+                v[2] += known
+    return [(frm, to, n, total, known) for (frm, to), (n, total, known)
+            in sorted(acc.items(), key=lambda kv: (state_order(kv[0][0]), state_order(kv[0][1])))]
