@@ -9,6 +9,7 @@
 //
 // Compile-time settings (-D cflags, set by pstate/loader.py):
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
+//   DEAD_BITS      the bits of the dead (X) and zombie (Z) states
 //   MAX_TASKS      size of the per-thread state map
 //   RB_PAGES       ring buffer size in pages
 //   INCLUDE_IDLE   report the idle task (tid 0) too
@@ -454,6 +455,10 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     u32 tid = args->pid;
     struct task_state *ts = tasks.lookup(&tid);
     if (!ts)
+        return 0;
+    // The free comes after an RCU grace period, when the tid may already
+    // belong to a new task: only a row that went dead or zombie is ours.
+    if (!(ts->state & ST_KERNEL) || !(ts->state & DEAD_BITS))
         return 0;
     u64 now = bpf_ktime_get_ns();
     u64 dur = ts->since ? now - ts->since : NO_DUR;

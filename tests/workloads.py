@@ -66,8 +66,10 @@ class Recording:
     """`pstate record ARGS` running in the background, reading its stdout."""
 
     def __init__(self, *args: str):
+        # Unbuffered: the first line is read here, the rest by communicate(),
+        # which would not see bytes left in a read buffer.
         self.proc = subprocess.Popen(pstate_cmd("record", "-q", *args), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=clean_env())
+                                     stderr=subprocess.PIPE, env=clean_env(), bufsize=0)
         first = self.proc.stdout.readline()
         if not first:
             err = self.proc.stderr.read().decode(errors="replace")

@@ -1,3 +1,3 @@
-from pstate.main import main
+from pstate.entry import run
 
-main()
+run()

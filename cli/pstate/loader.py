@@ -15,6 +15,7 @@ import mmap
 import os
 import struct
 import sys
+import time
 from typing import Iterable
 
 from pstate import headers, kstates
@@ -182,12 +183,52 @@ class Program:
             out.append(int(sum(vals)))
         return out
 
+    def detach(self, settle_s: float = 0.5) -> None:
+        """Stop the programs from running, keeping maps and ring buffer.
+
+        After this the counters and the ring buffer no longer change, so a
+        final drain and count add up exactly. Closing a tracepoint's perf
+        event does not wait for a run already under way on another CPU, so
+        wait (at most settle_s) until the counters stop moving.
+        """
+        bpf = getattr(self, "bpf", None)
+        if bpf is None:
+            return
+        _detach_tracepoints(bpf)
+        deadline = time.monotonic() + settle_s
+        last = self.counters()
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = self.counters()
+            if now == last:
+                break
+            last = now
+
     def close(self) -> None:
         bpf = getattr(self, "bpf", None)
         if bpf is not None:
             self.bpf = None
+            _detach_tracepoints(bpf)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
+
+
+def _detach_tracepoints(bpf) -> None:
+    """Detach every tracepoint from a thread of its own. Closing a
+    tracepoint's perf event waits for RCU grace periods (tens of ms each);
+    libbcc does it without holding the GIL, so the waits partly overlap
+    instead of adding up to most of a second at every exit."""
+    import threading
+
+    def detach(tp):
+        with contextlib.suppress(Exception):
+            bpf.detach_tracepoint(tp)
+
+    threads = [threading.Thread(target=detach, args=(tp,), daemon=True) for tp in list(bpf.tracepoint_fds)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 class _Captured:

@@ -57,7 +57,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
         r.add("privileges", OK, "root" if os.geteuid() == 0 else "CAP_BPF + CAP_PERFMON")
         privileged = True
     except PstateError as e:
-        r.add("privileges", PROBLEM, "not root and no CAP_BPF/CAP_PERFMON",
+        r.add("privileges", PROBLEM, "not root and no CAP_BPF/CAP_PERFMON (and tracefs read access)",
               "run as root (sudo), or grant CAP_BPF,CAP_PERFMON via a systemd unit; never setuid")
         privileged = False
         code = ExitCode.NOPERM
@@ -87,7 +87,12 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
             r.add("tracefs", PROBLEM, "not mounted, and mounting failed", "mount -t tracefs nodev /sys/kernel/tracing")
             code = code or ExitCode.UNAVAILABLE
     else:
-        r.add("tracefs", PROBLEM, "not mounted", "mount -t tracefs nodev /sys/kernel/tracing (as root)")
+        mounted = next((d for d in kstates.TRACEFS_DIRS if os.path.ismount(d)), None)
+        if mounted:
+            r.add("tracefs", PROBLEM, f"mounted at {mounted} but not readable by this user",
+                  "run as root, or give the pstate user read access to tracefs")
+        else:
+            r.add("tracefs", PROBLEM, "not mounted", "mount -t tracefs nodev /sys/kernel/tracing (as root)")
         code = code or ExitCode.UNAVAILABLE
 
     # tracepoints and state decoding

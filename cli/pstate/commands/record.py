@@ -54,6 +54,7 @@ def _pow2_pages(nbytes: int) -> int:
 def defines_for(filt: Filter, ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
     d = {
         "REPORT_MASK": f"0x{ks.report_mask:x}",
+        "DEAD_BITS": f"0x{(ks.bit_of('dead') or 0) | (ks.bit_of('zombie') or 0):x}",
         "MAX_TASKS": max_tasks,
         "RB_PAGES": rb_pages,
         "INCLUDE_IDLE": filt.include_idle,
@@ -97,6 +98,7 @@ class Recorder:
         self.lost_reported = {r: 0 for r in loader.DROP_REASONS}
         self.last_loss_ts = time.monotonic_ns()
         self.stop_reason: str | None = None
+        self.reader_gone = _reader_gone_check(writer)
 
     def drain(self, limit_s: float | None = None) -> int:
         """Decode and write what the ring buffer holds. Returns records read."""
@@ -138,14 +140,35 @@ class Recorder:
         return totals
 
     def govern(self, rate: float) -> None:
-        """--max-rate: keep one event in k when the rate exceeds the budget."""
-        want = max(1, math.ceil(rate * self.sample_every / self.max_rate)) if rate else 1
-        if want > self.sample_every or (want < self.sample_every and rate * self.sample_every < 0.5 * self.max_rate * self.sample_every):
+        """--max-rate: keep one event in k when the rate exceeds the budget.
+
+        `rate` is what was written per second since the last call; it cannot
+        exceed what this process manages to write, so under overload it hides
+        the events the ring buffer dropped and sampling would never start.
+        The budget is about the kernel's rate: the BPF side counts every
+        event it tries to emit (STAT_ATTEMPTED, before sampling and before
+        the ring buffer), and that count's change per second is it.
+        """
+        now = time.monotonic()
+        attempted = self.prog.counters()[loader.STAT_ATTEMPTED]
+        prev = getattr(self, "_governed", None)
+        self._governed = (now, attempted)
+        if prev is not None and now > prev[0]:
+            kernel_rate = (attempted - prev[1]) / (now - prev[0])
+        elif self.events:
+            # first call: the window began with the program, at 0 written
+            kernel_rate = rate * attempted / self.events
+        else:
+            kernel_rate = float(attempted)  # nothing written in a 1 s window
+        k = self.sample_every
+        want = max(1, math.ceil(kernel_rate / self.max_rate))
+        # Back down only when half the current sampling would do (no flapping).
+        if want > k or (want < k and kernel_rate < 0.5 * self.max_rate * k):
             import ctypes
 
             self.prog.table("sample_every")[ctypes.c_int(0)] = ctypes.c_uint32(want)
             self.writer.record({"type": "rate", "ts": time.monotonic_ns(), "sample_every": want,
-                                "events_per_s": int(rate * self.sample_every)})
+                                "events_per_s": int(kernel_rate)})
             self.sample_every = want
 
     def run(self, duration_s: float | None) -> None:
@@ -155,7 +178,9 @@ class Recorder:
         flush_at = start + 0.2
         events_at_tick = 0
         while self.stop_reason is None:
-            got = self.drain()
+            # Bounded: under a sustained storm the ring buffer never empties,
+            # and an unbounded drain would never look at signals or -d.
+            got = self.drain(limit_s=0.1)
             now = time.monotonic()
             if now >= next_tick:
                 self.loss_records()
@@ -165,12 +190,37 @@ class Recorder:
                 next_tick = now + 1.0
             if now >= flush_at:
                 self.writer.flush()
+                if self.reader_gone():
+                    # Nothing may be written for a long time (narrow filters),
+                    # so a closed pipe would otherwise go unnoticed.
+                    raise BrokenPipeError
                 flush_at = now + 0.2
             if end and now >= end:
                 self.stop_reason = "duration"
                 break
             if got < DRAIN_BATCH // 4:
                 time.sleep(self.drain_s)
+
+
+def _reader_gone_check(writer: LineWriter):
+    """A function telling whether the reader of a pipe or socket output left."""
+    import select
+    import stat
+
+    try:
+        fd = writer.fp.fileno()
+        kind = os.fstat(fd).st_mode
+    except (OSError, ValueError, AttributeError):
+        return lambda: False
+    if not (stat.S_ISFIFO(kind) or stat.S_ISSOCK(kind)):
+        return lambda: False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are reported even when not asked for
+
+    def gone() -> bool:
+        return any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in poller.poll(0))
+
+    return gone
 
 
 def _install_signals(rec: Recorder):
@@ -247,6 +297,9 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         if not quiet:
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
         rec.run(duration)
+        # Stop the producers first: then the final drain and the counters
+        # describe the same events, and the trailer adds up exactly.
+        prog.detach()
         rec.drain(limit_s=1.0)
         totals = rec.loss_records(final=True)
         # Whatever the bounded final drain left in the ring buffer is lost too.
