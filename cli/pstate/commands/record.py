@@ -40,10 +40,14 @@ DRAIN_BATCH = 32768  # records decoded per write
 
 
 def _size(text: str) -> int:
+    """"16M" -> bytes. Raises ValueError for anything but a sane positive size."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().rstrip("b")
     mult = units.get(t[-1:], None)
-    return int(float(t[:-1]) * mult) if mult else int(t)
+    value = float(t[:-1]) * mult if mult else float(t)
+    if not (4096 <= value <= (1 << 31)):  # the kernel caps a ring buffer below 4 GiB
+        raise ValueError(text)
+    return int(value)
 
 
 def _pow2_pages(nbytes: int) -> int:
@@ -261,8 +265,9 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     """
     try:
         rb_bytes = _size(buffer_size)
-    except (ValueError, IndexError):
-        raise click.BadParameter(f"not a size: {buffer_size!r} (e.g. 16M)", param_hint="--buffer-size")
+    except (ValueError, IndexError, OverflowError):
+        raise click.BadParameter(f"{buffer_size!r} is not a size from 4k to 2G (e.g. 16M)",
+                                 param_hint="'--buffer-size'") from None
     rb_pages = _pow2_pages(rb_bytes)
     try:
         ks = read_kernel_states()
