@@ -159,12 +159,17 @@ class Program:
         if missing:
             raise PstateError(f"this kernel lacks tracepoints: {', '.join(missing)}", ExitCode.UNAVAILABLE)
         self.headers = find_headers(kernel_headers)
+        said_out = said_err = None
         os.environ["BCC_KERNEL_SOURCE"] = self.headers.path
         try:
-            with _quiet_fd(2) as captured:
+            # libbcc prints on both stdout and stderr; stdout may be the
+            # JSON-lines stream, which must only ever hold records.
+            sys.stdout.flush()
+            with _quiet_fd(1) as said_out, _quiet_fd(2) as said_err:
                 self.bpf = bcc.BPF(text=source(name), cflags=cflags_of(defines))
         except Exception as e:  # bcc raises plain Exception on compile/load errors
-            msg = (captured.text().strip() if captured else "") or str(e)
+            said = "\n".join(c.text().strip() for c in (said_out, said_err) if c)
+            msg = said.strip() or str(e)
             raise PstateError(
                 f"compiling or loading the BPF program failed: {msg[-2000:]}",
                 ExitCode.OSERR,
@@ -232,15 +237,10 @@ def _detach_tracepoints(bpf) -> None:
 
 
 class _Captured:
-    def __init__(self, path):
-        self.path = path
+    content = ""
 
     def text(self) -> str:
-        try:
-            with open(self.path, errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return self.content
 
 
 @contextlib.contextmanager
@@ -250,17 +250,16 @@ def _quiet_fd(fd: int):
     import tempfile
 
     saved = os.dup(fd)
-    tmp = tempfile.NamedTemporaryFile(prefix="pstate-bcc-", delete=False)
-    cap = _Captured(tmp.name)
-    try:
-        os.dup2(tmp.fileno(), fd)
-        yield cap
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-        tmp.close()
-        with contextlib.suppress(OSError):
-            os.unlink(tmp.name)
+    cap = _Captured()
+    with tempfile.TemporaryFile(prefix="pstate-bcc-") as tmp:
+        try:
+            os.dup2(tmp.fileno(), fd)
+            yield cap
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            cap.content = tmp.read(1 << 20).decode(errors="replace")
 
 
 class RingReader:
