@@ -136,7 +136,9 @@ def test_bash_completes_options_and_values(prefix):
 
 @pytest.mark.skipif(not BASH_COMPLETION.exists(), reason="bash-completion not installed")
 def test_bash_completion_loads_on_demand(prefix):
-    # bash-completion finds completions/<command> next to the command's bin/.
+    # bash-completion looks in $XDG_DATA_DIRS/bash-completion/completions
+    # (/usr/local/share and /usr/share by default, i.e. the standard PREFIXes).
     script = f'source {BASH_COMPLETION}; __load_completion pstate && complete -p pstate'
-    r = run(["bash", "--norc", "--noprofile", "-c", script], PATH=f"{prefix / 'bin'}:{os.environ['PATH']}")
+    r = run(["bash", "--norc", "--noprofile", "-c", script], PATH=f"{prefix / 'bin'}:{os.environ['PATH']}",
+            XDG_DATA_DIRS=f"{prefix / 'share'}:/usr/local/share:/usr/share")
     assert "_pstate_completion" in r.stdout, r.stderr
