@@ -8,7 +8,7 @@ PSTATE := $(VENV)/bin/pstate
 KREL := $(shell uname -r)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 APT_PACKAGES := python3-bpfcc python3-venv python3-pip bpftool linux-perf tmux groff-base man-db jq \
-	zsh fish bash-completion util-linux
+	zsh fish bash-completion util-linux bpftrace bpfcc-tools
 PREFIX ?= /usr/local
 DESTDIR ?=
 

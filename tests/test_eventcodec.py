@@ -124,9 +124,9 @@ def test_unknown_event_type_is_consumed_silently():
 
 def test_no_duration_is_null_and_max_values_survive():
     (a, b), _, _ = encode(rec(dur=ec.NO_DUR, frm=ec.CODES["unknown"]),
-                          rec(ts=2**64 - 1, dur=2**64 - 2, pid=2**32 - 1, tid=2**32 - 2, cpu=65535))
+                          rec(ts=2**63 - 1, dur=2**63 - 2, pid=2**32 - 1, tid=2**32 - 2, cpu=65535))
     assert a["dur_ns"] is None and a["from"] == "unknown"
-    assert (b["ts"], b["dur_ns"], b["pid"], b["tid"], b["cpu"]) == (2**64 - 1, 2**64 - 2, 2**32 - 1, 2**32 - 2, 65535)
+    assert (b["ts"], b["dur_ns"], b["pid"], b["tid"], b["cpu"]) == (2**63 - 1, 2**63 - 2, 2**32 - 1, 2**32 - 2, 65535)
     assert check_record(b) is None
 
 

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from test_reliability_stream import leftover_programs
 from workloads import BUSY, FORK_EXEC, SLEEPER, Recording, go, record_workload, start, states
 
 pytestmark = pytest.mark.bpf
@@ -136,8 +137,7 @@ def test_duration_and_pipe_to_head_is_quiet():
     assert p.returncode == 0
     assert len(p.stdout.splitlines()) == 5
     assert b"Traceback" not in p.stderr and b"Error" not in p.stderr, p.stderr
-    time.sleep(0.2)
-    assert bpf_prog_ids() <= before
+    assert not leftover_programs(before)
 
 
 def test_no_programs_left_after_sigint():
@@ -147,5 +147,4 @@ def test_no_programs_left_after_sigint():
     assert during, "record should have loaded programs"
     recs = rec.stop(signal.SIGINT)
     assert rec.returncode == 0 and recs[-1]["type"] == "end"
-    time.sleep(0.2)
-    assert not (bpf_prog_ids() & during)
+    assert not leftover_programs(before)

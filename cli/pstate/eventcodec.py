@@ -57,6 +57,8 @@ class Encoder:
         self._kletters: dict[int, str] = {}
         self._tgid: dict[int, int] = {}
         self._prefixes: dict[int, tuple] = {}
+        self._mids: dict[int, str] = {}  # (from << 16 | to) -> '"from":..,"to":..,"dur_ns":'
+        self._out_tails: dict[int, str] = {}  # prev_state -> switch_out fields before prio
         self.resolve_tgid = resolve_tgid or tgid_from_proc
 
     def name(self, code: int) -> str:
@@ -113,9 +115,9 @@ class Encoder:
         """
         out = []
         append = out.append
-        names = self._names if len(self._names) > len(SYNTHETIC) else self._names.update(self._all_names()) or self._names
         prefixes = self._prefixes
-        kletters = self._kletters
+        mids = self._mids
+        out_tails = self._out_tails
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
              comm) in struct.iter_unpack(REC_FMT, view):
@@ -134,25 +136,26 @@ class Encoder:
             ptc = pre[2]
             if typ == EV_STATE:
                 d = "null" if dur == NO_DUR else dur
-                try:
-                    f, t = names[frm], names[to]
-                except KeyError:
-                    f, t = self.name(frm), self.name(to)
+                # '"from":"..","to":"..","dur_ns":' for this pair of states
+                mid = mids.get((frm << 16) | to)
+                if mid is None:
+                    mid = mids[(frm << 16) | to] = f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'
                 if cause == 1:
-                    k = kletters.get(kst) or self.kletter(kst)
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
-                           f'"cause":"switch_out","voluntary":{"true" if flags & F_VOLUNTARY else "false"},'
-                           f'"kstate":"{k}","prio":{prio},"next_tid":{otid}}}\n')
+                    tail = out_tails.get(kst)
+                    if tail is None:
+                        tail = out_tails[kst] = (f',"cause":"switch_out","voluntary":'
+                                                 f'{"true" if flags & F_VOLUNTARY else "false"},'
+                                                 f'"kstate":"{self.kletter(kst)}","prio":')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},"next_tid":{otid}}}\n')
                 elif cause == 2:
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
-                           f'"cause":"switch_in","prio":{prio},"prev_tid":{otid}}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
+                           f'"prio":{prio},"prev_tid":{otid}}}\n')
                 elif cause == 5:
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
-                           f'"cause":"reap"}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"}}\n')
                 else:
                     c = CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},"from":"{f}","to":"{t}","dur_ns":{d},'
-                           f'"cause":"{c}","waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
+                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

@@ -36,7 +36,8 @@ Ctrl-C, SIGTERM and --duration end the run normally (exit 0) after writing
 the trailer; a closed output pipe ends it quietly.
 """
 
-DRAIN_BATCH = 32768  # records decoded per write
+GOVERN_S = 0.25  # how often --max-rate looks at the kernel's event rate
+DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
 
 
 def _size(text: str) -> int:
@@ -179,19 +180,25 @@ class Recorder:
         start = time.monotonic()
         end = start + duration_s if duration_s else None
         next_tick = start + 1.0
+        next_govern = start + GOVERN_S
         flush_at = start + 0.2
         events_at_tick = 0
+        first = True
         while self.stop_reason is None:
             # Bounded: under a sustained storm the ring buffer never empties,
             # and an unbounded drain would never look at signals or -d.
             got = self.drain(limit_s=0.1)
             now = time.monotonic()
+            if self.max_rate and now >= next_govern:
+                self.govern((self.events - events_at_tick) / (now - next_govern + GOVERN_S))
+                events_at_tick = self.events
+                next_govern = now + GOVERN_S
             if now >= next_tick:
                 self.loss_records()
-                if self.max_rate:
-                    self.govern((self.events - events_at_tick) / (now - next_tick + 1.0))
-                events_at_tick = self.events
                 next_tick = now + 1.0
+            if first and self.events:
+                flush_at = now  # the first events go out at once
+                first = False
             if now >= flush_at:
                 self.writer.flush()
                 if self.reader_gone():
