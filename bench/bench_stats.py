@@ -20,6 +20,9 @@ path (each when importable; single-threaded where the library allows it):
 
   polars          polars.read_ndjson on 16 MiB chunks, only the needed columns
   duckdb          read_json + one GROUP BY (pid, from, to, bucket) in SQL
+  duckdb checked  read_json of the raw fields, type checks, and the per-cell and
+                  per-task aggregates an identical result needs (a floor:
+                  line-level checks for NaN and trailing commas not included)
   msgspec         msgspec.json.Decoder(Struct).decode_lines on 16 MiB chunks
 
 Prints a table of medians (events/s) and one JSON line for scripts.
@@ -186,6 +189,40 @@ def alt_duckdb(path):
                     group by all""").fetchall()
 
 
+def alt_duckdb_checked(path):
+    """What a duckdb path that gives the same numbers as the Python one must
+    do at least: read the fields raw (read_json coerces 1.0, "12" and true
+    to integers and numbers to strings), check their types, and aggregate
+    per cell (group, from, to, latency bucket) and per task in file order."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads=1")
+    raw = ("{'type':'JSON','ts':'JSON','cpu':'JSON','pid':'JSON','tid':'JSON','comm':'JSON',"
+           "'from':'JSON','to':'JSON','dur_ns':'JSON'}")
+    con.execute(f"""create temp table ev as
+        select row_number() over () rn, type::varchar ty, ts::varchar ts, cpu::varchar cpu, pid::varchar pid,
+               tid::varchar tid, comm::varchar comm, "from"::varchar frm, "to"::varchar tto, dur_ns::varchar d
+        from read_json('{path}', format='newline_delimited', columns={raw})""")
+
+    def canonical(col):  # a JSON integer 0 <= v < 2**64 written the one way orjson reads it
+        return f"try_cast({col} as ubigint)::varchar is not distinct from {col}"
+
+    con.execute(f"""select count(*) from ev where ty = '"state"' and not ({canonical('ts')} and {canonical('cpu')}
+        and {canonical('pid')} and {canonical('tid')} and (comm is null or comm = 'null' or comm[1] = '"')
+        and frm[1] = '"' and tto[1] = '"' and (d is null or d = 'null' or {canonical('d')}))""").fetchall()
+    con.execute("""create temp table st as select rn, ts::ubigint ts, pid::ubigint pid, tid::ubigint tid, comm,
+        frm, tto, case when d = 'null' then null else d::ubigint end d from ev where ty = '"state"'""")
+    # latency.bucket_index: s = bit_length - 6; log2 in doubles, corrected to the exact bit length
+    con.execute("""with b as (select *, case when d >= 64 then floor(log2(d))::int end lg from st),
+        c as (select *, lg - (case when (1::ubigint << lg) > d then 1 else 0 end)
+                 + (case when lg < 63 and (1::ubigint << (lg + 1)) <= d then 1 else 0 end) lg2 from b)
+        select pid, frm, tto, case when d < 64 then d else ((lg2 - 5) << 5) + (d >> (lg2 - 5)) end idx,
+               count(*), sum(d), min(d), max(d), min(rn) from c group by all order by min(rn)""").fetchall()
+    con.execute("""select tid, min(rn), arg_min(ts, rn), arg_min(d is null, rn), arg_min(pid, rn), arg_min(comm, rn),
+        max_by(struct_pack(pid, comm, ts, tto), rn), sum(d) from st group by tid order by min(rn)""").fetchall()
+
+
 def alt_msgspec(path):
     import msgspec
 
@@ -200,6 +237,7 @@ def alt_msgspec(path):
 
 ALTERNATIVES = {"polars read_ndjson + group_by": ("polars", alt_polars),
                 "duckdb read_json + GROUP BY": ("duckdb", alt_duckdb),
+                "duckdb checked types + cell/task aggregates": ("duckdb", alt_duckdb_checked),
                 "msgspec decode_lines (parse only)": ("msgspec", alt_msgspec)}
 
 

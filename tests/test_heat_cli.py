@@ -82,6 +82,31 @@ def test_truncated_tail_warns_and_strict_fails(tmp_path):
     assert r.exit_code == 65
 
 
+def test_times_outside_int64_in_meta_and_end_are_ignored(tmp_path):
+    # Event times are checked by the reader; the meta and end times that
+    # stretch the map are kept to the same policy (0 <= ts < 2**63).
+    f = tmp_path / "small.jsonl"  # the same name: the same footer
+    lines = Path(SMALL).read_text().splitlines()
+    lines.insert(1, json.dumps({"type": "meta", "schema": 1, "ts": 2**64 - 1, "wall_ns": -1}))
+    lines.append(json.dumps({"type": "end", "ts": 2**64 - 1, "reason": "eof"}))
+    f.write_text("\n".join(lines) + "\n")
+    for args in ([], ["--latency", "runq"]):
+        r = heat(str(f), "--width", "80", *args)
+        assert r.exit_code == 0 and r.exception is None, r.stderr
+    assert heat(str(f), "--width", "80").stdout == heat(SMALL, "--width", "80").stdout
+
+
+def test_a_byte_order_mark_does_not_lose_the_header(tmp_path):
+    f = tmp_path / "small.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + Path(SMALL).read_bytes())
+    r = heat(str(f), "--width", "80")
+    assert r.exit_code == 0 and "skipped" not in r.stderr
+    assert r.stdout == heat(SMALL, "--width", "80").stdout
+    p = subprocess.run([sys.executable, "-m", "pstate", "heat", "--live", str(f), "--width", "80"],
+                       capture_output=True, timeout=60, env=_env())
+    assert p.returncode == 0 and b"skipped" not in p.stderr and b"input ended" in p.stdout
+
+
 def test_latency_followed_by_a_file_says_how_to_fix():
     r = heat("--latency", SMALL)
     assert r.exit_code == 2

@@ -84,6 +84,33 @@ def test_feeder_discards_an_over_long_line():
     assert set(model.events) == {1, 2}
 
 
+def test_feeder_integer_policy_matches_the_reader():
+    f, model = feeder()
+    f.feed(line(2**63 - 1, 1, "running", "sleeping") + line(2**63, 2, "running", "sleeping")
+           + line(5, 3, "running", "sleeping", dur=2**64 - 1))
+    assert f.stats.skipped == {'bad or missing "ts"': 1, 'bad "dur_ns"': 1}
+    assert set(model.events) == {1}
+
+
+def test_feeder_drops_a_byte_order_mark_at_the_start_even_split():
+    f, model = feeder()
+    data = b"\xef\xbb\xbf" + b'{"type":"meta","schema":1,"ts":1}\n' + line(5, 1, "running", "sleeping")
+    for i in range(len(data)):
+        f.feed(data[i:i + 1])
+    f.finish()
+    assert f.stats.n_skipped == 0 and len(f.stats.metas) == 1 and model.events == {1: 1}
+
+
+def test_feeder_reports_a_truncated_final_record():
+    f, model = feeder()
+    first = line(5, 1, "running", "sleeping")
+    f.feed(first + line(6, 2, "running", "sleeping")[:40])
+    f.finish()
+    assert f.stats.n_skipped == 0 and model.events == {1: 1}
+    assert f.stats.truncated_tail == f"<test>: byte {len(first)}, line 2"
+    assert f.stats.lines == 2
+
+
 def test_decimation_keeps_rare_records_and_weighs_samples():
     f, model = feeder(k=8)
     recs = [line(1000 + i, 10 + i % 5, "running", "sleeping") for i in range(800)]

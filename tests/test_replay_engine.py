@@ -192,6 +192,14 @@ def check(body: bytes) -> int:
     (EV.replace(b"}\n", b"}\r\n"), -1),
     (b" " + EV, -1),
     (b'{"type":"statex","ts":1}\n', -1),
+    # what readers reject, or may reject, is parsed line by line
+    (EV + EV.replace(b'"a"', b'"\xff"'), -1),  # not UTF-8
+    (EV + EV.replace(b'"a"', b'"\xed\xa0\x80"'), -1),  # an encoded surrogate
+    (EV.replace(b'"a"', b'"\xc3\xa9"') * 2, 2),  # UTF-8 that is not ASCII is fine
+    (EV + EV.replace(b'"a"', b'"a\x00"'), -1),
+    (EV + EV.replace(b'"a"', b'"' + b"x" * 2030 + b'"'), -1),  # 2 KiB or longer: may nest too deep
+    (EV + EV.replace(b'"a"', b'"' + b"x" * 900 + b'"'), 2),  # under 1 KiB: always passes
+    (EV + EV.replace(b'"a"', b"[" * 400 + b"]" * 400), 2),  # valid JSON: readers accept it
 ])
 def test_event_lines(body, n):
     assert check(body) == n
@@ -255,6 +263,31 @@ def test_overlong_lines_are_skipped_in_both_paths(monkeypatch):
     assert json.loads(quick[1].splitlines()[-1])["events"] == 3000
 
 
+@pytest.mark.parametrize("bad, why", [
+    (b'{"type":"state","ts":5,"comm":"\xff\xfe","cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}', "not valid JSON"),
+    (b'{"type":"state","ts":5,"comm":' + b"[" * 1025 + b"]" * 1025 + b"}", "not valid JSON"),
+    (b'{"type":"state","ts":5,"comm":' + b'{"a":' * 2000 + b"1" + b"}" * 2000 + b"}", "not valid JSON"),
+    (b'{"type":"state","ts":5,"comm":"a\x00","cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}', "not valid JSON"),
+    (b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b","x":[1]}', None),  # valid: kept
+])
+def test_quick_path_passes_only_lines_a_reader_parses(monkeypatch, bad, why):
+    # Bad UTF-8, nesting past orjson's limit and NUL bytes in a well-framed line
+    # are noticed by the quick check: the line is parsed, skipped and counted.
+    lines = big_recording(6000).split(b"\n")
+    lines.insert(3000, bad)
+    data = b"\n".join(lines)
+    quick = run_cli(["--no-wait"], data)
+    monkeypatch.setattr(replayer, "event_lines", lambda buf, s, e: -1)
+    assert run_cli(["--no-wait"], data) == quick
+    code, out, err = quick
+    assert code == 0
+    for line in out.splitlines():
+        json.loads(line)
+    assert (bad + b"\n" in out) == (why is None)
+    if why:
+        assert f"skipped 1 line: {why} (first at <stdin>:3001)" in err
+
+
 def test_quick_path_checks_framing_not_content():
     # A well-framed line with a bad value passes the quick path unparsed (readers
     # downstream validate it); every other mode, and --strict, parses each line.
@@ -274,7 +307,8 @@ def test_quick_path_checks_framing_not_content():
 
 # --- the quicker record check agrees with streamio.check_record ------------------
 
-_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(2**64 - 2, 2**64 + 2),
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(2**63 - 2, 2**63 + 2),
+                    st.integers(2**64 - 2, 2**64 + 2),
                     st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=2))
 
 
@@ -308,3 +342,81 @@ def test_snapshot_removed_before_it_is_read_is_skipped(tmp_path):
     assert rep.stats.skipped == {"snapshot removed before it was read": 1}
     end = json.loads(out.read_text().splitlines()[-1])
     assert (end["snapshots"], end["replay_skipped"]) == (1, 1)
+
+
+# --- hostile input: no traceback, valid output -------------------------------------
+
+META = b'{"type":"meta","schema":1,"source":"record","ts":1000}\n'
+
+
+def test_a_type_that_is_a_list_or_an_object_is_skipped():
+    data = META + b'{"type":[]}\n{"type":{}}\n' + EV
+    code, out, err = run_cli(["--no-wait"], data)
+    assert code == 0
+    assert err == 'pstate replay: warning: skipped 2 lines: no string "type" field (first at <stdin>:2)\n'
+    assert out.count(b'"type":"state"') == 1
+
+
+@pytest.mark.parametrize("v, ok", [(2**63 - 1, True), (2**63, False), (2**64 - 1, False), (-1, False)])
+def test_integer_policy_in_every_mode(v, ok):
+    rec = EV.replace(b'"ts":1,', b'"ts":%d,' % v)
+    for args in (["--no-wait"], ["--speed", "1e18"], ["--no-wait", "--strict"]):
+        code, out, err = run_cli(args, META + rec)
+        end = json.loads(out.splitlines()[-1])
+        if ok:
+            assert (code, err) == (0, ""), args
+            assert end["ts"] == v
+        elif args == ["--no-wait"]:
+            # the quick path checks framing, not values: the line passes, the trailer stays valid
+            assert (code, err) == (0, "") and rec in out and end["ts"] == 1000
+        else:
+            assert code == (65 if "--strict" in args else 0), args
+            assert 'bad or missing "ts"' in err and rec not in out
+
+
+def test_loss_counts_saturate_in_the_trailer():
+    loss = b'{"type":"loss","ts":1001,"reason":"map_full","count":%d}\n' % (2**63 - 1)
+    code, out, err = run_cli(["--no-wait"], META + loss * 3)
+    assert (code, err) == (0, "")
+    end = json.loads(out.splitlines()[-1])
+    assert end["lost"] == end["lost_map_full"] == 2**63 - 1
+    assert out.count(b'"type":"loss"') == 3
+
+
+def test_times_outside_the_policy_in_meta_loss_and_rate_do_not_reach_the_trailer():
+    data = (b'{"type":"meta","schema":1,"ts":18446744073709551615,"wall_ns":-5}\n'
+            b'{"type":"loss","ts":18446744073709551615,"since_ts":-1,"reason":"map_full","count":1}\n'
+            b'{"type":"rate","ts":-9223372036854775808,"sample_every":2}\n')
+    for args in (["--no-wait"], ["--no-wait", "-b", "+1s"], ["--speed", "1e18"]):
+        code, out, err = run_cli(args, data)
+        assert code == 0, (args, err)
+        recs = [json.loads(x) for x in out.splitlines()]
+        assert recs[-1]["type"] == "end" and "ts" not in recs[-1]
+
+
+def test_a_byte_order_mark_starts_each_file(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_bytes(b"\xef\xbb\xbf" + META + EV)
+    b.write_bytes(b"\xef\xbb\xbf" + META + EV + b"\xef\xbb\xbf" + EV)  # not at the start: a bad line
+    code, out, err = run_cli(["--no-wait", str(a), str(b)], b"")
+    assert code == 0
+    assert err == f"pstate replay: warning: skipped 1 line: not valid JSON (first at {b}:3)\n"
+    assert out.count(b'"replayed":true') == 2 and out.count(b'"type":"state"') == 2
+
+
+def test_a_cut_in_an_earlier_file_stays_reported(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_bytes(META + EV[:30])
+    b.write_bytes(META + EV.rstrip(b"\n"))  # complete, without a final newline
+    code, out, err = run_cli(["--no-wait", str(a), str(b)], b"")
+    assert (code, err) == (0, f"pstate replay: warning: truncated final record at {a}: byte {len(META)}, line 2\n")
+    assert out.count(b'"type":"state"') == 1
+
+
+@pytest.mark.parametrize("args", [["-b", "+99999999999h"], ["-e", "+9999999999999999999s"], ["-b", "@99999999999999"]])
+def test_window_bounds_far_outside_the_recording_are_written_in_range(args):
+    data = b'{"type":"meta","schema":1,"ts":1000,"wall_ns":1764500000000000000}\n' + EV.replace(b'"ts":1,', b'"ts":1001,')
+    code, out, err = run_cli(["--no-wait", *args], data)
+    assert code == 0, err
+    meta = json.loads(out.splitlines()[0])
+    assert 0 <= meta.get("replay_begin_ts", 0) <= 2**63 and 0 <= meta.get("replay_end_ts", 0) <= 2**63

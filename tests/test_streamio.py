@@ -65,6 +65,16 @@ def test_types_filter_and_blank_lines(tmp_path):
     (b'{"type":"state","ts":1.5,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n', 'bad or missing "ts"'),
     (b'{"type":"state","ts":18446744073709551616,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n',
      'bad or missing "ts"'),
+    # integers are valid below 2**63 only, in every reader (int64 arithmetic)
+    (b'{"type":"state","ts":9223372036854775808,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b"}\n',
+     'bad or missing "ts"'),
+    (b'{"type":"state","ts":1,"cpu":18446744073709551615,"pid":1,"tid":1,"from":"a","to":"b"}\n',
+     'bad or missing "cpu"'),
+    (b'{"type":"fork","ts":1,"cpu":0,"pid":9223372036854775808,"tid":1}\n', 'bad or missing "pid"'),
+    (b'{"type":"exit","ts":1,"cpu":0,"pid":1,"tid":9223372036854775808}\n', 'bad or missing "tid"'),
+    (b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":"a","to":"b","dur_ns":9223372036854775808}\n',
+     'bad "dur_ns"'),
+    (b'{"type":"loss","ts":1,"reason":"ringbuf_full","count":9223372036854775808}\n', "bad loss record"),
     (b'{"type":"state","ts":1,"cpu":true,"pid":1,"tid":1,"from":"a","to":"b"}\n', 'bad or missing "cpu"'),
     (b'{"type":"exit","ts":1,"cpu":0,"tid":1}\n', 'bad or missing "pid"'),
     (b'{"type":"fork","ts":1,"cpu":0,"pid":1,"tid":null}\n', 'bad or missing "tid"'),
@@ -260,7 +270,7 @@ def test_line_writer_to_stdout_flushes_when_unbuffered(monkeypatch):
 
 def test_line_writer_round_trip(tmp_path):
     recs = [{"type": "meta", "schema": 1, "states": schema.state_vocabulary()},
-            {"type": "state", "ts": 2**64 - 1, "cpu": 0, "pid": 1, "tid": 1, "comm": 'q"\\\n\u2603',
+            {"type": "state", "ts": 2**63 - 1, "cpu": 0, "pid": 1, "tid": 1, "comm": 'q"\\\n\u2603',
              "from": "a", "to": "b", "dur_ns": None}]
     out = tmp_path / "rt.jsonl"
     w = LineWriter(str(out))
@@ -320,3 +330,23 @@ def test_a_cut_in_an_earlier_file_stays_reported(tmp_path):
     recs = list(read_records([a, b], st_))
     assert [r.get("ts") for r in recs] == [1, 2]
     assert st_.truncated_tail == f"{a}: byte {len(META)}, line 2"
+
+
+def test_largest_valid_integer_is_2_to_the_63_minus_1():
+    big = 2**63 - 1
+    assert check_record({"type": "state", "ts": big, "cpu": big, "pid": big, "tid": big, "from": "a", "to": "b",
+                         "dur_ns": big}) is None
+    assert check_record({"type": "loss", "ts": 1, "reason": "map_full", "count": big}) is None
+
+
+def test_a_byte_order_mark_at_the_start_of_each_file_is_dropped(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    a = write(tmp_path, bom + META + STATE % 1, "a.jsonl")
+    b = write(tmp_path, bom + META + (STATE % 2)[:30], "b.jsonl")
+    st_ = ReadStats()
+    recs = list(read_records([a, b], st_, strict=False))
+    assert [r["type"] for r in recs] == ["meta", "state", "meta"]
+    assert st_.n_skipped == 0 and len(st_.metas) == 2
+    assert st_.truncated_tail == f"{b}: byte {len(bom + META)}, line 2"  # offsets count the mark
+    only = write(tmp_path, bom + b"\n" + META, "c.jsonl")
+    assert [r["type"] for r in read(only)[0]] == ["meta"]

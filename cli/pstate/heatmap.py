@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pstate import schema
 from pstate.filters import Filter
-from pstate.streamio import ReadStats, read_records
+from pstate.streamio import MAX_INT, ReadStats, read_records
 
 # --- state vocabulary as indices --------------------------------------------
 
@@ -45,6 +45,10 @@ BUSY = NSTATES  # extra slot in every cell: the sum of the "busy" states
 BACKGROUND = frozenset({"sleeping", "idle", "parked", schema.UNKNOWN, schema.REAPED})
 IS_BUSY: tuple[bool, ...] = tuple(name not in BACKGROUND for name in STATE_NAMES)
 REAPED_IDX = STATE_INDEX[schema.REAPED]
+
+
+def _valid_int(v) -> bool:
+    return type(v) is int and 0 <= v < MAX_INT
 
 
 def state_index(name) -> int:
@@ -220,17 +224,19 @@ class Tracker:
                 if self.by != "comm":
                     self.comm[key] = comm
         elif t == "meta":
+            # Only event times are checked by the reader; these go into int64
+            # arrays too, so they follow the same policy (0 <= v < 2**63).
             ts = rec.get("ts")
-            if type(ts) is int and (self.start_ts is None or ts < self.start_ts):
+            if _valid_int(ts) and (self.start_ts is None or ts < self.start_ts):
                 self.start_ts = ts
                 w = rec.get("wall_ns")
-                self.wall_ns = w if type(w) is int else None
+                self.wall_ns = w if _valid_int(w) else None
             h = rec.get("host")
             if isinstance(h, str) and h not in self.hosts:
                 self.hosts.append(h)
         elif t == "end":
             ts = rec.get("ts")
-            if type(ts) is int and (self.end_ts is None or ts > self.end_ts):
+            if _valid_int(ts) and (self.end_ts is None or ts > self.end_ts):
                 self.end_ts = ts
         elif t == "rate":
             n = rec.get("sample_every")
@@ -694,8 +700,7 @@ def read_snapshot_dir(directory: str, stats: ReadStats, strict: bool = False) ->
 
 def _valid_task(rec: dict) -> bool:
     for f in ("pid", "tid", "ts"):
-        v = rec.get(f)
-        if type(v) is not int or v < 0:
+        if not _valid_int(rec.get(f)):
             return False
     for f in STATE_FIELDS:
         v = rec.get(f, 0)

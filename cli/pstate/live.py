@@ -33,7 +33,7 @@ from pstate import heatrender as hr
 from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.streamio import MAX_LINE, ReadStats, check_record, check_schema
+from pstate.streamio import BOM, MAX_INT, MAX_LINE, ReadStats, check_record, check_schema
 
 CHUNK = 1 << 17
 # Transitions into these states are the bulk of a stream; they may be skipped.
@@ -43,7 +43,6 @@ ALT_ON, ALT_OFF = "\x1b[?1049h", "\x1b[?1049l"
 CUR_HIDE, CUR_SHOW = "\x1b[?25l", "\x1b[?25h"
 HOME, CLEAR_EOL, CLEAR_EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 MAX_SAMPLE = 1 << 12
-_MAX_INT = 1 << 64
 
 
 @dataclass
@@ -97,13 +96,23 @@ class Feeder:
         self.strict = strict
         self.tail = b""
         self.discarding = False  # inside an over-long line
+        self.at_start = True  # a byte order mark may come first
+        self.total = 0  # bytes received
         self.k = 1
         self.n = 0  # lines seen
         self.parsed = 0
 
     def feed(self, data: bytes) -> None:
+        self.total += len(data)
         if self.tail:
             data = self.tail + data
+        if self.at_start:
+            if len(data) < 3 and BOM.startswith(data):
+                self.tail = data  # too early to tell
+                return
+            self.at_start = False
+            if data.startswith(BOM):
+                data = data[3:]
         lines = data.split(b"\n")
         tail = lines.pop()
         if self.discarding:
@@ -158,10 +167,10 @@ class Feeder:
                 comm = rec.get("comm")
                 if (type(ts) is int and type(pid) is int and type(tid) is int and type(cpu) is int
                         and type(frm) is str and type(to) is str
-                        and (dur is None or (type(dur) is int and 0 <= dur < _MAX_INT))
+                        and (dur is None or (type(dur) is int and 0 <= dur < MAX_INT))
                         and (comm is None or type(comm) is str)
-                        and 0 <= ts < _MAX_INT and 0 <= pid < _MAX_INT and 0 <= tid < _MAX_INT
-                        and 0 <= cpu < _MAX_INT):
+                        and 0 <= ts < MAX_INT and 0 <= pid < MAX_INT and 0 <= tid < MAX_INT
+                        and 0 <= cpu < MAX_INT):
                     parsed += 1
                     if filt is not None:
                         if not filt.match(rec):
@@ -192,11 +201,22 @@ class Feeder:
         self.n = n
 
     def finish(self) -> None:
-        """End of input: a last line without a newline may be a record."""
+        """End of input: a last line without a newline may be a record, or
+        the truncated final record, reported as streamio does."""
         if self.tail and not self.discarding:
             tail, self.tail = self.tail, b""
+            if tail.strip() and not self.at_start:
+                try:
+                    orjson.loads(tail)
+                except orjson.JSONDecodeError:
+                    n = self.n + 1
+                    if self.strict:
+                        raise PstateError(f"{self.name}:{n}: truncated record", ExitCode.DATAERR) from None
+                    self.stats.truncated_tail = f"{self.name}: byte {self.total - len(tail)}, line {n}"
+                    self.stats.lines += 1
+                    self.n = n
+                    return
             self.feed(tail + b"\n")
-            self.stats.truncated_tail = None
 
     def _bad(self, why: str, n: int) -> None:
         where = f"{self.name}:{n}"

@@ -7,13 +7,15 @@ without being buffered, a newer schema is refused.
 
 Speed: a line is parsed only when something must be decided about it. With
 --no-wait, no filter, no window and no --strict, runs of lines are checked
-with a few byte counts (each line starts like an event record, ends with "}"
-and holds no second record start) and written as they are; only lines that
-fail the check (meta, loss, end, damaged lines) are parsed one by one.
+with a few byte counts (each line starts like an event record, ends with "}",
+holds no second record start and no NUL, is shorter than 2 KiB, and the run
+is valid UTF-8) and written as they are; only lines that fail the check
+(meta, loss, end, damaged lines) are parsed one by one.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 import time
@@ -24,18 +26,31 @@ import orjson
 from pstate import __version__, schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.streamio import MAX_LINE, LineWriter, ReadStats, check_record, check_schema, open_input
+from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, open_input
 from pstate.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
 
 BLOCK = 1 << 18  # bytes per read
 FAST_MIN = 1 << 12  # runs shorter than this that fail the quick check are parsed line by line
+_PROBE = 1 << 10  # the quick check passes lines shorter than twice this (see event_lines)
 OUT_BATCH = 1 << 16  # bytes of pending output that trigger a write
 SLACK_NS = 1_000_000  # a record due sooner than this is written without sleeping
 
 _EVENT_STARTS = tuple(b'\n{"type":"%s",' % t.encode() for t in schema.EVENT_TYPES)
 _RECORD_START = b'{"type":"'
 _EVENT_TYPES = frozenset(schema.EVENT_TYPES)
-_MAX_INT = 1 << 64
+
+
+def _valid_ts(v) -> int | None:
+    """v when it is a timestamp the policy accepts, else None: the ts of meta,
+    loss, end and other records is not checked by check_record, and a value
+    outside int64 must not reach the pacer or the end trailer."""
+    return v if type(v) is int and 0 <= v < MAX_INT else None
+
+
+def _anchor(meta: dict, start_key: str = "ts") -> Anchor | None:
+    """Anchor.from_meta with times outside the integer policy treated as
+    absent, so window bounds derived from them stay in range."""
+    return Anchor.from_meta({k: _valid_ts(meta.get(k)) for k in ("ts", "wall_ns", start_key)}, start_key)
 
 
 def _event_ok(rec: dict) -> bool:
@@ -44,14 +59,14 @@ def _event_ok(rec: dict) -> bool:
     asks check_record (for the reason, or because this was too cautious)."""
     g = rec.get
     ts, cpu, pid, tid, comm = g("ts"), g("cpu"), g("pid"), g("tid"), g("comm")
-    # For ints, the OR is >= 0 and < 2**64 exactly when each of them is.
-    if not (type(ts) is type(cpu) is type(pid) is type(tid) is int and 0 <= (ts | cpu | pid | tid) < _MAX_INT
+    # For ints, the OR is >= 0 and < 2**63 exactly when each of them is.
+    if not (type(ts) is type(cpu) is type(pid) is type(tid) is int and 0 <= (ts | cpu | pid | tid) < MAX_INT
             and (comm is None or type(comm) is str)):
         return False
     if g("type") == "state":
         d = g("dur_ns")
         return (type(g("from")) is str and type(g("to")) is str
-                and (d is None or (type(d) is int and 0 <= d < _MAX_INT)))
+                and (d is None or (type(d) is int and 0 <= d < MAX_INT)))
     return True
 
 
@@ -165,8 +180,13 @@ def event_lines(buf: bytes, s: int, e: int) -> int:
     ({"type":"<event type>",), every line that starts a record starts an
     event record, every newline after "}" is followed by a record start (or
     ends the run), every record start follows "}" and a newline, and no
-    record starts inside a line (as a torn write would leave). What lies
-    between a record's start and its "}" is not checked.
+    record starts inside a line (as a torn write would leave). The bytes
+    between a record's start and its "}" are not parsed, but the run is
+    valid UTF-8 and holds no NUL (a crash can leave zeroed pages), and every
+    line is shorter than 2 * _PROBE bytes: nesting deeper than orjson's limit
+    (1024) takes at least 2050. Other damage inside a well-framed line (a
+    token such as NaN or 1e400, a control character in a string) is not seen
+    here; readers downstream skip such lines.
     """
     if buf[e - 2:e] != b"}\n" or buf[s:s + 9] != _RECORD_START:
         return -1
@@ -179,6 +199,19 @@ def event_lines(buf: bytes, s: int, e: int) -> int:
             return -1
     if buf.count(b"}\n", s, e) != k or buf.count(b'}\n{"type":"', s, e) != k - 1:
         return -1
+    if buf.find(b"\0", s, e) >= 0:  # memchr: nearly free
+        return -1
+    if not buf.isascii():  # the whole read at C speed; decode only a rare non-ASCII run
+        try:
+            codecs.utf_8_decode(memoryview(buf)[s:e], "strict", True)
+        except UnicodeDecodeError:
+            return -1
+    # A newline in every window of _PROBE bytes starting at s + i * _PROBE: a line
+    # of 2 * _PROBE bytes or more holds a whole window. One memchr per 1 KiB.
+    find = buf.find
+    for p in range(s, e - _PROBE + 1, _PROBE):
+        if find(b"\n", p, p + _PROBE) < 0:
+            return -1
     return k
 
 
@@ -227,6 +260,7 @@ class Replayer:
         self.pending_bytes = 0
         self.name = ""
         self.lineno = 0
+        self.earlier_tail: str | None = None
         self.mode = "stream"
 
     # --- signals: end at the next safe point ------------------------------
@@ -295,6 +329,7 @@ class Replayer:
     def play(self, path: str, snapshot: bool = False) -> None:
         self.name = "<stdin>" if path == "-" else path
         self.lineno = 0
+        self.earlier_tail = self.stats.truncated_tail  # an earlier file's cut stays reported
         self.mode = "snap" if snapshot else "stream"
         self.skip_file = False
         fp = open_input(path)
@@ -312,6 +347,13 @@ class Replayer:
 
         try:
             for offset, buf, s, e in iter_blocks(interruptible_read, self._overlong, max_line=self.max_line):
+                if offset == 0 and buf.startswith(BOM, s):
+                    # The first block is the first line alone: drop the byte order
+                    # mark some editors write, keeping buf[s - 1] a newline.
+                    buf = b"\n" + buf[s + 3:e]
+                    offset, s, e = 3, 1, len(buf)
+                    if e == 1:
+                        continue
                 if self.fast and self.mode == "stream" and buf[e - 1:e] == b"\n":
                     self._fast_range(buf, s, e)
                 else:
@@ -339,8 +381,8 @@ class Replayer:
             self.stats.records += n
             last = buf.rfind(b"\n", s - 1, e - 1) + 1
             try:
-                ts = orjson.loads(buf[last:e]).get("ts")
-                if type(ts) is int and (self.last_ts is None or ts > self.last_ts):
+                ts = _valid_ts(orjson.loads(buf[last:e]).get("ts"))
+                if ts is not None and (self.last_ts is None or ts > self.last_ts):
                     self.last_ts = ts
             except (orjson.JSONDecodeError, AttributeError):
                 pass
@@ -393,7 +435,8 @@ class Replayer:
                         self.lineno = base + k
                         self._skip("not valid JSON")
                     continue
-                if quick and type(rec) is dict and rec.get("type") in _EVENT_TYPES and _event_ok(rec):
+                if (quick and type(rec) is dict and type(rec.get("type")) is str and rec["type"] in _EVENT_TYPES
+                        and _event_ok(rec)):
                     records += 1
                     event(rec, line)
                 else:
@@ -417,7 +460,7 @@ class Replayer:
             if self.strict:
                 raise PstateError(f"{self.name}:{self.lineno}: truncated record", ExitCode.DATAERR) from None
             return  # reported as the truncated final record
-        self.stats.truncated_tail = None
+        self.stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         self._checked(rec, line + b"\n")
 
     def _checked(self, rec, line: bytes) -> None:
@@ -449,8 +492,8 @@ class Replayer:
         check_schema(meta, self.name)
         self.stats.metas.append(meta)
         snap = self.mode == "snap"
-        anchor = Anchor.from_meta(meta, "interval_start_ts" if snap else "ts")
-        ts = meta.get("ts") if type(meta.get("ts")) is int else None
+        anchor = _anchor(meta, "interval_start_ts" if snap else "ts")
+        ts = _valid_ts(meta.get("ts"))
         self.seg_bound = False
         if anchor is not None:
             self._place(anchor)
@@ -501,7 +544,10 @@ class Replayer:
         if self.window.active:
             if self.bound is None:
                 self.bound = self.window.bind(anchor)
-            self.begin_ts, self.end_ts = self.bound.for_recording(anchor)
+            # Clamped to [0, 2**63]: the same selection for every valid ts, and
+            # bounds orjson can write into the meta line (-b +99999999999h).
+            self.begin_ts, self.end_ts = (None if t is None else min(max(t, 0), MAX_INT)
+                                          for t in self.bound.for_recording(anchor))
         self.seg_bound = True
 
     def _inside(self, ts: int) -> bool:
@@ -509,9 +555,10 @@ class Replayer:
                     or (self.end_ts is not None and ts >= self.end_ts))
 
     def _timed(self, ts) -> None:
+        ts = _valid_ts(ts)
         if not self.header:
-            self._start_headless(ts if type(ts) is int else None)
-        elif not self.seg_bound and type(ts) is int:
+            self._start_headless(ts)
+        elif not self.seg_bound and ts is not None:
             self._place(Anchor(ts))  # a meta without a ts: the recording starts here
 
     def _event(self, rec: dict, line: bytes) -> None:
@@ -541,26 +588,27 @@ class Replayer:
             self.last_ts = ts
 
     def _loss(self, rec: dict, line: bytes) -> None:
-        ts, since = rec.get("ts"), rec.get("since_ts")
+        ts, since = _valid_ts(rec.get("ts")), _valid_ts(rec.get("since_ts"))
         self._timed(ts)
         # A loss record covers [since_ts, ts]: keep it when that overlaps the window.
-        if type(ts) is int and self.begin_ts is not None and ts < self.begin_ts:
+        if ts is not None and self.begin_ts is not None and ts < self.begin_ts:
             return
-        start = since if type(since) is int else ts
-        if type(start) is int and self.end_ts is not None and start >= self.end_ts:
+        start = since if since is not None else ts
+        if start is not None and self.end_ts is not None and start >= self.end_ts:
             return
         self._out(line)
         reason = rec["reason"]
-        self.lost[reason] = self.lost.get(reason, 0) + rec["count"]
-        if type(ts) is int and (self.last_ts is None or ts > self.last_ts):
+        # Saturating: each count is below 2**63, their sum need not be.
+        self.lost[reason] = min(self.lost.get(reason, 0) + rec["count"], MAX_INT - 1)
+        if ts is not None and (self.last_ts is None or ts > self.last_ts):
             self.last_ts = ts
 
     def _other(self, rec: dict, line: bytes) -> None:
         # rate records, snapshot rows and types of a later format version. Before
         # the window they still say what is in force (e.g. sampling), so keep them.
-        ts = rec.get("ts")
+        ts = _valid_ts(rec.get("ts"))
         self._timed(ts)
-        if type(ts) is int and self.mode == "stream":
+        if ts is not None and self.mode == "stream":
             if self.end_ts is not None and ts >= self.end_ts:
                 return
             if self.last_ts is None or ts > self.last_ts:
@@ -575,7 +623,7 @@ class Replayer:
         end: dict = {"type": "end"}
         if self.last_ts is not None:
             end["ts"] = self.last_ts
-        end.update(reason=reason, events=self.events, lost=sum(self.lost.values()))
+        end.update(reason=reason, events=self.events, lost=min(sum(self.lost.values()), MAX_INT - 1))
         for r in (*schema.LOSS_REASONS, *sorted(set(self.lost) - set(schema.LOSS_REASONS))):
             end[f"lost_{r}"] = self.lost.get(r, 0)
         if self.last_ts is not None and self.seg_start is not None:
@@ -597,7 +645,7 @@ class Replayer:
             parts.append(f"until {self.window.end.text}")
         span = f"ts {self.seen[0]} .. {self.seen[1]}"
         if len(self.stats.metas) == 1:
-            a = Anchor.from_meta(self.stats.metas[0])
+            a = _anchor(self.stats.metas[0])
             if a is not None and a.has_wall:
                 span = f"{fmt_wall(a.wall_of(self.seen[0]))} .. {fmt_wall(a.wall_of(self.seen[1]))}"
         return f"no events {' '.join(parts)}; the events read span {span}"

@@ -496,7 +496,10 @@ def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: i
     if problems and strict:
         code = int(ExitCode.DATAERR)
     if not snaps:
-        raise PstateError(f"no complete snapshots in {', '.join(paths)}", ExitCode.NOINPUT,
+        # Files that were read but hold no snapshot are bad input; an empty directory is no input.
+        bad = problems or stats.n_skipped or stats.records or stats.truncated_tail
+        raise PstateError(f"no complete snapshots in {', '.join(paths)}",
+                          ExitCode.DATAERR if bad else ExitCode.NOINPUT,
                           hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --out DIR)")
     rep = analyse(snaps, by=group_by, min_run=min_run)
     if rep["truncated"]:

@@ -22,7 +22,11 @@ MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
 _CHUNK = 1 << 16
 
 _INT_FIELDS = ("ts", "cpu", "pid", "tid")
-_MAX_INT = 1 << 64
+# Integers in ts, cpu, pid, tid, dur_ns and count must be 0 <= v < 2**63: every
+# reader keeps them in int64 arithmetic (arrays, sums, differences), and a
+# reader that accepted a value another rejects would disagree on the counts.
+MAX_INT = 1 << 63
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which orjson rejects
 
 
 @dataclass
@@ -166,7 +170,7 @@ def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_L
 
 
 def _valid_int(v) -> bool:
-    return type(v) is int and 0 <= v < _MAX_INT
+    return type(v) is int and 0 <= v < MAX_INT
 
 
 def check_record(rec) -> str | None:
@@ -224,6 +228,8 @@ def read_records(
         fp = open_input(src)
         try:
             for line, lineno in iter_lines(fp, name, stats, max_line):
+                if lineno == 1 and line[:3] == BOM:
+                    line = line[3:]  # written by some editors; the meta line must not be lost
                 if not line.strip():
                     continue
                 try:

@@ -40,7 +40,7 @@ import orjson
 from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.latency import LogHist, bucket_index
-from pstate.streamio import MAX_LINE, ReadStats, check_record, check_schema, open_input
+from pstate.streamio import MAX_INT, MAX_LINE, ReadStats, check_record, check_schema, open_input
 
 BY_KEYS = ("pid", "tid", "comm")
 LIFECYCLE = ("fork", "exec", "exit")
@@ -587,7 +587,7 @@ class LineDigester:
                         and type(frm) is str and type(to) is str
                         and (comm is None or type(comm) is str)
                         and (d is None or type(d) is int)
-                        and (ts | pid | tid | cpu | (d or 0)) >= 0):
+                        and 0 <= (ts | pid | tid | cpu | (d or 0)) < MAX_INT):
                     raise ValueError
             except Exception:
                 # Anything but a well-formed state record: the careful way.
