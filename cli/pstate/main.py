@@ -4,7 +4,6 @@ stats, heat and replay never import bcc and work without root."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
@@ -41,7 +40,9 @@ class LazyGroup(click.Group):
         except BrokenPipeError:
             # A closed output pipe (`pstate ... | head`) is a normal end, not
             # an error; click would otherwise turn it into exit status 1.
-            _quiet_stdout()
+            from pstate.streamio import silence_stdout
+
+            silence_stdout()
             ctx.exit(ExitCode.OK)
 
     def shell_complete(self, ctx, incomplete):
@@ -87,15 +88,6 @@ def cli():
     """
 
 
-def _quiet_stdout() -> None:
-    # The Python docs' note on SIGPIPE: point stdout at /dev/null so the
-    # interpreter's final flush cannot raise again.
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
 
 def main() -> None:
     try:
@@ -114,7 +106,9 @@ def main() -> None:
             sys.exit(rv)
     except BrokenPipeError:
         # A closed output pipe (`pstate ... | head`) is a normal end, not an error.
-        _quiet_stdout()
+        from pstate.streamio import silence_stdout
+
+        silence_stdout()
         sys.exit(ExitCode.OK)
     except SystemExit:
         raise

@@ -281,6 +281,18 @@ def check_schema(meta: dict, name: str) -> None:
 # --- writing --------------------------------------------------------------
 
 
+def silence_stdout() -> None:
+    """After the reader of stdout went away (`pstate ... | head`): point stdout
+    at /dev/null so later flushes, and the interpreter's last one, cannot
+    raise again (the Python docs' note on SIGPIPE)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+
 class LineWriter:
     """Writes JSON lines to stdout or a file.
 

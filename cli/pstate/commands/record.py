@@ -17,7 +17,7 @@ from pstate.filters import Filter
 from pstate.kstates import KernelStates, read_kernel_states
 from pstate.meta import meta_record
 from pstate.options import filter_options, output_options
-from pstate.streamio import LineWriter
+from pstate.streamio import LineWriter, silence_stdout
 
 EPILOG = """\b
 Examples:
@@ -333,7 +333,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             code = ExitCode.LOSS
     except BrokenPipeError:
         # The reader went away (`pstate record | head`): a normal end.
-        _silence_stdout()
+        silence_stdout()
     except OSError as e:
         raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}", ExitCode.IOERR)
     finally:
@@ -343,13 +343,6 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     if code:
         sys.exit(int(code))
 
-
-def _silence_stdout():
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 def _fallback_states() -> KernelStates:

@@ -14,7 +14,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
 from pstate.options import filter_options, input_options, output_options
 from pstate.replayer import Replayer
-from pstate.streamio import LineWriter, ReadStats
+from pstate.streamio import LineWriter, ReadStats, silence_stdout
 from pstate.timewindow import TimePointType, Window, WindowError
 
 PROG = "pstate replay"
@@ -75,14 +75,6 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _silence_stdout() -> None:
-    # The reader went away: later flushes (and the interpreter's last one) go nowhere.
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), metavar="N",
@@ -135,7 +127,7 @@ def cli(speed, no_wait, begin, end, filt: Filter, output, unbuffered, files, str
     except BrokenPipeError:
         # `pstate replay rec.jsonl | head`: the reader has all it wanted.
         if not writer.owned:
-            _silence_stdout()
+            silence_stdout()
         return
     except OSError as e:
         raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}",
