@@ -72,7 +72,7 @@ def state_category(name: str) -> str:
 CAUSES = {
     "switch_out": "sched_switch: the task left the CPU (from is running)",
     "switch_in": "sched_switch: the task got a CPU (to is running); dur_ns is its run-queue wait",
-    "wakeup": "sched_wakeup: a blocked task became runnable; dur_ns is the time it was blocked",
+    "wakeup": "sched_waking: a blocked task is being woken (runnable from now); dur_ns is the time it was blocked",
     "wakeup_new": "sched_wakeup_new: a new task became runnable for the first time",
     "reap": "sched_process_free: the kernel freed the task (after zombie or dead)",
 }
@@ -142,7 +142,7 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "prev_tid": ("int?", "switch_in: the thread that left the CPU"),
             "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt or unknown)"),
             "waker_pid": ("int?", "wakeup: process of the waker"),
-            "target_cpu": ("int?", "wakeup: CPU whose run queue the task was put on"),
+            "target_cpu": ("int?", "wakeup: the task's CPU when woken (it last ran there; the kernel then picks its run queue)"),
         },
     ),
     "fork": (
