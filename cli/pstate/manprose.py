@@ -24,7 +24,8 @@ OVERHEAD_FIGURES = {
     "record_kernel_ns": "730 ns",  # BPF run time per context switch (bpf_stats_enabled)
     "record_user_us": "2 us",  # CPU per event written (py-spy, storm)
     "record_max_rate": "490,000",  # events/s one free CPU can write
-    "record_zero_loss": "200,000 transitions a second (loss began at 300,000)",
+    "record_zero_loss": "436,000 transitions a second, the most the benchmark's generator produced "
+                        "(on a quiet machine; 200,000 while other work loaded the reader's CPU)",
     "snap_ratio": "0.87",
     "snap_ns_per_event": "450 ns",
     "stats_events_per_s": "150,000 to 230,000",  # bench/readers.py, /usr/bin/time on 1M events
