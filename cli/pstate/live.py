@@ -33,7 +33,7 @@ from pstate import heatrender as hr
 from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.streamio import BOM, MAX_INT, MAX_LINE, ReadStats, check_record, check_schema
+from pstate.streamio import BOM, MAX_INT, MAX_LINE, ReadStats, check_record
 
 CHUNK = 1 << 17
 # Transitions into these states are the bulk of a stream; they may be skipped.
@@ -184,16 +184,8 @@ class Feeder:
                 self._bad(why, n)
                 continue
             parsed += 1
-            t = rec["type"]
-            if t == "meta":
-                check_schema(rec, self.name)
-                stats.metas.append(rec)
-            elif t == "loss":
-                r = rec["reason"]
-                stats.loss[r] = stats.loss.get(r, 0) + rec["count"]
+            if stats.note(rec, self.name) == "loss":
                 continue
-            elif t == "end":
-                stats.ends.append(rec)
             model.feed(rec, weight)
         stats.lines += n - self.n
         stats.records += parsed

@@ -105,6 +105,23 @@ def ensure_tracefs() -> str:
     )
 
 
+def kernel_states(ebpf_only: bool = False) -> kstates.KernelStates:
+    """The running kernel's prev_state decoding, mounting tracefs if needed.
+
+    ebpf_only (--ebpf prints the program without loading it): where tracefs
+    cannot be read, fall back to the letters of current kernels.
+    """
+    try:
+        return kstates.read_kernel_states()
+    except (OSError, ValueError):
+        if ebpf_only:
+            return kstates.KernelStates(report_mask=0xFF, preempt_bit=0x100, letters={
+                1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
+        check_privileges()
+        ensure_tracefs()
+        return kstates.read_kernel_states()
+
+
 def missing_tracepoints(tracefs: str, names: Iterable[str] = TRACEPOINTS) -> list[str]:
     return [n for n in names if not os.path.exists(os.path.join(tracefs, "events", n, "format"))]
 
@@ -330,8 +347,9 @@ class RingReader:
             self.prod.close()
 
 
-def seed_tasks() -> Iterable[tuple[int, int, str]]:
-    """(tgid, tid, state letter) of every thread alive now, from /proc."""
+def seed_tasks() -> Iterable[tuple[int, int, str, bytes, int]]:
+    """(tgid, tid, state letter, comm, start time in clock ticks since boot) of
+    every thread alive now, from /proc/<pid>/task/<tid>/stat."""
     for pid_dir in os.scandir("/proc"):
         if not pid_dir.name.isdigit():
             continue
@@ -344,8 +362,11 @@ def seed_tasks() -> Iterable[tuple[int, int, str]]:
             try:
                 with open(f"/proc/{tgid}/task/{t}/stat", "rb") as f:
                     data = f.read()
-                # the state letter follows the last ')' of the comm field
-                letter = chr(data[data.rindex(b")") + 2])
+                # comm may hold ')' and spaces: the fields follow its last ')'
+                close = data.rindex(b")")
+                comm = data[data.index(b"(") + 1:close]
+                fields = data[close + 2:].split()
+                # fields[0] is field 3 (state); starttime is field 22
+                yield tgid, int(t), chr(fields[0][0]), comm[:15], int(fields[19])
             except (OSError, ValueError, IndexError):
                 continue
-            yield tgid, int(t), letter

@@ -36,15 +36,29 @@ def _apply(fn, decorators):
     return fn
 
 
-def filter_options(fn):
-    """-p/-t/-c/--state/--min-dur/--cpu/--include-idle, giving a `filt` Filter."""
-    decorators = [
+def _task_filters() -> list:
+    return [
         click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
                      help="Only this process (tgid) and its threads. Repeatable."),
         click.option("-t", "--tid", "tids", type=int, multiple=True, metavar="TID",
                      help="Only this thread. Repeatable."),
         click.option("-c", "--comm", "comms", multiple=True, metavar="COMM",
                      help="Only tasks with this exact name (comm, 15 bytes). Repeatable."),
+        click.option("--include-idle", is_flag=True,
+                     help="Also include the per-CPU idle tasks (tid 0), excluded by default."),
+    ]
+
+
+def task_filter_options(fn):
+    """-p/-t/-c/--include-idle alone, as pids, tids, comms and include_idle
+    (for commands whose --state means something else)."""
+    return _apply(fn, _task_filters())
+
+
+def filter_options(fn):
+    """-p/-t/-c/--state/--min-dur/--cpu/--include-idle, giving a `filt` Filter."""
+    task = _task_filters()
+    decorators = task[:3] + [
         click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
                      help="Only transitions into or out of this state (name or kernel letter, "
                           "e.g. D, stopped, preempted). Repeatable."),
@@ -52,9 +66,7 @@ def filter_options(fn):
                      help="Only transitions whose left state lasted at least this long, e.g. 5ms."),
         click.option("--cpu", "cpus", type=click.IntRange(0, 4095), multiple=True, metavar="CPU",
                      help="Only events on this CPU. Repeatable."),
-        click.option("--include-idle", is_flag=True,
-                     help="Also report the per-CPU idle tasks (tid 0), excluded by default."),
-    ]
+    ] + task[3:]
 
     @functools.wraps(fn)  # keeps the options declared below this bundle
     def wrapper(**kw):

@@ -50,6 +50,22 @@ class ReadStats:
     def n_skipped(self) -> int:
         return sum(self.skipped.values())
 
+    def note(self, rec: dict, name: str) -> str:
+        """Collect a valid record's meta, loss and end information; return its type.
+
+        A meta record of a newer schema raises PstateError (exit 65).
+        """
+        t = rec["type"]
+        if t == "meta":
+            check_schema(rec, name)
+            self.metas.append(rec)
+        elif t == "loss":
+            r = rec["reason"]
+            self.loss[r] = self.loss.get(r, 0) + rec["count"]
+        elif t == "end":
+            self.ends.append(rec)
+        return t
+
     @property
     def lost(self) -> int:
         return sum(self.loss.values())
@@ -250,15 +266,7 @@ def read_records(
                     continue
                 if line[-1:] != b"\n":
                     stats.truncated_tail = earlier_tail  # the last line was complete after all
-                t = rec["type"]
-                if t == "meta":
-                    check_schema(rec, name)
-                    stats.metas.append(rec)
-                elif t == "loss":
-                    r = rec["reason"]
-                    stats.loss[r] = stats.loss.get(r, 0) + rec["count"]
-                elif t == "end":
-                    stats.ends.append(rec)
+                t = stats.note(rec, name)
                 stats.records += 1
                 if types is None or t in types:
                     yield rec

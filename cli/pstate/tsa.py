@@ -40,7 +40,7 @@ import orjson
 from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.latency import LogHist, bucket_index
-from pstate.streamio import MAX_INT, MAX_LINE, ReadStats, check_record, check_schema, open_input
+from pstate.streamio import MAX_INT, MAX_LINE, ReadStats, check_record, open_input
 
 BY_KEYS = ("pid", "tid", "comm")
 LIFECYCLE = ("fork", "exec", "exit")
@@ -672,15 +672,7 @@ class LineDigester:
             return
         if not terminated:
             stats.truncated_tail = None
-        t = rec["type"]
-        if t == "meta":
-            check_schema(rec, self.name)
-            stats.metas.append(rec)
-        elif t == "loss":
-            r = rec["reason"]
-            stats.loss[r] = stats.loss.get(r, 0) + rec["count"]
-        elif t == "end":
-            stats.ends.append(rec)
+        stats.note(rec, self.name)
         stats.records += 1
         self.agg.add_record(rec)
 

@@ -16,7 +16,7 @@ from pstate import schema
 from pstate.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.options import StateName
+from pstate.options import StateName, task_filter_options
 from pstate.streamio import ReadStats, read_records
 
 UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
@@ -68,21 +68,6 @@ class MeasureChoice(click.Choice):
             raise
 
 
-def _task_filter_options(fn):
-    for d in reversed([
-        click.option("-p", "--pid", "pids", type=int, multiple=True, metavar="PID",
-                     help="Only this process (tgid) and its threads. Repeatable."),
-        click.option("-t", "--tid", "tids", type=int, multiple=True, metavar="TID",
-                     help="Only this thread. Repeatable."),
-        click.option("-c", "--comm", "comms", multiple=True, metavar="COMM",
-                     help="Only tasks with this exact name (comm, 15 bytes). Repeatable."),
-        click.option("--include-idle", is_flag=True,
-                     help="Also show the per-CPU idle tasks (tid 0), excluded by default."),
-    ]):
-        fn = d(fn)
-    return fn
-
-
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
 @click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,
@@ -120,7 +105,7 @@ def _task_filter_options(fn):
               help="With --live: how much time the map shows.")
 @click.option("--refresh", type=click.FloatRange(0.2, 60), default=4.0, show_default=True, metavar="HZ",
               help="With --live: frames per second.")
-@_task_filter_options
+@task_filter_options
 @click.option("--strict", is_flag=True,
               help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
 def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color, live, window, refresh,

@@ -14,7 +14,7 @@ from pstate import loader
 from pstate.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.kstates import KernelStates, read_kernel_states
+from pstate.kstates import KernelStates
 from pstate.meta import meta_record
 from pstate.options import filter_options, output_options
 from pstate.streamio import LineWriter, silence_stdout
@@ -276,13 +276,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         raise click.BadParameter(f"{buffer_size!r} is not a size from 4k to 2G (e.g. 16M)",
                                  param_hint="'--buffer-size'") from None
     rb_pages = _pow2_pages(rb_bytes)
-    try:
-        ks = read_kernel_states()
-    except (OSError, ValueError):
-        if not ebpf:
-            loader.check_privileges()
-            loader.ensure_tracefs()
-        ks = read_kernel_states() if not ebpf else _fallback_states()
+    ks = loader.kernel_states(ebpf_only=ebpf)
     defines = defines_for(filt, ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
     if ebpf:
         click.echo(loader.program_text("record", defines))
@@ -345,12 +339,6 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
 
 
 
-def _fallback_states() -> KernelStates:
-    # Only for --ebpf without tracefs: the mask of current kernels.
-    return KernelStates(report_mask=0xFF, preempt_bit=0x100,
-                        letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
-
-
 def _fill_filters(prog: loader.Program, filt: Filter) -> None:
     import ctypes
 
@@ -376,7 +364,7 @@ def _seed(prog: loader.Program, ks: KernelStates) -> None:
     letters = {letter: bit for bit, letter in ks.letters.items()}
     Leaf = tasks.Leaf
     Key = tasks.Key
-    for tgid, tid, letter in loader.seed_tasks():
+    for tgid, tid, letter, _comm, _start in loader.seed_tasks():
         bit = letters.get(letter)
         leaf = Leaf()
         leaf.tgid = tgid

@@ -15,7 +15,7 @@ from pstate import loader, snapfiles
 from pstate.durations import Duration
 from pstate.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kstates import KernelStates, read_kernel_states
+from pstate.kstates import KernelStates
 from pstate.meta import meta_record
 from pstate.snapwriter import Plan, Sample, SnapDir, Snapper, Stopper
 
@@ -83,29 +83,6 @@ def boottime_offset_ns() -> int:
     return best[1]
 
 
-def proc_threads():
-    """(tgid, tid, state letter, comm bytes, start time in clock ticks since boot)
-    of every thread alive now, from /proc/<pid>/task/<tid>/stat."""
-    for pid_dir in os.scandir("/proc"):
-        if not pid_dir.name.isdigit():
-            continue
-        try:
-            tids = os.listdir(f"/proc/{pid_dir.name}/task")
-        except OSError:
-            continue
-        for t in tids:
-            try:
-                with open(f"/proc/{pid_dir.name}/task/{t}/stat", "rb") as f:
-                    data = f.read()
-                close = data.rindex(b")")
-                comm = data[data.index(b"(") + 1:close]
-                fields = data[close + 2:].split()
-                # fields[0] is field 3 (state); starttime is field 22
-                yield int(pid_dir.name), int(t), chr(fields[0][0]), comm[:15], int(fields[19])
-            except (OSError, ValueError, IndexError):
-                continue
-
-
 def _tid(key) -> int:
     # batch reads give a u32 key as an int, iteration as a ctypes value
     return key if isinstance(key, int) else key.value
@@ -159,7 +136,7 @@ class BpfCollector:
         offset = boottime_offset_ns()
         fd = self.tasks.map_fd
         Key, Leaf = self.tasks.Key, self.tasks.Leaf
-        for tgid, tid, letter, comm, ticks in proc_threads():
+        for tgid, tid, letter, comm, ticks in loader.seed_tasks():
             start = ticks * 1_000_000_000 // hz - offset
             leaf = Leaf()
             leaf.start_ts = max(start, 0)
@@ -262,18 +239,6 @@ def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None) -
     return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers)
 
 
-def _kernel_states(ebpf: bool) -> KernelStates:
-    try:
-        return read_kernel_states()
-    except (OSError, ValueError):
-        if ebpf:  # print the program even where tracefs is missing: current kernels' mask
-            return KernelStates(report_mask=0xFF, preempt_bit=0x100,
-                                letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
-        loader.check_privileges()
-        loader.ensure_tracefs()
-        return read_kernel_states()
-
-
 def _gid(group: str | None) -> int | None:
     if group is None:
         return None
@@ -337,7 +302,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     if fmt == "prom" and (keep is not None or max_age is not None):
         raise click.UsageError("--format prom keeps one file (pstate-snap.prom): --keep and --max-age do not apply")
     gid = _gid(group)
-    ks = _kernel_states(ebpf)
+    ks = loader.kernel_states(ebpf)
     if ebpf:
         click.echo(loader.program_text("snap", defines_for(ks, max_tasks)))
         return

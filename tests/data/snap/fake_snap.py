@@ -72,7 +72,7 @@ def install(collector_factory=None, setter=setattr) -> None:
                                                           int(os.environ.get("FAKE_SNAP_PAD", "0")),
                                                           float(os.environ.get("FAKE_SNAP_SLOW", "0"))))
     setter(snap.loader, "check_privileges", lambda: None)
-    setter(snap, "_kernel_states", lambda ebpf: KS)
+    setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers: FakeProgram())
     setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
 
