@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PSTATE := $(VENV)/bin/pstate
 KREL := $(shell uname -r)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
-APT_PACKAGES := python3-bpfcc python3-venv python3-pip bpftool linux-perf tmux groff-base man-db jq \
+APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-dev gcc bpftool linux-perf tmux groff-base man-db jq \
 	zsh fish bash-completion util-linux bpftrace bpfcc-tools
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -30,7 +30,7 @@ $(VENV)/.apt-done:
 	@[ -d $(VENV) ] || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
 	@touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml setup.py $(wildcard cli/pstate/_*.c)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from pstate import schema
+from pstate import native, schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.latency import LogHist, bucket_index
 from pstate.streamio import MAX_INT, MAX_LINE, ReadStats, check_record, open_input
@@ -167,7 +167,7 @@ class Summary:
 # A cell is [count, count with null dur_ns, sum of dur_ns, max dur_ns,
 # {latency bucket: count}, min dur_ns].
 C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN = range(6)
-_NO_MIN = 1 << 64  # above any dur_ns
+_NO_MIN = 1 << 64  # above any dur_ns (_digest.c has its own copy)
 _MAX_STATES = 255
 _OVERFLOW_STATE = "state_?"
 
@@ -205,6 +205,19 @@ class Aggregator:
         self.life_last_ts = 0
         self.events = 0
         self.clip_ts: int | None = None
+        self.flushers: list = []  # native digesters holding bucket counts back (sync)
+
+    def sync(self) -> None:
+        """Bring in what native digesters hold back (latency bucket counts):
+        call before reading or replacing the cells."""
+        for flush in self.flushers:
+            flush()
+
+    def __getstate__(self):
+        self.sync()
+        state = dict(self.__dict__)
+        state["flushers"] = []
+        return state
 
     def state_id(self, name: str) -> int:
         sid = self.state_ids.get(name)
@@ -299,6 +312,7 @@ class Aggregator:
 
     def start_interval(self, ts: int) -> None:
         """Forget the aggregates, keep what each live task is doing."""
+        self.sync()
         self.cells = {}
         self.cuts = {}
         self.life = {}
@@ -323,6 +337,8 @@ class Aggregator:
         """Add what another Aggregator digested from the input that follows
         this one's (a later part of the same file): the result is what one
         Aggregator would have made of both parts in order."""
+        self.sync()
+        later.sync()
         ids = [self.state_id(name) for name in later.state_names]
         gmap = ([self.comm_id(c) for c in later.comm_names] if self.by == "comm" else None)
 
@@ -369,6 +385,7 @@ class Aggregator:
         """Roll the cells and tasks up into groups. start_ts/end_ts default
         to the window the input describes: its meta and end records, else
         the first and last event; in --interval mode, the interval's start."""
+        self.sync()
         if start_ts is None:
             start_ts = self.clip_ts
         if start_ts is None:
@@ -494,6 +511,11 @@ class LineDigester:
         self.strict = strict
         self.max_line = max_line
         self.name = "<stdin>"
+        self._native = None
+        if _digest is not None:
+            native_dig = _digest.Digester(agg)
+            self._native = native_dig.digest
+            agg.flushers.append(native_dig.flush)
         self._reset()
 
     def _reset(self) -> None:
@@ -517,6 +539,9 @@ class LineDigester:
             self.offset += nl + 1
             self.discarding = False
             data = data[nl + 1:]
+        if self._native is not None:
+            self._feed_native(data)
+            return
         buf = self.pending + data if self.pending else data
         cut = buf.rfind(b"\n")
         if cut < 0:
@@ -526,6 +551,28 @@ class LineDigester:
         self.offset += cut + 1
         self._lines(buf[:cut].split(b"\n"), terminated=True)
         self._hold(buf[cut + 1:])
+
+    def _feed_native(self, data: bytes) -> None:
+        """feed() for the native loop: the same lines, without copying the
+        chunk to put the held part of a line in front of it."""
+        start = 0
+        if self.pending:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._hold(self.pending + data)
+                return
+            line = self.pending + data[:nl + 1]
+            self.pending = b""
+            self.offset += len(line)
+            self._lines_native(line, len(line) - 1, 0)
+            start = nl + 1
+        cut = data.rfind(b"\n", start)
+        if cut < 0:
+            self._hold(data[start:])
+            return
+        self.offset += cut + 1 - start
+        self._lines_native(data, cut, start)
+        self._hold(data[cut + 1:])
 
     def _hold(self, rest: bytes) -> None:
         if len(rest) > self.max_line:
@@ -642,6 +689,26 @@ class LineDigester:
             stats.truncated_tail = None
         stats.records += n_events
 
+    def _lines_native(self, buf: bytes, end: int, pos: int) -> None:
+        """The lines of buf[pos:end], as _lines would take them: plain state
+        records in C (_digest.c), any other line through _lines."""
+        stats = self.stats
+        agg = self.agg
+        digest = self._native
+        max_line = self.max_line
+        while True:
+            pos, lines, events = digest(buf, pos, end, max_line)
+            self.lineno += lines
+            stats.lines += lines
+            agg.events += events
+            stats.records += events
+            if pos > end:
+                return
+            nl = buf.find(b"\n", pos, end)
+            stop = end if nl < 0 else nl
+            self._lines([buf[pos:stop]], terminated=True)
+            pos = stop + 1
+
     def _lines_slow(self, lines: list, base: int, terminated: bool) -> None:
         for i, line in enumerate(lines):
             if len(line) > self.max_line:
@@ -676,6 +743,9 @@ class LineDigester:
         stats.records += 1
         self.agg.add_record(rec)
 
+
+# The native loop (None when not built or PSTATE_PURE=1; tests switch it).
+_digest = native.load("_digest")
 
 PARALLEL_MIN_BYTES = 32 << 20  # smaller files are not worth the processes
 _PART_MIN_BYTES = 16 << 20

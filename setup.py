@@ -1,0 +1,25 @@
+"""Native speed-ups, built when a C compiler and Python headers are present.
+
+Everything else is configured in pyproject.toml. Each cli/pstate/_*.c file is
+one extension module pstate._<name>; each is optional: without a compiler
+pstate installs and runs on its pure-Python paths (slower, same output).
+"""
+
+from pathlib import Path
+
+from setuptools import Extension, setup
+
+HERE = Path(__file__).parent
+SOURCES = sorted((HERE / "cli" / "pstate").glob("_*.c"))
+
+setup(
+    ext_modules=[
+        Extension(
+            f"pstate.{src.stem}",
+            [str(src.relative_to(HERE))],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+        for src in SOURCES
+    ],
+)

@@ -1,0 +1,239 @@
+"""The native stats loop (_digest.c) gives exactly what the pure-Python loop
+gives: same numbers, same skipped lines, same errors, on plain records, on
+records it must leave to the careful path, and on random JSON spellings."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pstate import native, streamio, tables, tsa
+from pstate.exitcodes import PstateError
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+NATIVE = native.load("_digest")
+
+pytestmark = pytest.mark.skipif(NATIVE is None and not IN_CI and not native.PURE,
+                                reason="pstate._digest not built (no C compiler?)")
+
+
+def test_native_loop_is_built():
+    """CI must test the native path, not fall back to the pure one quietly."""
+    if native.PURE:
+        pytest.skip("PSTATE_PURE is set")
+    assert NATIVE is not None, "pstate._digest did not build or import: pip install -e . needs gcc and python3-dev"
+    assert tsa._digest is NATIVE
+
+
+def digest(data: bytes, by: str, chunk: int, *, use_native: bool, strict: bool = False,
+           interval_at: int | None = None, max_line: int = 1 << 20):
+    saved = tsa._digest
+    tsa._digest = NATIVE if use_native else None
+    try:
+        stats = streamio.ReadStats()
+        agg = tsa.Aggregator(by)
+        dig = tsa.LineDigester(agg, stats, strict=strict, max_line=max_line)
+        dig.begin("in.jsonl")
+        try:
+            for i in range(0, len(data), chunk):
+                if interval_at is not None and i >= interval_at and agg.clip_ts is None:
+                    agg.summarise(stats)
+                    agg.start_interval(agg.last_ts() or 0)
+                dig.feed(data[i:i + chunk])
+            dig.end()
+        except PstateError as e:
+            return ("error", e.exit_code, e.message)
+        s = agg.summarise(stats)
+        rep = tables.build_report(s, s.groups, hist=True, with_matrix=True)
+        return ("ok", rep, dict(stats.first_bad), stats.metas, stats.ends, stats.lines, stats.records,
+                stats.truncated_tail, agg.events, list(agg.tasks.items()), list(agg.cells.items()))
+    finally:
+        tsa._digest = saved
+
+
+def both(data: bytes, by: str = "pid", chunk: int = 1 << 20, **kw):
+    a = digest(data, by, chunk, use_native=True, **kw)
+    b = digest(data, by, chunk, use_native=False, **kw)
+    assert a == b
+    return a
+
+
+def rec(**kw) -> dict:
+    r = {"type": "state", "ts": 1000, "cpu": 0, "pid": 10, "tid": 11, "comm": "w", "from": "running",
+         "to": "sleeping", "dur_ns": 500, "cause": "switch_out", "voluntary": True, "kstate": "S"}
+    r.update(kw)
+    return r
+
+
+def lines(*recs) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in recs)
+
+
+PLAIN = [rec(ts=1000 + i * 7, tid=11 + i % 3, pid=10 + i % 2, dur_ns=(i * 7919) % 100000 or None,
+             **{"from": ["running", "sleeping", "runnable", "preempted"][i % 4],
+                "to": ["sleeping", "runnable", "running", "running"][i % 4]}) for i in range(200)]
+
+
+@pytest.mark.parametrize("by", ["pid", "tid", "comm"])
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
+def test_plain_records(by, chunk):
+    out = both(lines(*PLAIN), by, chunk)
+    assert out[0] == "ok" and out[8] == 200
+
+
+# Lines the native loop must leave to the careful path, each beside plain ones.
+ODD = [
+    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"a\\"b","from":"running","to":"sleeping","dur_ns":5}',
+    '{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"caf\u00e9","from":"running","to":"sleeping","dur_ns":5}'.encode(),
+    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"\\u0041","from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":1.0,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":1e3,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":-1,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":9223372036854775808,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
+    b'{"type":"state","ts":9223372036854775807,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":9223372036854775807}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":140737488355328,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":140737488355328,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"ts":6,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":{"a":1}}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":[1]}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":1.5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":-3}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":01}',
+    b'{"type":"state","ts":05,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5} x',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":"5"}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":null,"to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":7,"from":"running","to":"sleeping"}',
+    b'{"type":"state","ts":true,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
+    b'{"type":"fork","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"a","child_pid":2,"child_tid":2,"thread":false}',
+    b'{"type":"exec","ts":6,"cpu":0,"pid":10,"tid":11,"comm":"renamed","old_tid":11}',
+    b'{"type":"exit","ts":7,"cpu":0,"pid":10,"tid":12,"comm":"w","group_dead":false}',
+    b'{"type":"loss","ts":8,"reason":"ringbuf_full","count":3,"since_ts":1}',
+    b'{"type":"meta","schema":1,"ts":1}',
+    b'{"type":"end","ts":99999,"reason":"eof","events":1,"lost":0}',
+    b'{"type":"State","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
+    b'[{"type":"state"}]',
+    b'{}',
+    b'',
+    b'   \t\r',
+    b'\xef\xbb\xbf{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"runn\xffing","to":"sleeping","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleep\x01ing","dur_ns":5}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":null,"from":"running","to":"sleeping","dur_ns":null}',
+    b' { "type" : "state" , "ts" : 5 ,\t"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":0 } \r',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"","to":"","dur_ns":1,"x":true,"y":false,"z":null}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"' + b"s" * 60 + b'","to":"running","dur_ns":3}',
+    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"' + b"c" * 40 + b'","from":"running","to":"x"}',
+]
+
+
+@pytest.mark.parametrize("i", range(len(ODD)))
+@pytest.mark.parametrize("by", ["pid", "comm"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_odd_lines_agree(i, by, strict):
+    data = lines(*PLAIN[:50], ODD[i], *PLAIN[50:100])
+    both(data, by, 1 << 20, strict=strict)
+    both(data, by, 33, strict=strict)
+    both(data.rstrip(b"\n"), by, 1 << 20, strict=strict)  # and as an unterminated last line
+    both(lines(ODD[i]), by, 1 << 20, strict=strict)
+
+
+def test_overlong_lines_agree():
+    data = lines(*PLAIN[:20], rec(comm="x" * 300), *PLAIN[20:40])
+    both(data, max_line=200)
+    both(data, chunk=50, max_line=200)
+
+
+def test_sums_beyond_64_bits():
+    big = (1 << 63) - 1
+    recs = [rec(ts=big, tid=1, dur_ns=big) for _ in range(5)]
+    out = both(lines(*recs))
+    assert out[0] == "ok"
+
+
+def test_many_states_and_comms():
+    recs = [rec(ts=i, tid=i % 50, comm=f"c{i % 300}", **{"from": f"s{i % 280}", "to": f"t{i % 7}"})
+            for i in range(3000)]
+    for by in ("pid", "tid", "comm"):
+        both(lines(*recs), by, 4096)
+
+
+@pytest.mark.parametrize("at", [0, 3000, 9000])
+def test_intervals_clip_alike(at):
+    both(lines(*PLAIN), "tid", 512, interval_at=at)
+
+
+def test_flush_is_idempotent_and_sync_runs_before_reads():
+    agg = tsa.Aggregator("pid")
+    dig = NATIVE.Digester(agg)
+    agg.flushers.append(dig.flush)
+    data = lines(*PLAIN)
+    stop, n, ev = dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert (stop, n, ev) == (len(data), 200, 200)
+    assert all(not c[tsa.C_HIST] for c in agg.cells.values())  # held back until sync
+    agg.sync()
+    agg.sync()
+    assert sum(sum(c[tsa.C_HIST].values()) for c in agg.cells.values()) == sum(
+        1 for r in PLAIN if r["dur_ns"] is not None)
+
+
+def test_bad_arguments_raise_not_crash():
+    agg = tsa.Aggregator("pid")
+    dig = NATIVE.Digester(agg)
+    with pytest.raises(ValueError):
+        dig.digest(b"abc", 0, 10, 100)
+    with pytest.raises(ValueError):
+        dig.digest(b"abc", 5, 2, 100)
+    with pytest.raises(TypeError):
+        dig.digest("text", 0, 1, 100)
+    with pytest.raises(RuntimeError):
+        dig.__init__(agg)
+    agg.cells = None  # a broken Aggregator is an error, never a crash
+    with pytest.raises(TypeError):
+        dig.digest(b'{"type":"state"}', 0, 16, 100)
+
+
+# --- random spellings of records -----------------------------------------------------
+
+names = st.sampled_from(["running", "runnable", "preempted", "sleeping", "uninterruptible", "stopped",
+                         "unknown", "zombie", "reaped", "state_Q"])
+comms = st.one_of(st.none(), st.text(max_size=20), st.sampled_from(["java", "kworker/0:1", "a b", ""]))
+ints = st.one_of(st.integers(0, 5000), st.integers(0, (1 << 63) - 1), st.integers(-3, 3),
+                 st.sampled_from([1 << 47, 1 << 63, 1.5, True, None, "7"]))
+ws = st.sampled_from(["", " ", "\t", "\r", "  "])
+
+
+@st.composite
+def spelled(draw) -> bytes:
+    r = {"type": draw(st.sampled_from(["state"] * 8 + ["exit", "loss"])), "ts": draw(ints), "cpu": draw(ints),
+         "pid": draw(st.integers(0, 40)), "tid": draw(st.integers(0, 60)), "comm": draw(comms),
+         "from": draw(names), "to": draw(names), "dur_ns": draw(st.one_of(st.none(), ints))}
+    for k in draw(st.lists(st.sampled_from(list(r)), max_size=2)):
+        r.pop(k, None)
+    extra = draw(st.dictionaries(st.sampled_from(["cause", "prio", "voluntary", "kstate", "x"]),
+                                 st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.text(max_size=5)),
+                                 max_size=3))
+    r.update(extra)
+    items = list(r.items())
+    order = draw(st.permutations(range(len(items))))
+    sep = draw(ws)
+    body = ("," + sep).join(f"{orjson.dumps(items[i][0]).decode()}{draw(ws)}:{sep}"
+                            f"{orjson.dumps(items[i][1]).decode() if not isinstance(items[i][1], float) else repr(items[i][1])}"
+                            for i in order)
+    return (draw(ws) + "{" + body + "}" + draw(ws)).encode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(spelled(), max_size=40), by=st.sampled_from(["pid", "tid", "comm"]),
+       chunk=st.sampled_from([1, 13, 256, 1 << 20]), strict=st.booleans(), cut=st.booleans())
+def test_random_spellings_agree(recs, by, chunk, strict, cut):
+    data = b"\n".join(recs) + (b"" if cut else b"\n")
+    both(data, by, chunk, strict=strict)
