@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import resource
 import statistics
 import struct
 import subprocess
@@ -110,31 +111,54 @@ def recording(n: int, log=print) -> str:
     return path
 
 
-def _time(argv: list[str], stdin=None) -> tuple[float, int, str]:
+def _time(argv: list[str], stdin=None, env=None) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user + system of the child), exit code, stderr."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.monotonic()
-    r = subprocess.run(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return time.monotonic() - t, r.returncode, r.stderr
+    r = subprocess.run(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       env=env)
+    wall = time.monotonic() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, r.returncode, r.stderr
 
 
-def reader_commands(pstate: str, path: str) -> dict[str, list[str]]:
+# The issue's yardstick: a plain Python loop of orjson.loads plus a dict update.
+ORJSON_LOOP = """
+import sys, orjson
+d = {}
+with open(sys.argv[1], "rb") as f:
+    for line in f:
+        r = orjson.loads(line)
+        k = r.get("pid")
+        d[k] = d.get(k, 0) + 1
+"""
+
+
+def reader_commands(pstate: str, path: str) -> dict[str, tuple[list[str], dict | None]]:
+    pure = dict(os.environ, PSTATE_PURE="1")
     return {
-        "stats": [pstate, "stats", path],
-        "replay --no-wait": [pstate, "replay", "--no-wait", path],
-        "heat": [pstate, "heat", path, "--width", "120", "--no-color"],
+        # one process: the figure per core (stats splits big files over all CPUs by default)
+        "stats": ([pstate, "stats", "-j", "1", path], None),
+        "stats (pure Python)": ([pstate, "stats", "-j", "1", path], pure),
+        "orjson loop (yardstick)": ([sys.executable, "-c", ORJSON_LOOP, path], None),
+        "replay --no-wait": ([pstate, "replay", "--no-wait", path], None),
+        "heat": ([pstate, "heat", path, "--width", "120", "--no-color"], None),
     }
 
 
 def measure(pstate: str, n: int, runs: int, log=print) -> dict:
     path = recording(n, log=log)
     out = {"events": n, "file_bytes": os.path.getsize(path), "runs": runs, "readers": {}}
-    for name, argv in reader_commands(pstate, path).items():
-        times, err = [], None
+    for name, (argv, env) in reader_commands(pstate, path).items():
+        times, cpus, err = [], [], None
         for _ in range(runs):
-            dt, rc, stderr = _time(argv)
+            dt, cpu, rc, stderr = _time(argv, env=env)
             if rc != 0:
                 err = f"exit {rc}: {stderr.strip()[-300:]}"
                 break
             times.append(dt)
+            cpus.append(cpu)
             if sum(times) > 20:  # slow reader: one run says enough, keep the suite short
                 break
         if err:
@@ -142,9 +166,12 @@ def measure(pstate: str, n: int, runs: int, log=print) -> dict:
             log(f"  {name}: FAILED {err}")
             continue
         med = statistics.median(times)
+        cpu_med = statistics.median(cpus)
         out["readers"][name] = {"ok": True, "seconds": times, "median_s": med, "events_per_s": n / med,
-                                "min_s": min(times), "max_s": max(times)}
-        log(f"  {name}: {n / med:,.0f} events/s (median {med:.2f}s of {len(times)})")
+                                "min_s": min(times), "max_s": max(times), "cpu_seconds": cpus,
+                                "events_per_cpu_s": n / cpu_med if cpu_med else None}
+        log(f"  {name}: {n / med:,.0f} events/s, {n / cpu_med:,.0f} per CPU second "
+            f"(median {med:.2f}s wall, {cpu_med:.2f}s CPU, of {len(times)})")
     out["readers"]["heat --live"] = heat_live(log)
     return out
 

@@ -396,8 +396,11 @@ def targets(results: dict) -> list[dict]:
             _num(zl, "{:,.0f}/s") if zl else "none")
     rd = results.get("readers", {}).get("readers", {})
     for name, tkey in (("stats", "stats_eps"), ("replay --no-wait", "replay_eps")):
-        v = (rd.get(name) or {}).get("events_per_s")
-        add(f"{name} ≥ 1 M events/s", v, None if v is None else v >= TARGETS[tkey], _num(v, "{:,.0f}/s"))
+        r = rd.get(name) or {}
+        # one process on one core: per CPU second where measured (stats -j 1)
+        v = r.get("events_per_cpu_s") or r.get("events_per_s")
+        add(f"{name} ≥ 1 M events/s (one core)", v, None if v is None else v >= TARGETS[tkey],
+            f"{_num(v, '{:,.0f}')} per CPU s ({_num(r.get('events_per_s'), '{:,.0f}')}/s wall)")
     hl = rd.get("heat --live") or {}
     if hl:
         # keeping up means drawing every event: kept up while sampling 1/k is not it
@@ -506,17 +509,18 @@ def report(results: dict, labels: dict, notes: dict) -> str:
         rows = []
         for name, r in rd["readers"].items():
             if name == "heat --live":
-                rows.append([name, _num(r.get("max_events_per_s")),
+                rows.append([name, _num(r.get("max_events_per_s")), "",
                              f"paced {r.get('paced_rate', 0):,}/s kept up: {r.get('paced_kept_up')} "
                              f"(sampling 1/{r.get('paced_sampling')}; unpaced max sampled 1/{r.get('max_sampling')})"
                              if r.get("ok") else r.get("error", "")])
             elif r.get("ok"):
-                rows.append([name, _num(r["events_per_s"]), f"median {r['median_s']:.2f}s of {len(r['seconds'])}"])
+                rows.append([name, _num(r["events_per_s"]), _num(r.get("events_per_cpu_s")),
+                             f"median {r['median_s']:.2f}s of {len(r['seconds'])}"])
             else:
-                rows.append([name, "n/a", r.get("error", "")])
+                rows.append([name, "n/a", "", r.get("error", "")])
         lines.append(f"Readers on a {rd['events']:,}-event recording ({rd['file_bytes'] / 1e6:.0f} MB), whole "
-                     f"process wall time")
-        lines += [tabulate(rows, ["reader", "events/s", ""], tablefmt="simple", disable_numparse=True), ""]
+                     f"process (start-up included)")
+        lines += [tabulate(rows, ["reader", "events/s", "per CPU s", ""], tablefmt="simple", disable_numparse=True), ""]
     for name in SECTIONS:
         err = (results.get(name.replace("-", "_")) or {}).get("error")
         if err:

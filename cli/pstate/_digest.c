@@ -16,6 +16,10 @@
  * at the end of the call, in the order they were first seen (so the dicts
  * come out as the Python loop would fill them). Latency bucket counts stay
  * here longer, in one compact table, until flush() (Aggregator.sync).
+ *
+ * parse_states(buf, pos, end, max_line, k, n), for `pstate heat --live`, uses
+ * the same reader and protocol but only returns the plain state records as
+ * tuples (sharing interned strings and ints) for live.Feeder to draw.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -270,6 +274,56 @@ static int key_of(const char *k, Py_ssize_t n)
     }
 }
 
+/* The value of a field the loop uses; 0: leave the line to Python. */
+static inline int read_value(cursor *c, int k, state_rec *r)
+{
+    const char *s;
+    Py_ssize_t n;
+    switch (k) {
+    case K_TYPE:
+        return read_plain_string(c, &s, &n) && n == 5 && memcmp(s, "state", 5) == 0;
+    case K_TS:
+        return read_uint63(c, &r->ts);
+    case K_CPU:
+        return read_uint63(c, &r->cpu);
+    case K_PID:
+        return read_uint63(c, &r->pid);
+    case K_TID:
+        return read_uint63(c, &r->tid);
+    case K_FROM:
+        return read_plain_string(c, &r->from, &r->from_n);
+    case K_TO:
+        return read_plain_string(c, &r->to, &r->to_n);
+    case K_COMM:
+        if (read_literal(c, "null", 4)) {
+            r->comm = NULL;
+            return 1;
+        }
+        return read_plain_string(c, &r->comm, &r->comm_n);
+    case K_DUR:
+        if (read_literal(c, "null", 4)) {
+            r->has_dur = 0;
+            return 1;
+        }
+        return (r->has_dur = read_uint63(c, &r->dur));
+    default:
+        return skip_scalar(c);
+    }
+}
+
+/* The fields as pstate writes them, in its order: matched as literal bytes
+ * while they come that way, before the general loop takes over. */
+static const struct {
+    const char *lit;
+    size_t len;
+    int key;
+} LAYOUT[] = {
+    {",\"ts\":", 6, K_TS},       {",\"cpu\":", 7, K_CPU},   {",\"pid\":", 7, K_PID},
+    {",\"tid\":", 7, K_TID},     {",\"comm\":", 8, K_COMM}, {",\"from\":", 8, K_FROM},
+    {",\"to\":", 6, K_TO},       {",\"dur_ns\":", 10, K_DUR},
+};
+#define LAYOUT_HEAD "{\"type\":\"state\""
+
 /* 1: a state record the fast loop may take; 0: leave the line to Python. */
 static int parse_state(const char *p, const char *e, state_rec *r)
 {
@@ -279,6 +333,19 @@ static int parse_state(const char *p, const char *e, state_rec *r)
     Py_ssize_t n;
 
     *r = (state_rec){0};
+    if ((size_t)(e - p) > sizeof(LAYOUT_HEAD) - 1 && memcmp(p, LAYOUT_HEAD, sizeof(LAYOUT_HEAD) - 1) == 0) {
+        c.p += sizeof(LAYOUT_HEAD) - 1;
+        seen = K_TYPE;
+        for (size_t i = 0; i < sizeof(LAYOUT) / sizeof(LAYOUT[0]); i++) {
+            if ((size_t)(c.e - c.p) < LAYOUT[i].len || memcmp(c.p, LAYOUT[i].lit, LAYOUT[i].len) != 0)
+                break;
+            c.p += LAYOUT[i].len;
+            if (!read_value(&c, LAYOUT[i].key, r))
+                return 0;
+            seen |= (unsigned)LAYOUT[i].key;
+        }
+        goto after_value;
+    }
     skip_ws(&c);
     if (c.p >= c.e || *c.p != '{')
         return 0;
@@ -299,42 +366,9 @@ static int parse_state(const char *p, const char *e, state_rec *r)
             return 0;
         c.p++;
         skip_ws(&c);
-        switch (k) {
-        case K_TYPE:
-            if (!read_plain_string(&c, &s, &n) || n != 5 || memcmp(s, "state", 5) != 0)
-                return 0;
-            break;
-        case K_TS:
-            if (!read_uint63(&c, &r->ts)) return 0;
-            break;
-        case K_CPU:
-            if (!read_uint63(&c, &r->cpu)) return 0;
-            break;
-        case K_PID:
-            if (!read_uint63(&c, &r->pid)) return 0;
-            break;
-        case K_TID:
-            if (!read_uint63(&c, &r->tid)) return 0;
-            break;
-        case K_FROM:
-            if (!read_plain_string(&c, &r->from, &r->from_n)) return 0;
-            break;
-        case K_TO:
-            if (!read_plain_string(&c, &r->to, &r->to_n)) return 0;
-            break;
-        case K_COMM:
-            if (!read_literal(&c, "null", 4) && !read_plain_string(&c, &r->comm, &r->comm_n))
-                return 0;
-            break;
-        case K_DUR:
-            if (!read_literal(&c, "null", 4)) {
-                if (!read_uint63(&c, &r->dur)) return 0;
-                r->has_dur = 1;
-            }
-            break;
-        default:
-            if (!skip_scalar(&c)) return 0;
-        }
+        if (!read_value(&c, k, r))
+            return 0;
+after_value:
         skip_ws(&c);
         if (c.p >= c.e)
             return 0;
@@ -461,12 +495,16 @@ static int state_of(Digester *self, const char *s, Py_ssize_t n, PyObject **name
     return 0;
 }
 
+/* A cheap hash: collisions only cost a cache refill (entries are checked). */
 static inline unsigned comm_hash(const char *s, Py_ssize_t n)
 {
-    unsigned h = 2166136261u;
-    for (Py_ssize_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h & (COMM_CACHE - 1);
+    unsigned h = (unsigned)n * 0x9E3779B1u;
+    if (n) {
+        h ^= (unsigned char)s[0] * 0x85EBCA77u;
+        h ^= (unsigned char)s[n - 1] * 0xC2B2AE3Du;
+        h ^= (unsigned char)s[n / 2] * 0x27D4EB2Fu;
+    }
+    return (h ^ (h >> 15)) & (COMM_CACHE - 1);
 }
 
 /* The comm as a str (a new reference), or None. */
@@ -1157,11 +1195,217 @@ static PyTypeObject DigesterType = {
     .tp_methods = Digester_methods,
 };
 
+/* --- parse_states: plain state records as tuples (heat --live) ------------ */
+
+/* Interned strings and ints, so the tuples of one stream share objects:
+ * state names (few), comms (hashed, like Digester's) and pids/tids. */
+#define LIVE_NAMES 32
+#define LIVE_INTS 4096 /* a power of two */
+
+static name_entry live_names[LIVE_NAMES];
+static int live_n_names;
+static comm_entry *live_comms;
+static PyObject *live_ints[LIVE_INTS];
+static long long live_int_keys[LIVE_INTS];
+
+/* A new reference to the str of an ASCII name, through a small cache. */
+static PyObject *live_name(const char *s, Py_ssize_t n)
+{
+    for (int i = 0; i < live_n_names; i++) {
+        name_entry *ne = &live_names[i];
+        if (ne->len == n && memcmp(ne->bytes, s, (size_t)n) == 0) {
+            Py_INCREF(ne->name);
+            return ne->name;
+        }
+    }
+    PyObject *str = PyUnicode_DecodeASCII(s, n, NULL);
+    if (str && live_n_names < LIVE_NAMES && n <= NAME_MAX_LEN) {
+        name_entry *ne = &live_names[live_n_names++];
+        ne->len = n;
+        memcpy(ne->bytes, s, (size_t)n);
+        Py_INCREF(str);
+        ne->name = str;
+    }
+    return str;
+}
+
+/* A new reference to the comm (str), or None when null or absent. */
+static PyObject *live_comm(const state_rec *r)
+{
+    if (!r->comm)
+        Py_RETURN_NONE;
+    if (r->comm_n > COMM_MAX_LEN || !live_comms)
+        return PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
+    comm_entry *ce = &live_comms[comm_hash(r->comm, r->comm_n)];
+    if (!ce->comm || ce->len != r->comm_n || memcmp(ce->bytes, r->comm, (size_t)r->comm_n) != 0) {
+        PyObject *str = PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
+        if (!str)
+            return NULL;
+        Py_XSETREF(ce->comm, str);
+        ce->len = r->comm_n;
+        memcpy(ce->bytes, r->comm, (size_t)r->comm_n);
+    }
+    Py_INCREF(ce->comm);
+    return ce->comm;
+}
+
+/* A new reference to the int v (0 <= v < 2^63), shared while it stays cached. */
+static PyObject *live_int(long long v)
+{
+    size_t h = (size_t)v & (LIVE_INTS - 1);
+    PyObject *o = live_ints[h];
+    if (o && live_int_keys[h] == v) {
+        Py_INCREF(o);
+        return o;
+    }
+    o = PyLong_FromLongLong(v);
+    if (o) {
+        Py_INCREF(o);
+        Py_XSETREF(live_ints[h], o);
+        live_int_keys[h] = v;
+    }
+    return o;
+}
+
+/* Where the first '"to":"' of [p, e) starts, or NULL (bytes.find). */
+static inline const char *find_to(const char *p, const char *e)
+{
+    while (e - p >= 6) {
+        const char *q = memchr(p, '"', (size_t)(e - p - 5));
+        if (!q)
+            return NULL;
+        if (memcmp(q, "\"to\":\"", 6) == 0)
+            return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
+/* A transition into running, runnable, sleeping or preempted, known by its
+ * bytes as live.Feeder knows it: the first '"to":"' is followed by run, sle
+ * or pre. */
+static inline int frequent_line(const char *p, const char *e)
+{
+    const char *q = find_to(p, e);
+    if (!q || e - (q + 6) < 3)
+        return 0;
+    q += 6;
+    return memcmp(q, "run", 3) == 0 || memcmp(q, "sle", 3) == 0 || memcmp(q, "pre", 3) == 0;
+}
+
+PyDoc_STRVAR(parse_states_doc,
+"parse_states(buf, pos, end, max_line, k=1, n=0) -> (stop, lines, rows)\n\n"
+"The plain state records among the lines of buf[pos:end] (as\n"
+"buf[pos:end].split(b'\\n') cuts them) as tuples\n"
+"(ts, pid, tid, comm, from, to, dur_ns, cpu, weight), comm and dur_ns None\n"
+"when null or absent, until a line needs the careful path (or is longer\n"
+"than max_line). n: the number of the line before pos. With k > 1, a\n"
+"transition into running, runnable, sleeping or preempted (by its bytes)\n"
+"on a line whose number is not a multiple of k is passed over unparsed,\n"
+"and one that is kept weighs k. Empty lines are passed over.\n"
+"stop: where the line that needs the careful path starts, end + 1 when\n"
+"none did; lines: lines consumed (passed over ones included).");
+
+static PyObject *parse_states(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end, max_line;
+    long long k = 1, n = 0;
+    if (!PyArg_ParseTuple(args, "y*nnn|LL:parse_states", &view, &pos, &end, &max_line, &k, &n))
+        return NULL;
+    if (pos < 0 || end > view.len || pos > end + 1 || k < 1 || n < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "bad range");
+        return NULL;
+    }
+    if (!live_comms && !(live_comms = PyMem_Calloc(COMM_CACHE, sizeof(comm_entry)))) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    PyObject *rows = PyList_New(0);
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *weight_k = PyLong_FromLongLong(k);
+    PyObject *result = NULL;
+    Py_ssize_t lines = 0;
+    if (!rows || !one || !weight_k)
+        goto done;
+    const char *buf = view.buf;
+    while (pos <= end) {
+        const char *p = buf + pos;
+        const char *nl = memchr(p, '\n', (size_t)(end - pos));
+        const char *e = nl ? nl : buf + end;
+        if (e - p > max_line)
+            break;
+        long long no = n + lines + 1;
+        PyObject *weight = one;
+        if (k > 1 && frequent_line(p, e)) {
+            if (no % k) {
+                lines++;
+                pos = (e - buf) + 1;
+                continue;
+            }
+            weight = weight_k;
+        }
+        if (e == p) {
+            lines++;
+            pos = (e - buf) + 1;
+            continue;
+        }
+        state_rec r;
+        if (!parse_state(p, e, &r))
+            break;
+        PyObject *t = PyTuple_New(9);
+        if (!t)
+            goto done;
+        PyObject *o;
+        /* PyTuple_SET_ITEM steals; a NULL item is fine for the tuple's dealloc */
+        PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(r.ts));
+        PyTuple_SET_ITEM(t, 1, live_int(r.pid));
+        PyTuple_SET_ITEM(t, 2, live_int(r.tid));
+        PyTuple_SET_ITEM(t, 3, live_comm(&r));
+        PyTuple_SET_ITEM(t, 4, live_name(r.from, r.from_n));
+        PyTuple_SET_ITEM(t, 5, live_name(r.to, r.to_n));
+        if (r.has_dur)
+            o = PyLong_FromLongLong(r.dur);
+        else {
+            o = Py_None;
+            Py_INCREF(o);
+        }
+        PyTuple_SET_ITEM(t, 6, o);
+        PyTuple_SET_ITEM(t, 7, live_int(r.cpu));
+        Py_INCREF(weight);
+        PyTuple_SET_ITEM(t, 8, weight);
+        int bad = 0;
+        for (int i = 0; i < 8; i++)
+            bad |= PyTuple_GET_ITEM(t, i) == NULL;
+        if (bad || PyList_Append(rows, t) < 0) {
+            Py_DECREF(t);
+            goto done;
+        }
+        Py_DECREF(t);
+        lines++;
+        pos = (e - buf) + 1; /* end + 1 after the last segment */
+    }
+    result = Py_BuildValue("nnO", pos, lines, rows);
+done:
+    PyBuffer_Release(&view);
+    Py_XDECREF(rows);
+    Py_XDECREF(one);
+    Py_XDECREF(weight_k);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"parse_states", parse_states, METH_VARARGS, parse_states_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef digest_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_digest",
-    .m_doc = "Native inner loop of pstate stats (see tsa.LineDigester).",
+    .m_doc = "Native inner loops of pstate stats (see tsa.LineDigester) and heat --live (live.Feeder).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__digest(void)

@@ -22,6 +22,9 @@ from pstate.streamio import MAX_LINE, ReadStats, open_input, read_records
 PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot")
 CHUNK = 1 << 20
+# Reads from files: the native loop writes its sums back once per chunk, so
+# bigger chunks mean fewer cold Python objects touched per event.
+FILE_CHUNK = 8 << 20
 
 EPILOG = """\b
 Examples:
@@ -176,7 +179,7 @@ def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
         if reader == "careful":
             tsa.digest_records(read_records(sources, stats, strict=strict), agg)
         else:
-            tsa.digest_files(sources, agg, stats, strict=strict, chunk=CHUNK, jobs=jobs)
+            tsa.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs)
     except KeyboardInterrupt:
         interrupted = True
     summary = agg.summarise(stats)
