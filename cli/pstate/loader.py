@@ -1,6 +1,7 @@
 """The one module that owns BPF: finding bcc, kernel headers and tracefs,
-compiling bpf/*.bpf.c with -D settings, attaching, draining the ring buffer,
-counting drops, and detaching.
+compiling bpf/*.bpf.c with -D settings (or loading it from the program
+cache, pstate.progcache), attaching, draining the ring buffer, counting
+drops, and detaching.
 
 Only record, snap and doctor import it; everything else runs without bcc.
 """
@@ -18,7 +19,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate import headers, kstates
+from pstate import headers, kstates, progcache
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -165,17 +166,66 @@ def program_text(name: str, defines: dict) -> str:
 
 
 class Program:
-    """A compiled, attached BPF program. close() detaches it; so does exit."""
+    """An attached BPF program. close() detaches it; so does exit.
+
+    The first run with a given program text and kernel compiles it with BCC
+    and keeps the result in the program cache (pstate.progcache); later runs
+    load that without starting a compiler. `origin` says which happened.
+    """
 
     def __init__(self, name: str, defines: dict, kernel_headers: str | None = None):
         self.name = name
+        self.bpf = None  # the bcc.BPF object when compiled in this run
+        self.cached = None  # the progcache.Loaded when loaded from the cache
+        self.origin = "compiled"
+        self.cache_note = ""  # why the cache was not used, for debugging
         check_privileges()
-        bcc = import_bcc()
         self.tracefs = ensure_tracefs()
         missing = missing_tracepoints(self.tracefs)
         if missing:
             raise PstateError(f"this kernel lacks tracepoints: {', '.join(missing)}", ExitCode.UNAVAILABLE)
         self.headers = find_headers(kernel_headers)
+        text, cflags = source(name), cflags_of(defines)
+        key = self._from_cache(name, text, cflags)
+        if self.cached is None:
+            self._compile(text, cflags)
+            if key:
+                self._to_cache(key, name, text)
+            _trim_heap()
+        if os.environ.get("PSTATE_CACHE_DEBUG"):
+            note = f" ({self.cache_note})" if self.cache_note else ""
+            print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}{note}",
+                  file=sys.stderr)
+
+    def _from_cache(self, name: str, text: str, cflags: list[str]) -> str | None:
+        if not progcache.enabled():
+            self.cache_note = "PSTATE_NO_CACHE is set"
+            return None
+        try:
+            key = progcache.key_of(progcache.key_material(name, text, cflags, self.tracefs, self.headers.path))
+        except Exception as e:  # the cache must never fail a run
+            self.cache_note = f"no cache key: {e!r}"
+            return None
+        try:
+            self.cached = progcache.load(progcache.lookup(key, name), self.tracefs)
+            self.origin = "cache"
+        except progcache.CacheMiss as e:
+            self.cache_note = str(e)
+        except Exception as e:
+            self.cache_note = f"cache entry unusable: {e!r}"
+        return key
+
+    def _to_cache(self, key: str, name: str, text: str) -> None:
+        try:
+            lib = sys.modules["bcc"].libbcc.lib
+            progcache.store(progcache.export(self.bpf, lib, key, name, text, self.tracefs))
+        except progcache.NotCacheable as e:
+            self.cache_note = f"not cacheable: {e}"
+        except Exception as e:  # the cache must never fail a run
+            self.cache_note = f"storing failed: {e!r}"
+
+    def _compile(self, text: str, cflags: list[str]) -> None:
+        bcc = import_bcc()
         said_out = said_err = None
         os.environ["BCC_KERNEL_SOURCE"] = self.headers.path
         try:
@@ -183,8 +233,7 @@ class Program:
             # JSON-lines stream, which must only ever hold records.
             sys.stdout.flush()
             with _quiet_fd(1) as said_out, _quiet_fd(2) as said_err:
-                self.bpf = bcc.BPF(text=source(name), cflags=cflags_of(defines))
-            _trim_heap()
+                self.bpf = bcc.BPF(text=text, cflags=cflags)
         except Exception as e:  # bcc raises plain Exception on compile/load errors
             said = "\n".join(c.text().strip() for c in (said_out, said_err) if c)
             msg = said.strip() or str(e)
@@ -195,11 +244,16 @@ class Program:
             ) from None
 
     def table(self, name: str):
-        return self.bpf[name]
+        return self.cached.table(name) if self.cached is not None else self.bpf[name]
+
+    @property
+    def lib(self):
+        """Map element calls with libbcc's signatures (bpf_update_elem...)."""
+        return map_calls()
 
     def counters(self) -> list[int]:
         """Sum over CPUs of the counters per-CPU array."""
-        t = self.bpf["counters"]
+        t = self.table("counters")
         out = []
         for i in range(len(t)):
             vals = t[ctypes.c_int(i)]
@@ -214,10 +268,12 @@ class Program:
         event does not wait for a run already under way on another CPU, so
         wait (at most settle_s) until the counters stop moving.
         """
-        bpf = getattr(self, "bpf", None)
-        if bpf is None:
+        if self.cached is not None:
+            _detach_all(self.cached.attached(), self.cached.detach_one)
+        elif self.bpf is not None:
+            _detach_all(list(self.bpf.tracepoint_fds), self.bpf.detach_tracepoint)
+        else:
             return
-        _detach_tracepoints(bpf)
         deadline = time.monotonic() + settle_s
         last = self.counters()
         while time.monotonic() < deadline:
@@ -228,26 +284,37 @@ class Program:
             last = now
 
     def close(self) -> None:
-        bpf = getattr(self, "bpf", None)
+        cached, self.cached = self.cached, None
+        if cached is not None:
+            _detach_all(cached.attached(), cached.detach_one)
+            cached.close()
+        bpf, self.bpf = self.bpf, None
         if bpf is not None:
-            self.bpf = None
-            _detach_tracepoints(bpf)
+            _detach_all(list(bpf.tracepoint_fds), bpf.detach_tracepoint)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
 
 
-def _detach_tracepoints(bpf) -> None:
+def map_calls():
+    """bpf_update_elem, bpf_lookup_elem, bpf_delete_elem... as in libbcc, on
+    any map fd, without loading libbcc."""
+    from pstate import bpfsys
+
+    return bpfsys.lib
+
+
+def _detach_all(targets: list, detach) -> None:
     """Detach every tracepoint from a thread of its own. Closing a
     tracepoint's perf event waits for RCU grace periods (tens of ms each);
-    libbcc does it without holding the GIL, so the waits partly overlap
-    instead of adding up to most of a second at every exit."""
+    the close runs without the GIL, so the waits partly overlap instead of
+    adding up to most of a second at every exit."""
     import threading
 
-    def detach(tp):
+    def one(tp):
         with contextlib.suppress(Exception):
-            bpf.detach_tracepoint(tp)
+            detach(tp)
 
-    threads = [threading.Thread(target=detach, args=(tp,), daemon=True) for tp in list(bpf.tracepoint_fds)]
+    threads = [threading.Thread(target=one, args=(tp,), daemon=True) for tp in targets]
     for t in threads:
         t.start()
     for t in threads:

@@ -128,6 +128,14 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
               "check that /var/cache/pstate is writable")
         code = code or ExitCode.UNAVAILABLE
 
+    # program cache: shown only when it is refused (then every run compiles, about a second)
+    from pstate import progcache
+
+    usable, detail = progcache.status()
+    if not usable:
+        r.add("program cache", WARN, detail,
+              f"chown root and chmod go-w {progcache.cache_dir()} and its parent, or remove it")
+
     if not live:
         r.add("live test", WARN, "skipped (--no-live)")
         return r, code

@@ -131,7 +131,7 @@ class BpfCollector:
         return first
 
     def seed(self, since: int) -> None:
-        lib = loader.import_bcc().libbcc.lib
+        lib = loader.map_calls()
         hz = os.sysconf("SC_CLK_TCK")
         offset = boottime_offset_ns()
         fd = self.tasks.map_fd

@@ -1,0 +1,548 @@
+"""The bpf(2) and perf_event_open(2) calls pstate needs to load a program it
+compiled before, without BCC: create maps, load programs, attach them to
+tracepoints, and read and write maps.
+
+The map classes mirror the subset of BCC's table API pstate uses (a
+MutableMapping of ctypes keys and leaves, map_fd, Key/Leaf, the batch
+operations), so the rest of pstate sees the same objects whichever way a
+program was loaded. Nothing here loads libbcc (and with it LLVM).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import fcntl
+import json
+import os
+import struct
+from collections.abc import MutableMapping
+from functools import reduce
+
+# syscall numbers per architecture: (bpf, perf_event_open)
+_SYSCALLS = {
+    "x86_64": (321, 298), "aarch64": (280, 241), "riscv64": (280, 241), "loongarch64": (280, 241),
+    "ppc64le": (361, 319), "ppc64": (361, 319), "s390x": (351, 331), "i686": (357, 336), "armv7l": (386, 364),
+}
+
+# bpf(2) commands
+MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY, PROG_LOAD = 0, 1, 2, 3, 4, 5
+OBJ_GET_INFO_BY_FD, RAW_TRACEPOINT_OPEN = 15, 17
+MAP_LOOKUP_BATCH, MAP_LOOKUP_AND_DELETE_BATCH, MAP_UPDATE_BATCH, MAP_DELETE_BATCH = 24, 25, 26, 27
+
+# map types whose user-space side this module implements
+MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY = 1, 2, 5, 6
+MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 9, 10, 27
+SUPPORTED_MAP_TYPES = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY,
+                                 MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF})
+
+PROG_TRACEPOINT, PROG_RAW_TRACEPOINT = 5, 17
+
+# ld_imm64 and the source-register marker that makes its immediate a map fd
+LD_IMM64 = 0x18
+PSEUDO_MAP_FD = 1
+
+PERF_TYPE_TRACEPOINT = 2
+PERF_FLAG_FD_CLOEXEC = 8
+PERF_EVENT_IOC_ENABLE = 0x2400
+PERF_EVENT_IOC_DISABLE = 0x2401
+PERF_EVENT_IOC_SET_BPF = 0x40042408
+
+_ATTR_SIZE = 128  # bytes of union bpf_attr passed; the kernel wants the unknown tail zero
+
+
+class BpfError(OSError):
+    pass
+
+
+_libc = None
+
+
+def supported() -> bool:
+    return os.uname().machine in _SYSCALLS
+
+
+def _syscall():
+    global _libc
+    if _libc is None:
+        _libc = ct.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ct.c_long
+    return _libc.syscall
+
+
+def _nr(which: int) -> int:
+    try:
+        return _SYSCALLS[os.uname().machine][which]
+    except KeyError:
+        raise BpfError(errno.ENOSYS, f"no bpf syscall numbers for {os.uname().machine}") from None
+
+
+def bpf(cmd: int, attr: ct.Array) -> int:
+    """bpf(cmd, attr); the result, or -1 with ctypes' errno set."""
+    return _syscall()(ct.c_long(_nr(0)), ct.c_int(cmd), attr, ct.c_uint(ct.sizeof(attr)))
+
+
+def _attr(fmt: str, *values) -> ct.Array:
+    buf = ct.create_string_buffer(_ATTR_SIZE)
+    struct.pack_into(fmt, buf, 0, *values)
+    return buf
+
+
+def _check(res: int, what: str) -> int:
+    if res < 0:
+        err = ct.get_errno()
+        raise BpfError(err, f"{what}: {os.strerror(err)}")
+    return res
+
+
+def _addr(p) -> int:
+    """The address behind a ctypes object, a byref() or a plain int (None = NULL)."""
+    if p is None:
+        return 0
+    if isinstance(p, int):
+        return p
+    return ct.cast(p, ct.c_void_p).value or 0
+
+
+def _name16(name: str) -> bytes:
+    # the kernel accepts [A-Za-z0-9_.] in object names, at most 15 of them
+    clean = "".join(c if c.isalnum() or c in "_." else "_" for c in name)
+    return clean.encode()[:15]
+
+
+# --- objects ---------------------------------------------------------------
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, flags: int, name: str) -> int:
+    attr = _attr("<IIIIIII16s", map_type, key_size, value_size, max_entries, flags, 0, 0, _name16(name))
+    return _check(bpf(MAP_CREATE, attr), f"creating map {name}")
+
+
+def map_info(fd: int) -> dict:
+    """type, key_size, value_size, max_entries, flags and name of a map fd."""
+    info = ct.create_string_buffer(88)
+    attr = _attr("<IIQ", fd, len(info), ct.addressof(info))
+    _check(bpf(OBJ_GET_INFO_BY_FD, attr), "reading map info")
+    mtype, _id, ksz, vsz, maxe, flags, name = struct.unpack_from("<IIIIII16s", info, 0)
+    return {"type": mtype, "key_size": ksz, "value_size": vsz, "max_entries": maxe, "flags": flags,
+            "name": name.split(b"\0", 1)[0].decode(errors="replace")}
+
+
+def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, name: str,
+              log_size: int = 0) -> tuple[int, str]:
+    """Load instructions; (fd or -errno, verifier log when log_size was given)."""
+    ibuf = ct.create_string_buffer(insns, len(insns))
+    lic = ct.create_string_buffer(license.encode())
+    log = ct.create_string_buffer(log_size) if log_size else None
+    attr = _attr("<IIQQIIQII16s", prog_type, len(insns) // 8, ct.addressof(ibuf), ct.addressof(lic),
+                 1 if log else 0, log_size, ct.addressof(log) if log else 0, kern_version, 0, _name16(name))
+    fd = bpf(PROG_LOAD, attr)
+    if fd < 0:
+        fd = -ct.get_errno()
+    return fd, (log.value.decode(errors="replace") if log else "")
+
+
+def tracepoint_id(tracefs: str, category: str, event: str) -> int:
+    with open(os.path.join(tracefs, "events", category, event, "id")) as f:
+        return int(f.read())
+
+
+class _PerfEventAttr(ct.Structure):
+    _fields_ = [("type", ct.c_uint32), ("size", ct.c_uint32), ("config", ct.c_uint64),
+                ("sample_period", ct.c_uint64), ("sample_type", ct.c_uint64), ("read_format", ct.c_uint64),
+                ("flags", ct.c_uint64), ("wakeup_events", ct.c_uint32), ("bp_type", ct.c_uint32),
+                ("config1", ct.c_uint64), ("config2", ct.c_uint64), ("branch_sample_type", ct.c_uint64),
+                ("sample_regs_user", ct.c_uint64), ("sample_stack_user", ct.c_uint32),
+                ("clockid", ct.c_int32), ("sample_regs_intr", ct.c_uint64), ("aux_watermark", ct.c_uint32),
+                ("sample_max_stack", ct.c_uint16), ("reserved2", ct.c_uint16)]
+
+
+def attach_tracepoint(prog_fd: int, tracefs: str, category: str, event: str) -> int:
+    """A perf event on the tracepoint running prog_fd (what BCC does); its fd."""
+    attr = _PerfEventAttr(type=PERF_TYPE_TRACEPOINT, size=ct.sizeof(_PerfEventAttr),
+                          config=tracepoint_id(tracefs, category, event), sample_period=1, wakeup_events=1)
+    fd = _syscall()(ct.c_long(_nr(1)), ct.byref(attr), ct.c_int(-1), ct.c_int(0), ct.c_int(-1),
+                    ct.c_ulong(PERF_FLAG_FD_CLOEXEC))
+    _check(fd, f"perf_event_open on {category}:{event}")
+    try:
+        fcntl.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd)
+        fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def attach_raw_tracepoint(prog_fd: int, event: str) -> int:
+    name = ct.create_string_buffer(event.encode())
+    attr = _attr("<QI", ct.addressof(name), prog_fd)
+    return _check(bpf(RAW_TRACEPOINT_OPEN, attr), f"attaching raw tracepoint {event}")
+
+
+def close_perf_event(fd: int) -> None:
+    try:
+        fcntl.ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+# --- map element calls, with the signatures of libbcc's -------------------
+# Each returns 0 (or a count) on success and -errno on failure, with ctypes'
+# errno set, so code written against bcc.libbcc.lib runs unchanged.
+
+def _elem(cmd: int, fd: int, key, value, flags: int) -> int:
+    attr = _attr("<IIQQQ", fd, 0, _addr(key), _addr(value), flags)
+    res = bpf(cmd, attr)
+    return -ct.get_errno() if res < 0 else res
+
+
+def _batch(cmd: int, fd: int, in_batch, out_batch, keys, values, count) -> int:
+    cnt = ct.cast(count, ct.POINTER(ct.c_uint32))
+    attr = _attr("<QQQQIIQQ", _addr(in_batch), _addr(out_batch), _addr(keys), _addr(values),
+                 cnt.contents.value, fd, 0, 0)
+    res = bpf(cmd, attr)
+    err = ct.get_errno()
+    cnt.contents.value = struct.unpack_from("<I", attr, 32)[0]
+    ct.set_errno(err)
+    return -err if res < 0 else res
+
+
+class MapCalls:
+    """A drop-in for the map calls of bcc.libbcc.lib."""
+
+    @staticmethod
+    def bpf_lookup_elem(fd, key, value):
+        return _elem(MAP_LOOKUP_ELEM, fd, key, value, 0)
+
+    @staticmethod
+    def bpf_update_elem(fd, key, value, flags):
+        return _elem(MAP_UPDATE_ELEM, fd, key, value, flags)
+
+    @staticmethod
+    def bpf_delete_elem(fd, key):
+        return _elem(MAP_DELETE_ELEM, fd, key, None, 0)
+
+    @staticmethod
+    def bpf_get_next_key(fd, key, next_key):
+        return _elem(MAP_GET_NEXT_KEY, fd, key, next_key, 0)
+
+    @staticmethod
+    def bpf_get_first_key(fd, key, key_size=None):
+        return _elem(MAP_GET_NEXT_KEY, fd, None, key, 0)
+
+    @staticmethod
+    def bpf_lookup_batch(fd, in_batch, out_batch, keys, values, count):
+        return _batch(MAP_LOOKUP_BATCH, fd, in_batch, out_batch, keys, values, count)
+
+    @staticmethod
+    def bpf_lookup_and_delete_batch(fd, in_batch, out_batch, keys, values, count):
+        return _batch(MAP_LOOKUP_AND_DELETE_BATCH, fd, in_batch, out_batch, keys, values, count)
+
+    @staticmethod
+    def bpf_update_batch(fd, keys, values, count):
+        return _batch(MAP_UPDATE_BATCH, fd, None, None, keys, values, count)
+
+    @staticmethod
+    def bpf_delete_batch(fd, keys, count):
+        return _batch(MAP_DELETE_BATCH, fd, None, None, keys, None, count)
+
+
+lib = MapCalls()
+
+
+# --- key/leaf types from BCC's JSON descriptions -----------------------------
+
+_SCALARS = {
+    "_Bool": ct.c_bool, "char": ct.c_char, "signed char": ct.c_byte, "wchar_t": ct.c_wchar,
+    "unsigned char": ct.c_ubyte, "short": ct.c_short, "unsigned short": ct.c_ushort, "int": ct.c_int,
+    "unsigned int": ct.c_uint, "long": ct.c_long, "unsigned long": ct.c_ulong, "long long": ct.c_longlong,
+    "unsigned long long": ct.c_ulonglong, "float": ct.c_float, "double": ct.c_double,
+    "long double": ct.c_longdouble, "__int128": ct.c_int64 * 2, "unsigned __int128": ct.c_uint64 * 2,
+}
+
+
+def decode_type(desc):
+    """The ctypes type BCC builds for a key or leaf description (a scalar
+    name, or [name, [[field, type(, [n] | bits | kind)]...], kind])."""
+    if isinstance(desc, str):
+        return _SCALARS[desc]
+    fields, anon = [], []
+    for f in desc[1]:
+        if len(f) == 2:
+            fields.append((f[0], decode_type(f[1])))
+        elif len(f) == 3 and isinstance(f[2], list):
+            fields.append((f[0], decode_type(f[1]) * f[2][0]))
+        elif len(f) == 3 and isinstance(f[2], int):
+            fields.append((f[0], decode_type(f[1]), f[2]))
+        elif len(f) == 3 and f[2] in ("struct", "union", "struct_packed"):
+            name = f[0] or f"__anon{len(anon)}"
+            if not f[0]:
+                anon.append(name)
+            fields.append((name, decode_type(f)))
+        else:
+            raise ValueError(f"cannot decode type {f!r}")
+    kind = desc[2] if len(desc) > 2 else "struct"
+    base = ct.Union if kind == "union" else ct.Structure
+    ns = {"_anonymous_": anon, "_fields_": fields}
+    if kind == "struct_packed":
+        ns["_pack_"] = 1
+    return type(str(desc[0]), (base,), ns)
+
+
+def possible_cpus() -> int:
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            text = f.read().strip()
+    except OSError:
+        return os.cpu_count() or 1
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+# --- tables ------------------------------------------------------------------
+
+class Table(MutableMapping):
+    """A hash map: ctypes Key -> Leaf. Errors as BCC's: KeyError when absent,
+    Exception when an update fails."""
+
+    def __init__(self, map_fd: int, name: str, key_type, leaf_type, map_type: int, max_entries: int,
+                 flags: int = 0):
+        self.map_fd = map_fd
+        self.name = self._name = name
+        self.Key = key_type
+        self.Leaf = leaf_type
+        self.ttype = map_type
+        self.max_entries = max_entries
+        self.flags = flags
+
+    def get_fd(self):
+        return self.map_fd
+
+    def __getitem__(self, key):
+        leaf = self.Leaf()
+        if lib.bpf_lookup_elem(self.map_fd, ct.byref(key), ct.byref(leaf)) < 0:
+            raise KeyError(key)
+        return leaf
+
+    def __setitem__(self, key, leaf):
+        if lib.bpf_update_elem(self.map_fd, ct.byref(key), ct.byref(leaf), 0) < 0:
+            raise Exception(f"Could not update table: {os.strerror(ct.get_errno())}")
+
+    def __delitem__(self, key):
+        if lib.bpf_delete_elem(self.map_fd, ct.byref(key)) < 0:
+            raise KeyError(key)
+
+    def __iter__(self):
+        key = None
+        while True:
+            nxt = self.Key()
+            if key is None:
+                res = lib.bpf_get_first_key(self.map_fd, ct.byref(nxt))
+            else:
+                res = lib.bpf_get_next_key(self.map_fd, ct.byref(key), ct.byref(nxt))
+            if res < 0:
+                return
+            yield nxt
+            key = nxt
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+    def keys(self):
+        return iter(self)
+
+    def itervalues(self):
+        for key in self:
+            try:
+                yield self[key]
+            except KeyError:  # deleted since its key was read
+                pass
+
+    def iteritems(self):
+        for key in self:
+            try:
+                yield key, self[key]
+            except KeyError:
+                pass
+
+    def items(self):
+        return list(self.iteritems())
+
+    def values(self):
+        return list(self.itervalues())
+
+    def clear(self):
+        for k in list(self.keys()):
+            try:
+                del self[k]
+            except KeyError:
+                pass
+
+    def zero(self):
+        for k in list(self.keys()):
+            self[k] = self.Leaf()
+
+    def items_lookup_batch(self):
+        yield from self._batch_items(delete=False)
+
+    def items_lookup_and_delete_batch(self):
+        yield from self._batch_items(delete=True)
+
+    def items_delete_batch(self, ct_keys=None):
+        if ct_keys is None:
+            for _ in self.items_lookup_and_delete_batch():
+                pass
+            return
+        cnt = ct.c_uint32(len(ct_keys))
+        if lib.bpf_delete_batch(self.map_fd, ct.byref(ct_keys), ct.byref(cnt)) != 0:
+            raise Exception(f"BPF_MAP_DELETE_BATCH has failed: {os.strerror(ct.get_errno())}")
+
+    def items_update_batch(self, ct_keys, ct_values):
+        if len(ct_keys) != len(ct_values):
+            raise ValueError("keys array length != values array length")
+        cnt = ct.c_uint32(len(ct_keys))
+        if lib.bpf_update_batch(self.map_fd, ct.byref(ct_keys), ct.byref(ct_values), ct.byref(cnt)) != 0:
+            raise Exception(f"BPF_MAP_UPDATE_BATCH has failed: {os.strerror(ct.get_errno())}")
+
+    def _batch_items(self, delete: bool):
+        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
+        size = self.max_entries
+        keys, values = (self.Key * size)(), (self.Leaf * size)()
+        ksz, vsz = ct.sizeof(self.Key), ct.sizeof(self.Leaf)
+        # the resume token is a bucket number for hash maps, a key for arrays
+        token, cnt, total = ct.create_string_buffer(max(ksz, 8)), ct.c_uint32(0), 0
+        while True:
+            cnt.value = size - total
+            res = call(self.map_fd, ct.byref(token) if total else None, ct.byref(token),
+                       ct.byref(keys, ksz * total), ct.byref(values, vsz * total), ct.byref(cnt))
+            err = ct.get_errno()
+            total += cnt.value
+            if res != 0 and err != errno.ENOENT:
+                raise Exception(f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH has failed: "
+                                f"{os.strerror(err)}")
+            if res != 0 or total == size or cnt.value == 0:
+                break  # ENOENT: all read; or no room or no progress
+        for i in range(total):
+            yield keys[i], values[i]
+
+
+class ArrayTable(Table):
+    """An array map: keys 0..max_entries-1 always exist; deleting zeroes."""
+
+    def _normalize_key(self, key):
+        if isinstance(key, int):
+            key = self.Key(key + len(self) if key < 0 else key)
+        if not isinstance(key, ct._SimpleCData):
+            raise IndexError("Array index must be an integer type")
+        if key.value >= len(self):
+            raise IndexError("Array index out of range")
+        return key
+
+    def __len__(self):
+        return self.max_entries
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._normalize_key(key))
+
+    def __setitem__(self, key, leaf):
+        super().__setitem__(self._normalize_key(key), leaf)
+
+    def __delitem__(self, key):
+        self.clearitem(key)
+
+    def clearitem(self, key):
+        super().__setitem__(self._normalize_key(key), self.Leaf())
+
+    def __iter__(self):
+        return (self.Key(i) for i in range(len(self)))
+
+
+class _PerCpu:
+    """Per-CPU leaves: one value per possible CPU, each padded to 8 bytes."""
+
+    def _per_cpu(self, reducer=None):
+        self.reducer = reducer
+        self.sLeaf = self.Leaf
+        self.total_cpu = possible_cpus()
+        self.alignment = ct.sizeof(self.sLeaf) % 8
+        if self.alignment == 0:
+            self.Leaf = self.sLeaf * self.total_cpu
+        elif self.sLeaf == ct.c_uint:
+            self.Leaf = ct.c_uint64 * self.total_cpu
+        elif self.sLeaf == ct.c_int:
+            self.Leaf = ct.c_int64 * self.total_cpu
+        else:
+            raise IndexError("Leaf must be aligned to 8 bytes")
+
+    def getvalue(self, key):
+        result = Table.__getitem__(self, self._key(key))
+        if self.alignment == 0:
+            return result
+        ret = (self.sLeaf * self.total_cpu)()
+        for i in range(self.total_cpu):
+            ret[i] = result[i]
+        return ret
+
+    def __getitem__(self, key):
+        vals = self.getvalue(key)
+        return reduce(self.reducer, vals) if self.reducer else vals
+
+    def sum(self, key):
+        if isinstance(self.Leaf(), ct.Structure):
+            raise IndexError("Leaf must be an integer type for default sum functions")
+        return self.sLeaf(sum(self.getvalue(key)))
+
+    def max(self, key):
+        if isinstance(self.Leaf(), ct.Structure):
+            raise IndexError("Leaf must be an integer type for default max functions")
+        return self.sLeaf(max(self.getvalue(key)))
+
+    def average(self, key):
+        return self.sum(key).value / self.total_cpu
+
+
+class PerCpuTable(_PerCpu, Table):
+    def __init__(self, *args, reducer=None, **kwargs):
+        Table.__init__(self, *args, **kwargs)
+        self._per_cpu(reducer)
+
+    def _key(self, key):
+        return key
+
+
+class PerCpuArrayTable(_PerCpu, ArrayTable):
+    def __init__(self, *args, reducer=None, **kwargs):
+        ArrayTable.__init__(self, *args, **kwargs)
+        self._per_cpu(reducer)
+
+    def _key(self, key):
+        return self._normalize_key(key)
+
+
+class RingBufTable(Table):
+    """A ring buffer: only its fd is of use (pstate mmaps it directly)."""
+
+    def __len__(self):
+        return 0
+
+    def __iter__(self):
+        return iter(())
+
+    def open_ring_buffer(self, *args, **kwargs):
+        raise NotImplementedError("read this ring buffer through its map_fd (pstate.loader.RingReader)")
+
+
+def make_table(map_fd: int, name: str, key_desc: str, leaf_desc: str, map_type: int, max_entries: int,
+               flags: int = 0):
+    """The table object for a map, from BCC's JSON key/leaf descriptions."""
+    key = decode_type(json.loads(key_desc))
+    leaf = decode_type(json.loads(leaf_desc))
+    cls = {MAP_HASH: Table, MAP_LRU_HASH: Table, MAP_ARRAY: ArrayTable, MAP_PERCPU_HASH: PerCpuTable,
+           MAP_LRU_PERCPU_HASH: PerCpuTable, MAP_PERCPU_ARRAY: PerCpuArrayTable, MAP_RINGBUF: RingBufTable}
+    try:
+        return cls[map_type](map_fd, name, key, leaf, map_type, max_entries, flags)
+    except KeyError:
+        raise ValueError(f"map type {map_type} is not supported") from None

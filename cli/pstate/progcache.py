@@ -1,0 +1,518 @@
+"""A cache of compiled BPF programs, so that only the first run pays for
+BCC's clang/LLVM (about a second and 150 MB).
+
+After BCC compiles and loads a program, pstate keeps what it takes to load the
+same program again without a compiler: each function's instructions (with
+where they reference a map fd), each map's definition, BCC's key/leaf type
+descriptions, and which tracepoint runs which function. A later run with
+the same key creates the maps, patches their fds into the instructions, loads
+and attaches the programs with plain bpf(2) and perf_event_open(2) calls.
+
+The key covers everything that changes the bytecode: the final C text and
+its -D cflags, the BCC build, the kernel (release, build, possible CPUs), the
+header tree, the format files of the tracepoints used, and pstate's version.
+
+Entries live in /var/cache/pstate/programs (PSTATE_CACHE_DIR elsewhere). A
+directory or file not owned by root, or writable by others, is never read:
+the instructions in it run in the kernel. Entries are written atomically and
+carry a checksum; any entry that is unreadable, stale or refused by the
+verifier is ignored and the program compiled again. PSTATE_NO_CACHE=1
+bypasses the cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes as ct
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import stat
+import struct
+import sys
+import tempfile
+
+from pstate import __version__, bpfsys
+
+FORMAT = 1
+DEFAULT_DIR = "/var/cache/pstate/programs"
+KEEP_ENTRIES = 64  # per directory; the oldest go first
+MAX_ENTRY_BYTES = 16 << 20
+
+_TRACEPOINT_PROBE = re.compile(r"\bTRACEPOINT_PROBE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# BCC features whose maps or attachments this cache cannot reproduce
+_UNCACHEABLE_SOURCE = re.compile(r"\bBPF_TABLE_(PINNED|SHARED|PUBLIC)\b|\"extern\"|\bBPF_PERF_OUTPUT\b|"
+                                 r"\bBPF_PROG_ARRAY\b|\bBPF_(HASH|ARRAY)_OF_MAPS\b|\bBPF_STACK_TRACE\b")
+
+
+class CacheMiss(Exception):
+    """No usable entry; the message says why (for `pstate doctor` and debugging)."""
+
+
+class NotCacheable(Exception):
+    """The compiled program uses something the cache cannot reproduce."""
+
+
+def enabled() -> bool:
+    return os.environ.get("PSTATE_NO_CACHE", "") in ("", "0")
+
+
+def cache_dir() -> str:
+    return os.environ.get("PSTATE_CACHE_DIR") or DEFAULT_DIR
+
+
+# --- trust -------------------------------------------------------------------
+
+def untrusted(path: str, owner: int = 0, directory: bool = False) -> str | None:
+    """Why path must not be trusted (a reason), or None when it may be."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+    if not kind:
+        return f"{path} is not a {'directory' if directory else 'regular file'}"
+    if st.st_uid != owner:
+        return f"{path} is owned by uid {st.st_uid}, not {'root' if owner == 0 else owner}"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others"
+    return None
+
+
+def _untrusted_dir(directory: str, owner: int) -> str | None:
+    # the parent too: whoever can write there can swap the directory
+    return untrusted(directory, owner, True) or untrusted(os.path.dirname(os.path.abspath(directory)), owner, True)
+
+
+# --- key ---------------------------------------------------------------------
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _stat_id(path: str):
+    try:
+        st = os.stat(path)
+        return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        return None
+
+
+def _bcc_dirs() -> list[str]:
+    if "bcc" in sys.modules:
+        return [os.path.dirname(sys.modules["bcc"].__file__ or "")]
+    try:
+        spec = importlib.util.find_spec("bcc")
+    except (ImportError, ValueError):
+        spec = None
+    if spec and spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)
+    # where pstate.loader.import_bcc looks when the venv lacks it
+    return [d for d in sorted(glob.glob("/usr/lib/python3/dist-packages/bcc"))
+            + sorted(glob.glob("/usr/lib/python3*/site-packages/bcc")) if os.path.isdir(d)][:1]
+
+
+def _libbcc() -> str | None:
+    arch = getattr(sys.implementation, "_multiarch", "")
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += [f"/usr/lib/{arch}", f"/lib/{arch}", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/usr/local/lib64"]
+    for d in dirs:
+        p = os.path.join(d, "libbcc.so.0")
+        if os.path.exists(p):
+            return p
+    return None
+
+
+def bcc_identity() -> dict:
+    """The BCC build, found without importing bcc (which loads LLVM)."""
+    dirs = _bcc_dirs()
+    version = _read_bytes(os.path.join(dirs[0], "version.py")) if dirs else None
+    lib = _libbcc()
+    return {"python": _sha(version) if version else None, "lib": _stat_id(lib) if lib else None}
+
+
+def tracepoints_in(text: str) -> list[str]:
+    return sorted({f"{c}:{e}" for c, e in _TRACEPOINT_PROBE.findall(text)})
+
+
+def format_hash(tracefs: str, tp: str) -> str | None:
+    cat, _, event = tp.partition(":")
+    data = _read_bytes(os.path.join(tracefs, "events", cat, event, "format"))
+    return _sha(data) if data is not None else None
+
+
+def _headers_identity(path: str | None):
+    if not path:
+        return None
+    files = ("Makefile", "include/generated/autoconf.h", "include/generated/uapi/linux/version.h",
+             "include/config/kernel.release")
+    return [os.path.realpath(path)] + [_stat_id(os.path.join(path, f)) for f in files]
+
+
+def key_material(name: str, text: str, cflags: list[str], tracefs: str, headers_path: str | None,
+                 bcc: dict | None = None) -> dict:
+    u = os.uname()
+    return {
+        "format": FORMAT,
+        "pstate": __version__,
+        "name": name,
+        "text": _sha(text.encode()),
+        "cflags": list(cflags),
+        "bcc": bcc if bcc is not None else bcc_identity(),
+        "kernel": [u.release, u.version, u.machine, bpfsys.possible_cpus()],
+        "headers": _headers_identity(headers_path),
+        "tracepoints": {tp: format_hash(tracefs, tp) for tp in tracepoints_in(text)},
+    }
+
+
+def key_of(material: dict) -> str:
+    return _sha(json.dumps(material, sort_keys=True, separators=(",", ":")).encode())
+
+
+def entry_path(directory: str, name: str, key: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return os.path.join(directory, f"{safe}-{key[:40]}.json")
+
+
+# --- entry format ------------------------------------------------------------
+
+def _checksum(entry: dict) -> str:
+    body = {k: v for k, v in entry.items() if k != "sum"}
+    return _sha(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def encode(entry: dict) -> bytes:
+    entry = dict(entry, sum=_checksum(entry))
+    return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, key: str, name: str) -> dict:
+    """A checked entry, or CacheMiss."""
+    try:
+        entry = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise CacheMiss("entry is not valid JSON") from None
+    if not isinstance(entry, dict) or entry.get("sum") != _checksum(entry):
+        raise CacheMiss("entry checksum does not match")
+    if entry.get("format") != FORMAT:
+        raise CacheMiss(f"entry format {entry.get('format')!r}, want {FORMAT}")
+    if entry.get("key") != key or entry.get("name") != name:
+        raise CacheMiss("entry is for another key")
+    try:
+        _validate(entry)
+    except (KeyError, TypeError, ValueError, AssertionError) as e:
+        raise CacheMiss(f"entry is malformed: {e!r}") from None
+    return entry
+
+
+def _validate(entry: dict) -> None:
+    assert isinstance(entry["license"], str) and isinstance(entry["kern_version"], int)
+    names = set()
+    for m in entry["maps"]:
+        for f in ("type", "key_size", "value_size", "max_entries", "flags"):
+            assert isinstance(m[f], int) and m[f] >= 0, f
+        assert m["type"] in bpfsys.SUPPORTED_MAP_TYPES, m["type"]
+        assert isinstance(m["name"], str) and isinstance(m["key_desc"], str) and isinstance(m["leaf_desc"], str)
+        names.add(m["name"])
+    progs = set()
+    for p in entry["progs"]:
+        assert p["type"] in (bpfsys.PROG_TRACEPOINT, bpfsys.PROG_RAW_TRACEPOINT)
+        insns = base64.b64decode(p["insns"], validate=True)
+        assert insns and len(insns) % 8 == 0
+        n = len(insns) // 8
+        for idx, mname in p["maps"]:
+            assert isinstance(idx, int) and 0 <= idx < n - 1 and mname in names
+            assert insns[idx * 8] == bpfsys.LD_IMM64
+        progs.add(p["name"])
+    for a in entry["attach"]:
+        assert a["kind"] in ("tracepoint", "raw_tracepoint") and a["prog"] in progs
+        assert isinstance(a["target"], str)
+
+
+# --- reading and writing -----------------------------------------------------
+
+def lookup(key: str, name: str, directory: str | None = None, owner: int = 0) -> dict:
+    directory = directory or cache_dir()
+    why = _untrusted_dir(directory, owner)
+    if why:
+        raise CacheMiss(why)
+    path = entry_path(directory, name, key)
+    why = untrusted(path, owner)
+    if why:
+        raise CacheMiss(why)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+    except OSError as e:
+        raise CacheMiss(f"{path}: {e.strerror}") from None
+    if len(data) > MAX_ENTRY_BYTES:
+        raise CacheMiss(f"{path} is too large")
+    return decode(data, key, name)
+
+
+def store(entry: dict, directory: str | None = None, owner: int = 0) -> str | None:
+    """Write an entry atomically; the path, or None when the directory is not
+    ours to write (the cache is an optimisation: it never fails a run)."""
+    directory = directory or cache_dir()
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+    except OSError:
+        return None
+    if _untrusted_dir(directory, owner):
+        return None
+    path = entry_path(directory, entry["name"], entry["key"])
+    data = encode(entry)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return None
+    _prune(directory)
+    return path
+
+
+def _prune(directory: str, keep: int = KEEP_ENTRIES) -> None:
+    with contextlib.suppress(OSError):
+        entries = []
+        for e in os.scandir(directory):
+            if e.name.endswith(".json") and e.is_file(follow_symlinks=False):
+                entries.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
+        entries.sort(reverse=True)
+        for _, path in entries[keep:]:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def status(directory: str | None = None, owner: int = 0) -> tuple[bool, str]:
+    """(usable, one line) for `pstate doctor`."""
+    directory = directory or cache_dir()
+    if not enabled():
+        return True, "disabled (PSTATE_NO_CACHE is set): every run compiles"
+    if not os.path.isdir(directory):
+        return True, f"{directory}: empty (the next record/snap compiles and fills it)"
+    why = _untrusted_dir(directory, owner)
+    if why:
+        return False, f"not used: {why}"
+    try:
+        names = [e for e in os.scandir(directory) if e.name.endswith(".json") and not e.name.startswith(".")]
+        size = sum(e.stat(follow_symlinks=False).st_size for e in names)
+    except OSError as e:
+        return False, f"{directory}: {e.strerror}"
+    return True, f"{directory}: {len(names)} compiled program(s), {size // 1024} KiB"
+
+
+# --- from a BCC module -------------------------------------------------------
+
+def _bcc_lib_prototypes(lib) -> None:
+    """Declare the libbcc calls bcc's own Python module leaves undeclared."""
+    for fn, res, args in (
+        ("bpf_num_tables", ct.c_size_t, [ct.c_void_p]),
+        ("bpf_table_name", ct.c_char_p, [ct.c_void_p, ct.c_size_t]),
+        ("bpf_table_fd_id", ct.c_int, [ct.c_void_p, ct.c_size_t]),
+        ("bpf_table_key_desc_id", ct.c_char_p, [ct.c_void_p, ct.c_size_t]),
+        ("bpf_table_leaf_desc_id", ct.c_char_p, [ct.c_void_p, ct.c_size_t]),
+        ("bpf_module_license", ct.c_char_p, [ct.c_void_p]),
+        ("bpf_module_kern_version", ct.c_uint, [ct.c_void_p]),
+    ):
+        f = getattr(lib, fn)
+        f.restype, f.argtypes = res, args
+
+
+def map_refs(insns: bytes, fd_names: dict[int, str]) -> list[list]:
+    """[instruction index, map name] of every ld_imm64 that loads a map fd.
+    NotCacheable for any other kind of pseudo load (BTF ids, map values...),
+    whose relocation this cache does not know."""
+    refs = []
+    i, n = 0, len(insns) // 8
+    while i < n:
+        code, regs, _off, imm = struct.unpack_from("<BBhi", insns, i * 8)
+        if code == bpfsys.LD_IMM64:
+            src = regs >> 4
+            if src == bpfsys.PSEUDO_MAP_FD:
+                if imm not in fd_names:
+                    raise NotCacheable(f"instruction {i} loads fd {imm}, which is no map of this module")
+                refs.append([i, fd_names[imm]])
+            elif src != 0:
+                raise NotCacheable(f"instruction {i} is a pseudo load of kind {src}")
+            i += 2
+        else:
+            i += 1
+    return refs
+
+
+def export(bpf, lib, key: str, name: str, text: str, tracefs: str) -> dict:
+    """The cache entry for a loaded bcc.BPF object; NotCacheable if it uses
+    anything beyond maps of the supported types and (raw) tracepoints."""
+    if _UNCACHEABLE_SOURCE.search(text):
+        raise NotCacheable("the program uses shared, pinned, perf-output, program or stack maps")
+    for attr in ("kprobe_fds", "uprobe_fds", "kfunc_entry_fds", "kfunc_exit_fds", "lsm_fds",
+                 "perf_buffers", "open_perf_events"):
+        if getattr(bpf, attr, None):
+            raise NotCacheable(f"the program uses {attr[:-4] if attr.endswith('_fds') else attr}")
+    _bcc_lib_prototypes(lib)
+    mod = bpf.module
+    maps, fd_names = [], {}
+    for i in range(lib.bpf_num_tables(mod)):
+        mname = lib.bpf_table_name(mod, i).decode()
+        fd = lib.bpf_table_fd_id(mod, i)
+        if fd < 0:
+            raise NotCacheable(f"map {mname} has no fd")
+        info = bpfsys.map_info(fd)
+        if info["type"] not in bpfsys.SUPPORTED_MAP_TYPES:
+            raise NotCacheable(f"map {mname} is of type {info['type']}")
+        fd_names[fd] = mname
+        maps.append({"name": mname, "kname": info["name"], "type": info["type"], "key_size": info["key_size"],
+                     "value_size": info["value_size"], "max_entries": info["max_entries"], "flags": info["flags"],
+                     "key_desc": (lib.bpf_table_key_desc_id(mod, i) or b"").decode(),
+                     "leaf_desc": (lib.bpf_table_leaf_desc_id(mod, i) or b"").decode()})
+    progs = []
+    for fn in bpf.funcs:
+        fname = fn.decode() if isinstance(fn, bytes) else fn
+        if fname.startswith("tracepoint__"):
+            ptype = bpfsys.PROG_TRACEPOINT
+        elif fname.startswith("raw_tracepoint__"):
+            ptype = bpfsys.PROG_RAW_TRACEPOINT
+        else:
+            raise NotCacheable(f"function {fname} is neither a tracepoint nor a raw tracepoint program")
+        insns = bytes(bpf.dump_func(fn))
+        progs.append({"name": fname, "type": ptype, "maps": map_refs(insns, fd_names),
+                      "insns": base64.b64encode(insns).decode()})
+    attach = []
+    loaded = {p["name"] for p in progs}
+    for tp in bpf.tracepoint_fds:
+        target = tp.decode() if isinstance(tp, bytes) else tp
+        cat, _, event = target.partition(":")
+        prog = f"tracepoint__{cat}__{event}"
+        if prog not in loaded:
+            raise NotCacheable(f"cannot tell which function runs at {target}")
+        attach.append({"kind": "tracepoint", "target": target, "prog": prog, "format": format_hash(tracefs, target)})
+    for tp in getattr(bpf, "raw_tracepoint_fds", {}):
+        target = tp.decode() if isinstance(tp, bytes) else tp
+        prog = f"raw_tracepoint__{target}"
+        if prog not in loaded:
+            raise NotCacheable(f"cannot tell which function runs at raw tracepoint {target}")
+        attach.append({"kind": "raw_tracepoint", "target": target, "prog": prog})
+    if not attach:
+        raise NotCacheable("nothing is attached")
+    return {"format": FORMAT, "key": key, "name": name,
+            "license": (lib.bpf_module_license(mod) or b"GPL").decode(),
+            "kern_version": int(lib.bpf_module_kern_version(mod)),
+            "maps": maps, "progs": progs, "attach": attach}
+
+
+# --- loading an entry ----------------------------------------------------------
+
+class Loaded:
+    """Maps, programs and attachments created from an entry; table(name)
+    gives the same kind of object as bcc.BPF()[name]."""
+
+    def __init__(self):
+        self.map_fds: dict[str, int] = {}
+        self.tables: dict[str, object] = {}
+        self.prog_fds: dict[str, int] = {}
+        self.perf_fds: dict[str, int] = {}  # tracepoint -> perf event fd
+        self.raw_fds: dict[str, int] = {}  # raw tracepoint -> fd
+
+    def table(self, name: str):
+        return self.tables[name]
+
+    def detach_one(self, target: str) -> None:
+        fd = self.perf_fds.pop(target, None)
+        if fd is not None:
+            bpfsys.close_perf_event(fd)
+        fd = self.raw_fds.pop(target, None)
+        if fd is not None:
+            os.close(fd)
+
+    def attached(self) -> list[str]:
+        return list(self.perf_fds) + list(self.raw_fds)
+
+    def close(self) -> None:
+        for target in self.attached():
+            with contextlib.suppress(OSError):
+                self.detach_one(target)
+        for fds in (self.prog_fds, self.map_fds):
+            for fd in fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            fds.clear()
+        self.tables.clear()
+
+
+def _create_map(m: dict) -> int:
+    args = (m["type"], m["key_size"], m["value_size"], m["max_entries"], m["flags"], m["kname"] or m["name"])
+    try:
+        return bpfsys.map_create(*args)
+    except OSError as e:
+        if e.errno != 1:  # EPERM: kernels before 5.11 charge maps to RLIMIT_MEMLOCK
+            raise
+        import resource
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        return bpfsys.map_create(*args)
+
+
+def _patched(insns: bytes, refs: list, fds: dict[str, int]) -> bytes:
+    buf = bytearray(insns)
+    for idx, mname in refs:
+        struct.pack_into("<i", buf, idx * 8 + 4, fds[mname])
+    return bytes(buf)
+
+
+def load(entry: dict, tracefs: str) -> Loaded:
+    """Create, load and attach everything in an entry; CacheMiss (with all
+    that was created closed again) if anything fails or is stale."""
+    for a in entry["attach"]:
+        if a["kind"] == "tracepoint" and a["format"] != format_hash(tracefs, a["target"]):
+            raise CacheMiss(f"the format of tracepoint {a['target']} changed")
+    if not bpfsys.supported():
+        raise CacheMiss("no bpf syscall numbers for this architecture")
+    out = Loaded()
+    try:
+        for m in entry["maps"]:
+            out.map_fds[m["name"]] = fd = _create_map(m)
+            out.tables[m["name"]] = bpfsys.make_table(fd, m["name"], m["key_desc"], m["leaf_desc"], m["type"],
+                                                      m["max_entries"], m["flags"])
+        for p in entry["progs"]:
+            insns = _patched(base64.b64decode(p["insns"]), p["maps"], out.map_fds)
+            fd, _log = bpfsys.prog_load(p["type"], insns, entry["license"], entry["kern_version"], p["name"])
+            if fd < 0:
+                raise CacheMiss(f"the kernel refused cached program {p['name']}: {os.strerror(-fd)}")
+            out.prog_fds[p["name"]] = fd
+        for a in entry["attach"]:
+            prog = out.prog_fds[a["prog"]]
+            if a["kind"] == "tracepoint":
+                cat, _, event = a["target"].partition(":")
+                out.perf_fds[a["target"]] = bpfsys.attach_tracepoint(prog, tracefs, cat, event)
+            else:
+                out.raw_fds[a["target"]] = bpfsys.attach_raw_tracepoint(prog, a["target"])
+    except CacheMiss:
+        out.close()
+        raise
+    except Exception as e:  # whatever is wrong with an entry, compiling is the answer
+        out.close()
+        raise CacheMiss(f"loading the cached program failed: {e!r}") from None
+    return out

@@ -1,0 +1,492 @@
+"""The compiled-program cache: its key, entry format, trust rules and
+corruption handling (no root needed), and, with BPF, that a program loaded
+from the cache attaches and records what a freshly compiled one does."""
+
+from __future__ import annotations
+
+import base64
+import ctypes as ct
+import json
+import os
+import struct
+
+import pytest
+
+from pstate import bpfsys, progcache
+from pstate.progcache import CacheMiss, NotCacheable
+
+ME = os.geteuid()
+
+TEXT = """
+BPF_HASH(tasks, u32, u64, 128);
+TRACEPOINT_PROBE(sched, sched_switch) { return 0; }
+TRACEPOINT_PROBE( task , task_newtask ) { return 0; }
+"""
+
+
+def ld_map(fd: int, src: int = bpfsys.PSEUDO_MAP_FD) -> bytes:
+    """ld_imm64 r1, <fd> (two slots)."""
+    return struct.pack("<BBhi", bpfsys.LD_IMM64, (src << 4) | 1, 0, fd) + struct.pack("<BBhi", 0, 0, 0, 0)
+
+
+MOV_R0_0 = struct.pack("<BBhi", 0xB7, 0, 0, 0)
+EXIT = struct.pack("<BBhi", 0x95, 0, 0, 0)
+
+
+@pytest.fixture
+def tracefs(tmp_path):
+    root = tmp_path / "tracefs"
+    for tp in ("sched/sched_switch", "task/task_newtask"):
+        d = root / "events" / tp
+        d.mkdir(parents=True)
+        (d / "format").write_text(f"name: {tp}\nfield:int pid;\n")
+        (d / "id").write_text("1\n")
+    return str(root)
+
+
+@pytest.fixture
+def cachedir(tmp_path):
+    d = tmp_path / "cache" / "programs"
+    d.mkdir(parents=True)
+    os.chmod(d.parent, 0o755)
+    os.chmod(d, 0o755)
+    return str(d)
+
+
+def material(tracefs, **over):
+    args = {"name": "record", "text": TEXT, "cflags": ["-DMAX_TASKS=128"], "tracefs": tracefs,
+            "headers_path": None, "bcc": {"python": "v", "lib": None}}
+    args.update(over)
+    return progcache.key_material(**args)
+
+
+def entry(key="k" * 64, name="record", **over) -> dict:
+    insns = MOV_R0_0 + ld_map(7) + EXIT
+    e = {"format": progcache.FORMAT, "key": key, "name": name, "license": "GPL", "kern_version": 0,
+         "maps": [{"name": "tasks", "kname": "tasks", "type": bpfsys.MAP_HASH, "key_size": 4, "value_size": 8,
+                   "max_entries": 128, "flags": 0, "key_desc": '"unsigned int"',
+                   "leaf_desc": '"unsigned long long"'}],
+         "progs": [{"name": "tracepoint__sched__sched_switch", "type": bpfsys.PROG_TRACEPOINT,
+                    "insns": base64.b64encode(insns).decode(), "maps": [[1, "tasks"]]}],
+         "attach": [{"kind": "tracepoint", "target": "sched:sched_switch",
+                     "prog": "tracepoint__sched__sched_switch", "format": None}]}
+    e.update(over)
+    return e
+
+
+# --- key -------------------------------------------------------------------------
+
+def test_key_is_stable_and_covers_every_input(tracefs, monkeypatch):
+    base = progcache.key_of(material(tracefs))
+    assert base == progcache.key_of(material(tracefs))
+    assert len(base) == 64
+    changed = {
+        "text": progcache.key_of(material(tracefs, text=TEXT + "\n")),
+        "cflags": progcache.key_of(material(tracefs, cflags=["-DMAX_TASKS=256"])),
+        "name": progcache.key_of(material(tracefs, name="snap")),
+        "bcc": progcache.key_of(material(tracefs, bcc={"python": "w", "lib": None})),
+    }
+    monkeypatch.setattr(progcache, "__version__", "9.9.9")
+    changed["pstate version"] = progcache.key_of(material(tracefs))
+    monkeypatch.undo()
+    with open(os.path.join(tracefs, "events/task/task_newtask/format"), "a") as f:
+        f.write("field:int extra;\n")
+    changed["tracepoint format"] = progcache.key_of(material(tracefs))
+    real = os.uname()
+    monkeypatch.setattr(progcache.os, "uname", lambda: os.uname_result(
+        (real.sysname, real.nodename, real.release + "-other", real.version, real.machine)))
+    changed["kernel"] = progcache.key_of(material(tracefs))
+    assert len(set(changed.values()) | {base}) == len(changed) + 1, changed
+
+
+def test_key_covers_the_header_tree(tracefs, tmp_path):
+    a, b = tmp_path / "ha", tmp_path / "hb"
+    for d in (a, b):
+        d.mkdir()
+        (d / "Makefile").write_text("VERSION = 6\n")
+    assert progcache.key_of(material(tracefs, headers_path=str(a))) != \
+        progcache.key_of(material(tracefs, headers_path=str(b)))
+
+
+def test_tracepoints_in_text():
+    assert progcache.tracepoints_in(TEXT) == ["sched:sched_switch", "task:task_newtask"]
+
+
+def test_bcc_identity_does_not_import_bcc():
+    import sys
+
+    had = "bcc" in sys.modules
+    ident = progcache.bcc_identity()
+    assert set(ident) == {"python", "lib"}
+    assert ("bcc" in sys.modules) == had
+
+
+def test_bypass_env(monkeypatch):
+    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
+    assert progcache.enabled()
+    monkeypatch.setenv("PSTATE_NO_CACHE", "1")
+    assert not progcache.enabled()
+    monkeypatch.setenv("PSTATE_NO_CACHE", "0")
+    assert progcache.enabled()
+
+
+# --- entry format --------------------------------------------------------------------
+
+def test_encode_decode_round_trip():
+    e = entry()
+    assert progcache.decode(progcache.encode(e), e["key"], "record") == dict(e, sum=progcache._checksum(e))
+
+
+@pytest.mark.parametrize("mangle, why", [
+    (lambda d: d[: len(d) // 2], "not valid JSON"),
+    (lambda d: b"\xff\xfe" + d, "not valid JSON"),
+    (lambda d: b"[]", "checksum"),
+    (lambda d: d.replace(b'"license":"GPL"', b'"license":"BSD"'), "checksum"),
+    (lambda d: b"", "not valid JSON"),
+])
+def test_corrupt_entries_are_misses(mangle, why):
+    e = entry()
+    with pytest.raises(CacheMiss, match=why):
+        progcache.decode(mangle(progcache.encode(e)), e["key"], "record")
+
+
+def test_entry_for_another_key_or_format_is_a_miss():
+    e = entry()
+    data = progcache.encode(e)
+    with pytest.raises(CacheMiss, match="another key"):
+        progcache.decode(data, "x" * 64, "record")
+    with pytest.raises(CacheMiss, match="another key"):
+        progcache.decode(data, e["key"], "snap")
+    with pytest.raises(CacheMiss, match="format"):
+        progcache.decode(progcache.encode(entry(format=progcache.FORMAT + 1)), e["key"], "record")
+
+
+@pytest.mark.parametrize("over", [
+    {"progs": [{"name": "p", "type": 5, "insns": base64.b64encode(EXIT).decode(), "maps": [[5, "tasks"]]}],
+     "attach": []},  # map reference beyond the program
+    {"progs": [{"name": "p", "type": 5, "insns": base64.b64encode(MOV_R0_0 + EXIT).decode(),
+                "maps": [[0, "tasks"]]}], "attach": []},  # a reference that is no ld_imm64
+    {"progs": [{"name": "p", "type": 5, "insns": "!!!", "maps": []}], "attach": []},
+    {"progs": [{"name": "p", "type": 5, "insns": base64.b64encode(EXIT[:5]).decode(), "maps": []}],
+     "attach": []},
+    {"progs": [{"name": "p", "type": 1, "insns": base64.b64encode(EXIT).decode(), "maps": []}], "attach": []},
+    {"maps": [{"name": "m", "type": 4, "key_size": 4, "value_size": 4, "max_entries": 2, "flags": 0,
+               "key_desc": "", "leaf_desc": ""}]},  # perf event array: not supported
+    {"attach": [{"kind": "kprobe", "target": "x", "prog": "tracepoint__sched__sched_switch"}]},
+    {"attach": [{"kind": "tracepoint", "target": "a:b", "prog": "nonesuch"}]},
+    {"license": None},
+    {"maps": "nope"},
+])
+def test_malformed_entries_are_misses(over):
+    e = entry(**over)
+    with pytest.raises(CacheMiss, match="malformed"):
+        progcache.decode(progcache.encode(e), e["key"], "record")
+
+
+def test_map_refs():
+    insns = MOV_R0_0 + ld_map(7) + ld_map(0, src=0) + ld_map(9) + EXIT
+    assert progcache.map_refs(insns, {7: "a", 9: "b"}) == [[1, "a"], [5, "b"]]
+    with pytest.raises(NotCacheable, match="no map"):
+        progcache.map_refs(insns, {7: "a"})
+    with pytest.raises(NotCacheable, match="kind 2"):
+        progcache.map_refs(MOV_R0_0 + ld_map(7, src=2) + EXIT, {7: "a"})
+
+
+def test_patched_instructions_carry_the_new_fds():
+    insns = MOV_R0_0 + ld_map(7) + EXIT
+    out = progcache._patched(insns, [[1, "a"]], {"a": 42})
+    assert struct.unpack_from("<BBhi", out, 8) == (bpfsys.LD_IMM64, 0x11, 0, 42)
+    assert out[:8] == insns[:8] and out[16:] == insns[16:]
+
+
+# --- storage and trust -------------------------------------------------------------------
+
+def test_store_then_lookup(cachedir):
+    e = entry()
+    path = progcache.store(e, cachedir, owner=ME)
+    assert path == progcache.entry_path(cachedir, "record", e["key"])
+    assert os.stat(path).st_mode & 0o777 == 0o644
+    assert [n for n in os.listdir(cachedir)] == [os.path.basename(path)]  # no temporary left behind
+    assert progcache.lookup(e["key"], "record", cachedir, owner=ME)["progs"] == e["progs"]
+
+
+def test_missing_entry_is_a_miss(cachedir):
+    with pytest.raises(CacheMiss, match="does not exist"):
+        progcache.lookup("a" * 64, "record", cachedir, owner=ME)
+
+
+def test_corrupt_file_on_disk_is_a_miss_and_is_replaced(cachedir):
+    e = entry()
+    path = progcache.store(e, cachedir, owner=ME)
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(b"XXXX")
+    with pytest.raises(CacheMiss):
+        progcache.lookup(e["key"], "record", cachedir, owner=ME)
+    progcache.store(e, cachedir, owner=ME)
+    assert progcache.lookup(e["key"], "record", cachedir, owner=ME)
+
+
+@pytest.mark.parametrize("where", ["dir", "parent", "file"])
+def test_writable_by_others_is_refused(cachedir, where):
+    e = entry()
+    path = progcache.store(e, cachedir, owner=ME)
+    target = {"dir": cachedir, "parent": os.path.dirname(cachedir), "file": path}[where]
+    os.chmod(target, os.stat(target).st_mode | 0o002)
+    with pytest.raises(CacheMiss, match="writable by group or others"):
+        progcache.lookup(e["key"], "record", cachedir, owner=ME)
+    assert progcache.status(cachedir, owner=ME)[0] is (where == "file")
+
+
+def test_foreign_owner_is_refused(cachedir):
+    e = entry()
+    progcache.store(e, cachedir, owner=ME)
+    with pytest.raises(CacheMiss, match="owned by uid"):
+        progcache.lookup(e["key"], "record", cachedir, owner=ME + 1)
+    assert progcache.store(e, cachedir, owner=ME + 1) is None
+    usable, detail = progcache.status(cachedir, owner=ME + 1)
+    assert not usable and "owned by uid" in detail
+
+
+def test_symlinked_entry_is_refused(cachedir, tmp_path):
+    e = entry()
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(progcache.encode(e))
+    os.symlink(elsewhere, progcache.entry_path(cachedir, "record", e["key"]))
+    with pytest.raises(CacheMiss, match="not a regular file"):
+        progcache.lookup(e["key"], "record", cachedir, owner=ME)
+
+
+def test_store_creates_the_directory(tmp_path):
+    parent = tmp_path / "c"
+    parent.mkdir(mode=0o755)
+    os.chmod(parent, 0o755)
+    d = str(parent / "programs")
+    assert progcache.store(entry(), d, owner=ME)
+    assert progcache.status(d, owner=ME) == (True, f"{d}: 1 compiled program(s), 0 KiB")
+
+
+def test_prune_keeps_the_newest(cachedir):
+    for i in range(5):
+        p = progcache.store(entry(key=str(i) * 64), cachedir, owner=ME)
+        os.utime(p, ns=(i * 10**9, i * 10**9))
+    progcache._prune(cachedir, keep=2)
+    assert sorted(os.listdir(cachedir)) == sorted(
+        os.path.basename(progcache.entry_path(cachedir, "record", str(i) * 64)) for i in (3, 4))
+
+
+def test_status_lines(tmp_path, monkeypatch):
+    monkeypatch.setenv("PSTATE_NO_CACHE", "1")
+    assert progcache.status(str(tmp_path))[1].startswith("disabled")
+    monkeypatch.delenv("PSTATE_NO_CACHE")
+    assert "empty" in progcache.status(str(tmp_path / "none"))[1]
+
+
+def test_stale_tracepoint_format_is_a_miss(tracefs):
+    e = entry()
+    e["attach"][0]["format"] = "0" * 64
+    with pytest.raises(CacheMiss, match="format of tracepoint sched:sched_switch changed"):
+        progcache.load(e, tracefs)
+
+
+# --- key and leaf types -------------------------------------------------------------
+
+DESCS = [
+    '"unsigned int"',
+    '"int"',
+    '["task_state", [["since","unsigned long long"], ["tgid","unsigned int"], ["state","unsigned short"],'
+    ' ["flags","unsigned short"] ], "struct_packed"]',
+    '["snap", [["ns","unsigned long long", [14]], ["comm","char",[16]], ["x","unsigned int", 3],'
+    ' ["y","unsigned int", 29]], "struct"]',
+    '["u", [["a","int"], ["b","unsigned long long"]], "union"]',
+    '["outer", [["", [["p","int"]], "struct"], ["q","short"]], "struct"]',
+]
+
+
+@pytest.mark.parametrize("desc", DESCS)
+def test_decoded_types_match_bcc(desc):
+    t = bpfsys.decode_type(json.loads(desc))
+    try:
+        from pstate import loader
+
+        bcc = loader.import_bcc()
+    except Exception:
+        bcc = None
+    if bcc is None:
+        assert ct.sizeof(t) > 0
+        return
+    want = bcc.BPF._decode_table_type(json.loads(desc))
+    assert ct.sizeof(t) == ct.sizeof(want)
+    assert getattr(t, "_fields_", None) is None or \
+        [f[0] for f in t._fields_] == [f[0] for f in want._fields_]
+
+
+def test_percpu_leaf_is_padded_per_cpu():
+    t = bpfsys.make_table(-1, "c", '"int"', '"unsigned int"', bpfsys.MAP_PERCPU_ARRAY, 5)
+    assert t.Leaf == ct.c_uint64 * bpfsys.possible_cpus()
+    assert len(t) == 5 and [k.value for k in t] == [0, 1, 2, 3, 4]
+    with pytest.raises(IndexError):
+        t[ct.c_int(5)]
+
+
+def test_unsupported_map_type():
+    with pytest.raises(ValueError):
+        bpfsys.make_table(-1, "p", '"int"', '"int"', 4, 2)
+
+
+# --- with BPF ------------------------------------------------------------------------------
+
+@pytest.fixture
+def root_cache(tmp_path, monkeypatch):
+    base = tmp_path / "pc"
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    d = str(base / "programs")
+    monkeypatch.setenv("PSTATE_CACHE_DIR", d)
+    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
+    return d
+
+
+def _record_defines():
+    from pstate import loader
+    from pstate.commands import record
+    from pstate.filters import Filter
+
+    ks = loader.kernel_states()
+    return record.defines_for(Filter(), ks, max_tasks=4096, rb_pages=64, sample=False)
+
+
+@pytest.mark.bpf
+def test_warm_program_has_the_same_tables(root_cache):
+    from pstate import loader
+
+    d = _record_defines()
+    cold = loader.Program("record", d)
+    try:
+        assert cold.origin == "compiled" and cold.bpf is not None
+        assert len(os.listdir(root_cache)) == 1, cold.cache_note
+        shapes = {n: (type(cold.table(n)).__name__, ct.sizeof(cold.table(n).Key), ct.sizeof(cold.table(n).Leaf))
+                  for n in ("tasks", "events", "counters")}
+    finally:
+        cold.close()
+    warm = loader.Program("record", d)
+    try:
+        assert warm.origin == "cache", warm.cache_note
+        assert warm.bpf is None
+        for n, (_cls, ksz, lsz) in shapes.items():
+            t = warm.table(n)
+            assert (ct.sizeof(t.Key), ct.sizeof(t.Leaf)) == (ksz, lsz), n
+        tasks = warm.table("tasks")
+        leaf = tasks.Leaf()
+        leaf.tgid = 4242
+        tasks[tasks.Key(4243)] = leaf
+        assert tasks[tasks.Key(4243)].tgid == 4242
+        assert 4243 in [getattr(k, "value", k) for k, _v in tasks.items_lookup_batch()]
+        del tasks[tasks.Key(4243)]
+        with pytest.raises(KeyError):
+            tasks[tasks.Key(4243)]
+        import time
+
+        time.sleep(0.2)
+        assert warm.counters()[loader.STAT_ATTEMPTED] > 0  # the attached programs run
+        warm.detach()
+        assert warm.cached.attached() == []
+    finally:
+        warm.close()
+
+
+@pytest.mark.bpf
+def test_refused_cached_program_falls_back_to_compiling(root_cache):
+    from pstate import loader
+
+    d = _record_defines()
+    loader.Program("record", d).close()
+    (name,) = os.listdir(root_cache)
+    path = os.path.join(root_cache, name)
+    e = json.loads(open(path, "rb").read())
+    # r0 is never set: the verifier refuses this
+    e["progs"][0]["insns"] = base64.b64encode(EXIT).decode()
+    e["progs"][0]["maps"] = []
+    with open(path, "wb") as f:
+        f.write(progcache.encode({k: v for k, v in e.items() if k != "sum"}))
+    p = loader.Program("record", d)
+    try:
+        assert p.origin == "compiled"
+        assert "refused" in p.cache_note
+    finally:
+        p.close()
+    # and the entry was written again, good this time
+    p = loader.Program("record", d)
+    try:
+        assert p.origin == "cache", p.cache_note
+    finally:
+        p.close()
+
+
+@pytest.mark.bpf
+def test_bypass_compiles(root_cache, monkeypatch):
+    from pstate import loader
+
+    d = _record_defines()
+    loader.Program("record", d).close()
+    monkeypatch.setenv("PSTATE_NO_CACHE", "1")
+    p = loader.Program("record", d)
+    try:
+        assert p.origin == "compiled" and "PSTATE_NO_CACHE" in p.cache_note
+    finally:
+        p.close()
+
+
+@pytest.mark.bpf
+def test_cold_and_warm_record_the_same_sleeper(root_cache, monkeypatch):
+    from conftest import bpf_prog_ids
+    from test_reliability_stream import leftover_programs
+    from workloads import SLEEPER, Recording, go, start, states
+
+    monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
+    before = bpf_prog_ids()
+    seen = {}
+    for run in ("cold", "warm"):
+        child = start(SLEEPER.format(n=10, secs=0.03))
+        try:
+            rec = Recording("-p", str(child.pid))
+            go(child)
+            child.wait(timeout=60)
+            recs = rec.stop()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert rec.returncode == 0, rec.stderr
+        want = "compiled" if run == "cold" else "loaded from the program cache"
+        assert f"pstate: record: {want}" in rec.stderr, rec.stderr
+        assert recs[-1]["type"] == "end" and recs[-1]["lost"] == 0
+        wakes = [r for r in states(recs, child.pid)
+                 if r["from"] == "sleeping" and r["to"] == "runnable" and r["dur_ns"] is not None]
+        outs = [r for r in states(recs, child.pid) if r["to"] == "sleeping"]
+        assert all(r["cause"] == "wakeup" and 29e6 <= r["dur_ns"] <= 60e6 for r in wakes), wakes
+        assert all(r["voluntary"] and r["kstate"] == "S" for r in outs)
+        seen[run] = (len(wakes), len(outs) >= 10, recs[-1]["events"] == recs[-1]["kernel_events"])
+    assert seen["cold"] == seen["warm"] == (10, True, True), seen
+    assert leftover_programs(before) == {}
+
+
+@pytest.mark.bpf
+def test_warm_snap_loads_from_the_cache(root_cache, tmp_path, monkeypatch):
+    import subprocess
+
+    from conftest import clean_env, pstate_cmd
+
+    monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
+    out = tmp_path / "snaps"
+    for want in ("compiled", "loaded from the program cache"):
+        p = subprocess.run(pstate_cmd("snap", "--out", str(out), "-i", "0.2", "-n", "1"), capture_output=True,
+                           env=clean_env(), timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert f"pstate: snap: {want}".encode() in p.stderr, p.stderr
+    files = sorted(out.glob("pstate-snap-*.jsonl"))
+    assert len(files) == 2
+    for f in files:
+        lines = f.read_text().splitlines()
+        assert json.loads(lines[0])["type"] == "meta" and json.loads(lines[-1])["type"] == "end"
+        assert len(lines) > 10  # a row per live thread
