@@ -11,6 +11,9 @@
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
 //   DEAD_BITS      the bits of the dead (X) and zombie (Z) states
 //   MAX_TASKS      size of the per-thread state map
+//   TASKS_BY_TID   the map is an array indexed by tid (set when pid_max <=
+//                  MAX_TASKS): its lookup is inlined, where a hash lookup is
+//                  a call; an all-zero row is a thread not seen
 //   RB_PAGES       ring buffer size in pages
 //   INCLUDE_IDLE   report the idle task (tid 0) too
 //   FILTER_PID / FILTER_TID / FILTER_CPU   look the task up in a filter map
@@ -79,7 +82,11 @@ struct event {
     char comm[16];
 };
 
+#ifdef TASKS_BY_TID
+BPF_ARRAY(tasks, struct task_state, MAX_TASKS);
+#else
 BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
+#endif
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
 BPF_PERCPU_ARRAY(counters, u64, NR_COUNTERS);
 #ifdef FILTER_PID
@@ -100,6 +107,27 @@ static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+// Whether a row is a thread's (a hash holds only those; an array row is all
+// zero until its tid is seen), and removing one.
+static __always_inline int known(struct task_state *ts) {
+#ifdef TASKS_BY_TID
+    return ts && (ts->since || ts->state || ts->tgid);
+#else
+    return ts != 0;
+#endif
+}
+
+static __always_inline void forget(u32 tid, struct task_state *ts) {
+#ifdef TASKS_BY_TID
+    ts->since = 0;
+    ts->tgid = 0;
+    ts->state = 0;
+    ts->flags = 0;
+#else
+    tasks.delete(&tid);
+#endif
 }
 
 static __always_inline u64 state_bit(u16 st) {
@@ -202,7 +230,9 @@ static __always_inline void submit(struct event *e) {
 static __always_inline void emit_state(u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
                                        u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
                                        u32 other_pid, u32 other_tid) {
-    if (!task_match(tgid, tid, comm) || !cpu_match(cpu) || !transition_match(from, to, dur))
+    // the caller has checked transition_match(from, to, dur): the cheapest
+    // test, and the one that fails most often under --state or --min-dur
+    if (!task_match(tgid, tid, comm) || !cpu_match(cpu))
         return;
     struct event *e = reserve();
     if (!e)
@@ -242,14 +272,21 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
         count(DROP_MAP_FULL);
 }
 
+// prev is the current task at sched_switch, so its tgid is known for sure;
+// the helper call is made only when an event or an unknown row needs it.
+static __always_inline u32 current_tgid(u32 *cache) {
+    if (!*cache)
+        *cache = bpf_get_current_pid_tgid() >> 32;
+    return *cache;
+}
+
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
     u32 cpu = bpf_get_smp_processor_id();
     u32 prev = args->prev_pid;
     u32 next = args->next_pid;
     u32 kstate = (u32)args->prev_state;
-    // prev is the current task here, so its tgid is known for sure.
-    u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 prev_tgid = 0; // through current_tgid()
     char comm[16];
 
     if (prev != 0) {
@@ -259,13 +296,17 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             dur = now - ts->since;
         u32 bits = kstate & REPORT_MASK;
         u16 to = bits ? (ST_KERNEL | bits) : ST_PREEMPTED;
-        __builtin_memcpy(comm, args->prev_comm, 16);
-        emit_state(now, cpu, prev_tgid, prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
-                   args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next);
-        set_state(prev, ts, prev_tgid, to, now);
+        if (transition_match(ST_RUNNING, to, dur)) {
+            __builtin_memcpy(comm, args->prev_comm, 16);
+            emit_state(now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
+                       args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next);
+        }
+        // A thread's tgid never changes under its tid (exec moves the row
+        // to the new tid): a row that has it keeps it.
+        set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now);
     }
 #ifdef INCLUDE_IDLE
-    else {
+    else if (transition_match(ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         __builtin_memcpy(comm, args->prev_comm, 16);
         emit_state(now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
                    args->prev_prio, 0, kstate, 0, next);
@@ -283,16 +324,18 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             if (ts->since && from != ST_UNKNOWN)
                 dur = now - ts->since;
         }
-        __builtin_memcpy(comm, args->next_comm, 16);
-        emit_state(now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
-                   0, 0, prev_tgid, prev);
+        if (transition_match(from, ST_RUNNING, dur)) {
+            __builtin_memcpy(comm, args->next_comm, 16);
+            emit_state(now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
+                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
+        }
         set_state(next, ts, 0, ST_RUNNING, now);
     }
 #ifdef INCLUDE_IDLE
-    else {
+    else if (transition_match(ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         __builtin_memcpy(comm, args->next_comm, 16);
         emit_state(now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
-                   args->next_prio, 0, 0, prev_tgid, prev);
+                   args->next_prio, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
     }
 #endif
     return 0;
@@ -317,10 +360,12 @@ static __always_inline void wakeup(void *ctx, u32 tid, const char *comm, u8 caus
         if (ts->since && from != ST_UNKNOWN)
             dur = now - ts->since;
     }
-    u64 id = bpf_get_current_pid_tgid();
-    // kstate carries the CPU the task was queued on (waking: the one it last ran on).
-    emit_state(now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, 0,
-               target_cpu, id >> 32, (u32)id);
+    if (transition_match(from, ST_RUNNABLE, dur)) {
+        u64 id = bpf_get_current_pid_tgid();
+        // kstate carries the CPU the task was queued on (waking: the one it last ran on).
+        emit_state(now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, 0,
+                   target_cpu, id >> 32, (u32)id);
+    }
     set_state(tid, ts, 0, ST_RUNNABLE, now);
 }
 
@@ -393,7 +438,7 @@ TRACEPOINT_PROBE(sched, sched_process_fork) {
     u32 child_tgid = child;
     u8 flags = 0;
     struct task_state *ts = tasks.lookup(&child);
-    if (ts) {
+    if (known(ts)) {
         child_tgid = ts->tgid;
         if (ts->flags & F_THREAD)
             flags |= F_THREAD;
@@ -409,11 +454,11 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     if (old != tid) {
         // A non-leader thread exec'd and took over the leader's pid.
         struct task_state *ts = tasks.lookup(&old);
-        if (ts) {
+        if (known(ts)) {
             struct task_state copy = *ts;
             copy.tgid = tgid;
             tasks.update(&tid, &copy);
-            tasks.delete(&old);
+            forget(old, ts);
         }
     }
     emit_life(EV_EXEC, tgid, tid, tgid, old, 0);
@@ -441,7 +486,9 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     u64 dur = ts->since ? now - ts->since : NO_DUR;
     u16 from = ts->state;
     u32 tgid = ts->tgid;
-    tasks.delete(&tid);
+    forget(tid, ts);
+    if (!transition_match(from, ST_REAPED, dur))
+        return 0;
     char comm[16];
     TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
     emit_state(now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0, 0,

@@ -118,7 +118,11 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             move_to(t, to, now);
             // prev is the current task: its tgid and name are known for sure
             // (comm changes with prctl(PR_SET_NAME) without any tracepoint).
-            t->tgid = bpf_get_current_pid_tgid() >> 32;
+            // A thread's tgid never changes under its tid (exec moves the row
+            // to the new tid), so the helper is called only for a row without
+            // it: one call less on almost every switch.
+            if (!t->tgid)
+                t->tgid = bpf_get_current_pid_tgid() >> 32;
             __builtin_memcpy(t->comm, args->prev_comm, 16);
             if (bits)
                 t->nvcsw++;

@@ -4,6 +4,8 @@ help, version, usage errors with their exact messages and exit codes,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -115,8 +117,10 @@ def test_record_ebpf_defaults():
     assert r.stdout.startswith("// pstate: bpf/record.bpf.c as compiled, with its -D settings\n")
     assert f"#define REPORT_MASK 0x{ks.report_mask:x}\n" in r.stdout
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
+    # every tid fits in the default 65536 rows when pid_max allows: an array indexed by tid
+    by_tid = {"TASKS_BY_TID": True} if int(Path("/proc/sys/kernel/pid_max").read_text()) <= 65536 else {}
     assert defines(r.stdout) == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}",
-                                 "MAX_TASKS": "65536", "RB_PAGES": "4096"}
+                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **by_tid}
     assert "struct event {" in r.stdout and "BPF_RINGBUF_OUTPUT(events, RB_PAGES);" in r.stdout
 
 

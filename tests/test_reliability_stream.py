@@ -225,19 +225,21 @@ def pinned_programs(ids: dict[str, int]):
 
 
 def programs_of(pid: int) -> dict[str, int]:
-    """name -> id of the BPF programs a process holds."""
-    out = {}
-    for i in prog_ids_held(pid):
-        info = prog_info(i)
-        if info:
-            out[info["name"]] = i
-    return out
+    """tracepoint -> id of the BPF programs a process has attached.
+
+    By attachment, not by name: a program compiled by bcc carries BTF with
+    its full function name, one loaded from pstate's program cache only the
+    kernel's 15-character name."""
+    p = subprocess.run(["bpftool", "-j", "perf", "show"], capture_output=True, text=True)
+    rows = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
+    return {r["tracepoint"]: r["prog_id"] for r in rows
+            if r.get("pid") == pid and r.get("fd_type") == "tracepoint" and "tracepoint" in r}
 
 
 LIFE_PROGRAMS = {
-    "fork": "tracepoint__sched__sched_process_fork",
-    "exec": "tracepoint__sched__sched_process_exec",
-    "exit": "tracepoint__sched__sched_process_exit",
+    "fork": "sched_process_fork",
+    "exec": "sched_process_exec",
+    "exit": "sched_process_exit",
 }
 
 

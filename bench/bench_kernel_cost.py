@@ -1,0 +1,315 @@
+"""The in-kernel cost of pstate's BPF programs per context switch.
+
+Runs the pinned pipe storm (`taskset -c 1 perf bench sched pipe`, tracers on
+CPU 0) untraced and traced, interleaved (storm.interleaved: every traced run
+is bracketed by untraced ones), for:
+
+- floor: empty BPF programs on record's tracepoints, so the cost of the
+  tracepoints themselves is known;
+- snap, record --min-dur 1ms, record (all events): the BPF C in bpf/;
+- the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
+  change is measured side by side with what it replaces.
+
+Then, with kernel.bpf_stats_enabled=1 (which itself costs two clock reads per
+program run, so it is kept off during the ratio rounds), one storm per
+contender and repetition reads run_time_ns / run_cnt of each program.
+
+    sudo .venv/bin/python bench/bench_kernel_cost.py                  6 rounds
+    sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --rounds 8
+    sudo .venv/bin/python bench/bench_kernel_cost.py --only floor,snap --stats-runs 3
+
+Prints a table and writes bench/results/kernel_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import contenders as ct  # noqa: E402
+import storm  # noqa: E402
+
+# Empty programs on the tracepoints record attaches to (snap's are a subset,
+# with sched_wakeup where record has sched_waking: both are here).
+FLOOR_TRACEPOINTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_process_fork",
+                     "sched_process_exec", "sched_process_exit", "sched_process_free")
+FLOOR_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in FLOOR_TRACEPOINTS)
+FLOOR_C += "TRACEPOINT_PROBE(task, task_newtask) { return 0; }\n"
+READY = "bench-kernel-cost: attached"
+ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
+    "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- helper modes (run as the traced process) ------------------------------------
+
+def _patch_source(src_dir: str | None, text: str | None = None) -> None:
+    """Make pstate's loader compile BPF C from src_dir (or `text`)."""
+    from pstate import loader
+
+    def source(name: str) -> str:
+        if text is not None:
+            return text
+        with open(os.path.join(src_dir, f"{name}.bpf.c")) as f:
+            return f.read()
+
+    loader.source = source
+
+
+def floor_main() -> int:
+    """Attach the empty programs through pstate's loader; wait for SIGTERM."""
+    import signal
+
+    from pstate import loader
+
+    _patch_source(None, FLOOR_C)
+    prog = loader.Program("floor", {})
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    print(READY, flush=True)
+    while not stop:
+        time.sleep(0.05)
+    prog.close()
+    return 0
+
+
+def pstate_main(src_dir: str, args: list[str]) -> int:
+    """pstate with its BPF C taken from src_dir."""
+    _patch_source(src_dir)
+    from pstate.main import main
+
+    sys.argv = ["pstate"] + args
+    return main()
+
+
+# --- contenders ------------------------------------------------------------------
+
+def _self(*args: str) -> list[str]:
+    return ["taskset", "-c", ct.TRACER_CPU, sys.executable, os.path.abspath(__file__), *args]
+
+
+def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contender]:
+    """floor, then snap / record --min-dur 1ms / record from src_dir (and from
+    the `against` dir, keys suffixed with _<tag>)."""
+    cs = [ct.Contender("floor", "empty programs (floor)", "floor", _self("floor"), ready=f"text:{READY}")]
+    for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
+        if d is None:
+            continue
+        cs += [
+            ct.Contender(f"snap{suffix}", f"pstate snap ({what})", "snap",
+                         _self("pstate", d, "snap", "--out", "{dir}", "--interval", "60", "-v"),
+                         ready="text:collecting into"),
+            ct.Contender(f"record_min_dur{suffix}", f"pstate record --min-dur 1ms ({what})", "record",
+                         _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms"), ready="meta"),
+            ct.Contender(f"record{suffix}", f"pstate record ({what})", "record",
+                         _self("pstate", d, "record", "-q", "-o", "{out}"), ready="meta"),
+        ]
+    return cs
+
+
+class Runner:
+    def __init__(self, tmp: str):
+        self.tmp = tmp
+        self.n = 0
+
+    def traced(self, c: ct.Contender, workload: storm.Workload, *, stats: bool = False):
+        self.n += 1
+        wd = os.path.join(self.tmp, f"{self.n:04d}-{c.key}")
+        run = None
+        try:
+            run = ct.Running(c, wd)
+            run.wait_ready()
+            if c.kind == "record":
+                run.wait_first_event()
+            progs0 = prog_stats(run.pid) if stats else None
+            thr = workload.run()
+            progs1 = prog_stats(run.pid) if stats else None
+            run.stop()
+            res = ct.collect(run)
+            if stats:
+                res["programs"] = _prog_delta(progs0, progs1)
+            if not res.get("ok"):
+                return None, res
+            return thr, res
+        except ct.StartFailed as e:
+            return None, {"ok": False, "error": str(e)}
+        finally:
+            if run is not None and run.returncode is None:
+                run.stop()
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def prog_stats(pid: int) -> list[dict]:
+    """run_cnt and run_time_ns of the programs pid has attached, named by
+    their tracepoint (a program loaded without BTF has a truncated name)."""
+    def bpftool(*args):
+        r = subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, timeout=30)
+        return json.loads(r.stdout or "[]")
+
+    tps = {p["prog_id"]: p.get("tracepoint", "?") for p in bpftool("perf", "show") if p.get("pid") == pid}
+    out = []
+    for info in bpftool("prog", "show"):
+        if info.get("id") in tps:
+            out.append({"prog_id": info["id"], "name": tps[info["id"]], "run_cnt": info.get("run_cnt") or 0,
+                        "run_time_ns": info.get("run_time_ns") or 0})
+    return out
+
+
+def _short(name: str) -> str:
+    return name
+
+
+def _prog_delta(before: list[dict], after: list[dict]) -> dict:
+    """Per program: runs and run time during the workload alone."""
+    b = {p["prog_id"]: p for p in before}
+    out = {}
+    for p in after:
+        p0 = b.get(p["prog_id"], {"run_cnt": 0, "run_time_ns": 0})
+        cnt = p["run_cnt"] - p0["run_cnt"]
+        ns = p["run_time_ns"] - p0["run_time_ns"]
+        out[_short(p["name"])] = {"run_cnt": cnt, "run_time_ns": ns, "ns_per_run": ns / cnt if cnt else None}
+    return out
+
+
+def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender], runs: int) -> dict:
+    """ns per run per program, and all programs' ns per context switch."""
+    res = {c.key: [] for c in cs}
+    with ct.BpfStats():
+        for r in range(runs):
+            for c in cs:
+                thr, d = runner.traced(c, workload, stats=True)
+                if thr is None:
+                    log(f"  stats {c.key}: FAILED {d.get('error', '')[:300]}")
+                    continue
+                progs = d["programs"]
+                sw = progs.get("sched_switch", {}).get("run_cnt") or 0
+                total = sum(p["run_time_ns"] for p in progs.values())
+                res[c.key].append({"programs": progs, "switches": sw,
+                                   "bpf_ns_per_switch": total / sw if sw else None})
+                busy = sorted((k, p) for k, p in progs.items() if p["run_cnt"])
+                log(f"  stats {c.key} ({r + 1}/{runs}): " + ", ".join(
+                    f"{k} {p['ns_per_run']:.0f} ns x {p['run_cnt']:,}" for k, p in busy)
+                    + (f"; {total / sw:.0f} ns/switch" if sw else ""))
+    out = {}
+    for key, rows in res.items():
+        names = sorted({n for r in rows for n in r["programs"]})
+        per = {}
+        for n in names:
+            vals = [r["programs"][n]["ns_per_run"] for r in rows if r["programs"].get(n, {}).get("ns_per_run")]
+            cnts = [r["programs"][n]["run_cnt"] for r in rows if n in r["programs"]]
+            if vals:
+                per[n] = {"ns_per_run": statistics.median(vals), "run_cnt": statistics.median(cnts)}
+        nsw = [r["bpf_ns_per_switch"] for r in rows if r["bpf_ns_per_switch"]]
+        out[key] = {"programs": per, "bpf_ns_per_switch": statistics.median(nsw) if nsw else None, "runs": rows}
+    return out
+
+
+def git_tree(rev: str, dest: str) -> str:
+    """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
+    os.makedirs(dest, exist_ok=True)
+    for name in ("record", "snap"):
+        r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}.bpf.c"], capture_output=True, text=True,
+                           check=True)
+        with open(os.path.join(dest, f"{name}.bpf.c"), "w") as f:
+            f.write(r.stdout)
+    return dest
+
+
+def fmt(s: dict) -> str:
+    if not s or s.get("median") is None:
+        return "n/a"
+    return f"{s['median']:.3f} ({s['min']:.3f}–{s['max']:.3f}, n={s['n']})"
+
+
+def report(results: dict, labels: dict) -> str:
+    from tabulate import tabulate
+
+    st = results.get("storm", {})
+    acc = results.get("stats", {})
+    rows = []
+    for key, label in labels.items():
+        c = (st.get("contenders") or {}).get(key) or {}
+        a = acc.get(key) or {}
+        progs = a.get("programs") or {}
+        per = ", ".join(f"{n} {p['ns_per_run']:.0f}" for n, p in sorted(progs.items(), key=lambda kv: -kv[1]["run_cnt"])
+                        if p.get("run_cnt"))
+        nsw = a.get("bpf_ns_per_switch")
+        rows.append([label, fmt(c.get("ratio")), fmt(c.get("cpu_ratio")),
+                     "n/a" if nsw is None else f"{nsw:.0f}", per or "n/a"])
+    m = results["machine"]
+    head = (f"{m['date']}, kernel {m['kernel']}, {m['ncpu']} CPUs; storm {st.get('workload')}, "
+            f"{results['rounds']} rounds (baseline median {(st.get('baseline') or {}).get('median') or 0:,.0f} ops/s); "
+            f"bpf_stats: {results['stats_runs']} run(s) each, medians")
+    return head + "\n" + tabulate(rows, ["contender", "storm ratio (min–max)", "per CPU s", "BPF ns/switch",
+                                         "ns/run per program"], tablefmt="simple", disable_numparse=True)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "floor":
+        return floor_main()
+    if len(sys.argv) > 2 and sys.argv[1] == "pstate":
+        return pstate_main(sys.argv[2], sys.argv[3:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
+    ap.add_argument("--loops", type=int, default=100_000, help="perf bench sched pipe loops (default 100000)")
+    ap.add_argument("--stats-runs", type=int, default=2, help="bpf_stats storms per contender (default 2; 0: none)")
+    ap.add_argument("--against", metavar="REV", help="also run bpf/*.bpf.c of this git revision")
+    ap.add_argument("--src", default=os.path.join(ROOT, "bpf"), help="directory of the BPF C (default bpf/)")
+    ap.add_argument("--only", help="comma-separated contender keys")
+    ap.add_argument("--json", default=os.path.join(HERE, "results", "kernel_cost.json"))
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench_kernel_cost.py needs root (BPF, sysctl)")
+    tmp = tempfile.mkdtemp(prefix="pstate-kcost-")
+    try:
+        tag = (a.against or "").replace("/", "_")[:12]
+        against = git_tree(a.against, os.path.join(tmp, "against")) if a.against else None
+        cs = make_contenders(os.path.abspath(a.src), against, tag)
+        if a.only:
+            want = a.only.split(",")
+            cs = [c for c in cs if c.key in want]
+        labels = {c.key: c.label for c in cs}
+        results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                               "kernel": platform.release(), "ncpu": os.cpu_count(),
+                               "loadavg_start": storm.loadavg()},
+                   "rounds": a.rounds, "stats_runs": a.stats_runs, "against": a.against}
+        runner = Runner(tmp)
+        pipe = storm.pipe_storm(a.loops)
+        log(f"storm: {pipe.label}, {a.rounds} rounds of {len(cs)} contenders")
+        results["storm"] = storm.interleaved(pipe, cs, a.rounds, runner.traced, log)
+        if a.stats_runs:
+            log("bpf_stats")
+            results["stats"] = stats_pass(runner, pipe, cs, a.stats_runs)
+        results["machine"]["loadavg_end"] = storm.loadavg()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(report(results, labels))
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json + ".tmp", "w") as f:
+        json.dump(results, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(a.json + ".tmp", a.json)
+    print(f"(JSON: {os.path.relpath(a.json)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
