@@ -26,6 +26,16 @@ def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid
                        prio, flags, comm)
 
 
+@pytest.fixture(autouse=True, params=["native", "pure"])
+def encoder_path(request, monkeypatch):
+    """Every test here runs on the C loop and on the Python one."""
+    if request.param == "pure":
+        monkeypatch.setattr(ec, "_encode", None)
+    elif ec._encode is None:
+        pytest.skip("pstate._encode is not built (or PSTATE_PURE=1)")
+    return request.param
+
+
 def encode(*records: bytes, enc: Encoder | None = None):
     enc = enc or Encoder(KS, resolve_tgid=lambda tid: 0)
     lines, consumed = enc.encode(memoryview(b"".join(records)), len(records))

@@ -4,6 +4,14 @@ The kernel side (bpf/record.bpf.c, struct event) writes fixed 64-byte records.
 This is the hot loop of `pstate record`: one f-string per event, with
 per-batch struct.iter_unpack and caches for names, instead of building a dict
 and serialising it.
+
+When the C extension pstate._encode is built, Encoder.encode runs its loop
+there instead. The C side only assembles lines from numbers and cached text:
+every piece of text (the pid/tid/comm prefix, state names, kernel letters,
+cause names) comes from the methods below, called on a cache miss, so the
+names, the kernel's letter table and the comm escaping have one source and
+both paths write the same bytes. PSTATE_PURE=1 (or _encode = None before an
+Encoder is made) keeps to the Python loop.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import struct
 
 import orjson
 
-from pstate import schema
+from pstate import native, schema
 from pstate.kstates import KernelStates
 
 # ring buffer header (len, pg_off) + struct event
@@ -32,6 +40,9 @@ CODES = {name: code for code, name in SYNTHETIC.items()}
 EV_STATE, EV_FORK, EV_EXEC, EV_EXIT = 1, 2, 3, 4
 CAUSES = {1: "switch_out", 2: "switch_in", 3: "wakeup", 4: "wakeup_new", 5: "reap"}
 F_VOLUNTARY, F_THREAD, F_GROUP_DEAD = 1, 2, 4
+
+# The native loop (None when not built or PSTATE_PURE=1; tests switch it).
+_encode = native.load("_encode")
 
 
 def state_code(name: str, ks: KernelStates) -> int | None:
@@ -58,8 +69,9 @@ class Encoder:
         self._tgid: dict[int, int] = {}
         self._prefixes: dict[int, tuple] = {}
         self._mids: dict[int, str] = {}  # (from << 16 | to) -> '"from":..,"to":..,"dur_ns":'
-        self._out_tails: dict[int, str] = {}  # prev_state -> switch_out fields before prio
+        self._out_tails: dict[int, str] = {}  # prev_state << 1 | voluntary -> switch_out fields before prio
         self.resolve_tgid = resolve_tgid or tgid_from_proc
+        self._native = _encode.Encoder() if _encode is not None else None
 
     def name(self, code: int) -> str:
         n = self._names.get(code)
@@ -98,6 +110,21 @@ class Encoder:
                 self._tgid[tid] = p
         return p or 0
 
+    # Text pieces of a line. Both loops call these on a cache miss only.
+
+    def _prefix_text(self, pid: int, tid: int, comm: bytes) -> str:
+        return f'"pid":{self.pid(pid, tid)},"tid":{tid},"comm":{self.comm(comm)}'
+
+    def _mid_text(self, frm: int, to: int) -> str:
+        return f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'
+
+    def _out_tail(self, kstate: int, voluntary: int) -> str:
+        return (f',"cause":"switch_out","voluntary":{"true" if voluntary else "false"},'
+                f'"kstate":"{self.kletter(kstate)}","prio":')
+
+    def _cause_name(self, cause: int) -> str:
+        return CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
+
     def _all_names(self) -> dict[int, str]:
         """Every state code the kernel side can produce, named once."""
         names = dict(SYNTHETIC)
@@ -109,10 +136,28 @@ class Encoder:
         return names
 
     def encode(self, view, n: int) -> tuple[list[str], int]:
-        """Encode up to n records; stop at the first still-busy one.
+        """Encode the records in view; stop at the first still-busy one.
 
         Returns (lines, records consumed).
         """
+        if self._native is not None:
+            return self._native.encode(view, self)
+        return self.encode_pure(view, n)
+
+    def encode_bytes(self, view, n: int) -> tuple[bytes, int, int]:
+        """As encode, joined: (UTF-8 lines, number of lines, records consumed).
+
+        record's path: with the C loop no str is made per line, and the lines
+        come as a read-only memoryview of a buffer the encoder reuses once
+        the caller has let go of it (bytes from the Python loop).
+        """
+        if self._native is not None:
+            return self._native.encode_bytes(view, self)
+        lines, consumed = self.encode_pure(view, n)
+        return "".join(lines).encode(), len(lines), consumed
+
+    def encode_pure(self, view, n: int) -> tuple[list[str], int]:
+        """The Python loop (the reference for the C one)."""
         out = []
         append = out.append
         prefixes = self._prefixes
@@ -129,7 +174,7 @@ class Encoder:
             # "pid":..,"tid":..,"comm":.. is the same for most events of a thread
             pre = prefixes.get(tid)
             if pre is None or pre[0] != comm or pre[1] != pid:
-                pre = (comm, pid, f'"pid":{self.pid(pid, tid)},"tid":{tid},"comm":{self.comm(comm)}')
+                pre = (comm, pid, self._prefix_text(pid, tid, comm))
                 if len(prefixes) > 1 << 18:
                     prefixes.clear()
                 prefixes[tid] = pre
@@ -139,13 +184,13 @@ class Encoder:
                 # '"from":"..","to":"..","dur_ns":' for this pair of states
                 mid = mids.get((frm << 16) | to)
                 if mid is None:
-                    mid = mids[(frm << 16) | to] = f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'
+                    mid = mids[(frm << 16) | to] = self._mid_text(frm, to)
                 if cause == 1:
-                    tail = out_tails.get(kst)
+                    # the BPF side derives voluntary from kstate; keyed on both all the same
+                    tk = (kst << 1) | (flags & F_VOLUNTARY)
+                    tail = out_tails.get(tk)
                     if tail is None:
-                        tail = out_tails[kst] = (f',"cause":"switch_out","voluntary":'
-                                                 f'{"true" if flags & F_VOLUNTARY else "false"},'
-                                                 f'"kstate":"{self.kletter(kst)}","prio":')
+                        tail = out_tails[tk] = self._out_tail(kst, flags & F_VOLUNTARY)
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},"next_tid":{otid}}}\n')
                 elif cause == 2:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
@@ -153,7 +198,7 @@ class Encoder:
                 elif cause == 5:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"}}\n')
                 else:
-                    c = CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
+                    c = CAUSES.get(cause) or self._cause_name(cause)
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
                            f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
             elif typ == EV_FORK:

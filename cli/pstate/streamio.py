@@ -332,7 +332,7 @@ class LineWriter:
         if self.autoflush:
             self.fp.flush()
 
-    def raw(self, data: bytes, nlines: int) -> None:
+    def raw(self, data: "bytes | memoryview", nlines: int) -> None:
         """Write pre-serialised lines (record's fast path)."""
         self.fp.write(data)
         self.lines += nlines
