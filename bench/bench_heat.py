@@ -16,10 +16,14 @@ First, "capacity": the dashboard's own CPU cost per event with sampling
 fixed at 1 and at 1/8, fed from memory (no producer competing for a core),
 which stays meaningful on a busy machine.
 
-Each scenario runs --repeat times; the table shows medians. Prints a table,
-and JSON with --json.
+Each scenario runs --repeat times; the table shows medians. When the native
+reader (pstate._digest.parse_states) is built, every run is made twice, back
+to back, with it and with the pure-Python reader (as PSTATE_PURE=1 runs),
+so both see the same machine; the table shows both. Prints a table, and JSON
+with --json ("capacity" and "results": the default reader; "pure": the same
+for the pure-Python one, when the two differ).
 
-    python bench/bench_heat.py [--events N] [--rates 100000,200000,400000] [--repeat 3]
+    python bench/bench_heat.py [--events N] [--rates 100000,200000,400000] [--repeat 3] [--pure-only]
 """
 
 from __future__ import annotations
@@ -100,6 +104,13 @@ def make_stream(n: int, rate: int, path: str, ntasks: int = 600) -> None:
             f.write(b"\n".join(buf) + b"\n")
 
 
+NATIVE_READER = live._parse_states  # None: not built, or PSTATE_PURE=1
+
+
+def use_reader(impl: str) -> None:
+    live._parse_states = NATIVE_READER if impl == "native" else None
+
+
 def run_once(path: str, rate: float, args) -> dict:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", args.rows, args.cols, 0, 0))
@@ -170,42 +181,65 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=120)
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pure-only", action="store_true", help="only the pure-Python reader")
     args = ap.parse_args()
     rates = [0] + [int(r) for r in args.rates.split(",") if r]
-    out = []
-    cap = []
+    impls = ["native", "pure"] if NATIVE_READER is not None and not args.pure_only else ["pure"]
+    out = {i: [] for i in impls}
+    cap = {i: [] for i in impls}
+
+    def interleaved(fn):
+        """fn() --repeat times per reader, the readers alternating."""
+        runs = {i: [] for i in impls}
+        for _ in range(args.repeat):
+            for i in impls:
+                use_reader(i)
+                runs[i].append(fn())
+        use_reader(impls[0])
+        return runs
+
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "capacity.jsonl")
         make_stream(args.events, 200_000, path)
         for k in (1, 8):
-            runs = [capacity(path, k) for _ in range(args.repeat)]
-            cap.append({"k": k, "events_per_cpu_s": statistics.median(r["events_per_cpu_s"] for r in runs),
-                        "runs": runs})
+            by_impl = interleaved(lambda: capacity(path, k))
+            for i, runs in by_impl.items():
+                cap[i].append({"k": k, "events_per_cpu_s": statistics.median(r["events_per_cpu_s"] for r in runs),
+                               "runs": runs})
         for rate in rates:
             path = os.path.join(tmp, f"stream-{rate}.jsonl")
             make_stream(args.events, rate or 200_000, path)
-            runs = [run_once(path, rate, args) for _ in range(args.repeat)]
-            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "kept_up"}
-            med["kept_up"] = all(r["kept_up"] for r in runs)
-            med["runs"] = runs
-            med["scenario"] = "max" if rate == 0 else f"paced {rate}"
-            out.append(med)
+            by_impl = interleaved(lambda: run_once(path, rate, args))
+            for i, runs in by_impl.items():
+                med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "kept_up"}
+                med["kept_up"] = all(r["kept_up"] for r in runs)
+                med["runs"] = runs
+                med["scenario"] = "max" if rate == 0 else f"paced {rate}"
+                out[i].append(med)
     if args.json:
-        print(json.dumps({"loadavg": os.getloadavg(), "capacity": cap, "results": out}, indent=2))
+        doc = {"loadavg": os.getloadavg(), "reader": impls[0], "capacity": cap[impls[0]],
+               "results": out[impls[0]]}
+        if len(impls) > 1:
+            doc["pure"] = {"capacity": cap["pure"], "results": out["pure"]}
+        print(json.dumps(doc, indent=2))
         return
     load = os.getloadavg()
     print(f"heat --live, {args.events:,} events, {args.cols}x{args.rows} pty, 4 Hz, "
           f"median of {args.repeat}; {os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f}")
-    for c in cap:
-        print(f"capacity, sampling fixed at 1/{c['k']}: {c['events_per_cpu_s']:,.0f} events per CPU second "
-              f"(one core, 4 frames per 200k events)")
-    print(f"{'scenario':<16}{'events/s':>12}{'per CPU-s':>12}{'fps':>6}{'sampling':>10}{'cpu':>7}"
+    for i in impls:
+        for c in cap[i]:
+            print(f"{i:<7}capacity, sampling fixed at 1/{c['k']}: {c['events_per_cpu_s']:,.0f} events per CPU "
+                  f"second (one core, 4 frames per 200k events)")
+    print(f"{'reader':<8}{'scenario':<16}{'events/s':>12}{'per CPU-s':>12}{'fps':>6}{'sampling':>10}{'cpu':>7}"
           f"{'lag s':>8}  kept up")
-    for m in out:
-        print(f"{m['scenario']:<16}{m['events_per_s']:>12,.0f}{m['events_per_cpu_s']:>12,.0f}{m['fps']:>6.1f}"
-              f"{'1/' + str(int(m['max_sampling'])):>10}{m['cpu_busy']:>7.0%}{m['lag_s']:>8.2f}  "
-              f"{'all' if m['kept_up'] else 'not all'}")
-    print("events/s: input rate absorbed; per CPU-s: events per CPU second the dashboard used; "
+    for n in range(len(rates)):
+        for i in impls:
+            m = out[i][n]
+            print(f"{i:<8}{m['scenario']:<16}{m['events_per_s']:>12,.0f}{m['events_per_cpu_s']:>12,.0f}"
+                  f"{m['fps']:>6.1f}{'1/' + str(int(m['max_sampling'])):>10}{m['cpu_busy']:>7.0%}"
+                  f"{m['lag_s']:>8.2f}  {'all' if m['kept_up'] else 'not all'}")
+    print("reader: native = pstate._digest.parse_states, pure = orjson (PSTATE_PURE=1); "
+          "events/s: input rate absorbed; per CPU-s: events per CPU second the dashboard used; "
           "sampling: sparsest 1/k reached;\ncpu: share of one core; lag: from the producer's last "
           "write to the final frame; kept up: lag < 0.5 s and > 3.5 frames/s in every run.")
 

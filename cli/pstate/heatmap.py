@@ -458,6 +458,97 @@ class Window(Tracker):
         else:
             self.open[tid] = (ns, ts, key)
 
+    def states(self, rows, skip_idle: bool = False) -> None:
+        """state() for every (ts, pid, tid, comm, from, to, dur_ns, cpu,
+        weight) of rows, with comm None or "" as "?" and, with skip_idle,
+        tid 0 left out: the same result, for a fraction of the cost (one
+        call per batch, lookups hoisted, the window start recomputed only
+        when the newest ts moves)."""
+        if self.measure_states:
+            state = self.state
+            for ts, pid, tid, comm, frm, to, dur, _cpu, weight in rows:
+                if tid == 0 and skip_idle:
+                    continue
+                state(ts, pid, tid, comm or "?", frm, to, dur, weight)
+            return
+        b = self.bucket
+        ncols = self.ncols
+        paint = self.grid.paint
+        cols = self.grid.cols
+        cols_get = cols.get
+        names = self.comm
+        events = self.events
+        events_get = events.get
+        opened = self.open
+        open_get = opened.get
+        index = STATE_INDEX.get
+        is_busy = IS_BUSY
+        width = NSTATES + 1
+        by_tid = self.by == "tid"
+        by_pid = self.by == "pid"
+        gaps = self.sample_every > 1
+        lt = self.last_ts
+        lo = 0 if lt is None else lt // b - ncols + 1
+        next_col = 0 if lt is None else (lt // b + 1) * b  # where the window moves on
+        cc = None  # the column last added to, and its dict
+        col = None
+        n = 0
+        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight in rows:
+            if tid == 0 and skip_idle:
+                continue
+            n += 1
+            if lt is None or ts > lt:
+                if lt is None:
+                    self.first_ts = ts
+                lt = ts
+                if ts >= next_col:
+                    c = ts // b
+                    lo = c - ncols + 1
+                    next_col = (c + 1) * b
+            if not comm:
+                comm = "?"
+            if by_tid:
+                key = tid
+                names[key] = comm
+            elif by_pid:
+                key = pid or tid
+                if tid == pid or key not in names:
+                    names[key] = comm
+            else:
+                key = comm
+            events[key] = events_get(key, 0) + 1
+            s = index(frm, OTHER)
+            if gaps:
+                prev = open_get(tid)
+                if prev is not None:
+                    gap_end = ts if dur is None else ts - dur
+                    if gap_end > prev[1]:
+                        paint(prev[2], prev[0], prev[1], gap_end, lo)
+            if dur:
+                start = ts - dur
+                c = start // b
+                if c >= lo and ts - c * b <= b:  # (ts - 1) // b == c: in one bucket
+                    if c != cc:
+                        col = cols_get(c)
+                        if col is None:
+                            col = cols[c] = {}
+                        cc = c
+                    cell = col.get(key)
+                    if cell is None:
+                        cell = col[key] = [0] * width
+                    cell[s] += dur
+                    if is_busy[s]:
+                        cell[BUSY] += dur
+                else:
+                    paint(key, s, start, ts, lo)
+            ns = index(to, OTHER)
+            if ns == REAPED_IDX:
+                opened.pop(tid, None)
+            else:
+                opened[tid] = (ns, ts, key)
+        self.last_ts = lt
+        self.n_events += n
+
     def _interval(self, key, s, start, end) -> None:
         # no per-key totals: ranking is over the window only
         self.grid.paint(key, s, start, end, self._lo())

@@ -8,7 +8,10 @@ k is parsed ("sampling 1/k", doubled or halved every half second), so the
 view stays current instead of lagging behind a fast stream. Records that are
 rare and matter (entering D, T, Z, ...; fork, exec, exit; loss, meta, end)
 are always parsed: only transitions into running, runnable, preempted and
-sleeping are skipped, recognised by their bytes without parsing.
+sleeping are skipped, recognised by their bytes without parsing. Plainly
+written state records are read by a C reader (pstate._digest.parse_states)
+when it is built, and fed to the model in batches; PSTATE_PURE=1 reads them
+with orjson instead, with the same results.
 
 On a terminal the dashboard uses the alternate screen with the cursor
 hidden; Ctrl-C, q, SIGTERM, SIGHUP and the end of input restore the terminal
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from pstate import heatmap as hm
+from pstate import native
 from pstate import schema
 from pstate import heatrender as hr
 from pstate.durations import fmt_ns
@@ -43,6 +47,10 @@ ALT_ON, ALT_OFF = "\x1b[?1049h", "\x1b[?1049l"
 CUR_HIDE, CUR_SHOW = "\x1b[?25l", "\x1b[?25h"
 HOME, CLEAR_EOL, CLEAR_EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 MAX_SAMPLE = 1 << 12
+_NOT_JSON = object()  # a line orjson rejects
+# The native reader of plain state records (None when not built or
+# PSTATE_PURE=1; tests switch it).
+_parse_states = getattr(native.load("_digest"), "parse_states", None)
 
 
 @dataclass
@@ -87,7 +95,12 @@ class _Stop(Exception):
 
 
 class Feeder:
-    """Splits input bytes into lines, decimates, parses and feeds a Window."""
+    """Splits input bytes into lines, decimates, parses and feeds a Window.
+
+    Plain state records (the bulk) go to the model in batches of tuples
+    (Window.states); they are read by pstate._digest.parse_states when it
+    is built, else by orjson here, with the same results. Any other line
+    takes the careful way, one at a time, in order."""
 
     def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool):
         self.model = model
@@ -113,6 +126,9 @@ class Feeder:
             self.at_start = False
             if data.startswith(BOM):
                 data = data[3:]
+        if _parse_states is not None:
+            self._feed_native(data)
+            return
         lines = data.split(b"\n")
         tail = lines.pop()
         if self.discarding:
@@ -129,19 +145,16 @@ class Feeder:
         k = self.k
         n = self.n
         loads = orjson.loads
-        model = self.model
-        state = model.state
-        filt = model.filt
-        skip_idle = model.skip_idle
-        stats = self.stats
+        filt = self.model.filt
+        rows: list = []
+        add = rows.append
         parsed = 0
         for line in lines:
             n += 1
             weight = 1
             if k > 1:
                 p = line.find(_TO)
-                frequent = p >= 0 and line[p + 6:p + 9] in _FREQUENT
-                if frequent:
+                if p >= 0 and line[p + 6:p + 9] in _FREQUENT:
                     if n % k:
                         continue
                     weight = k
@@ -152,8 +165,7 @@ class Feeder:
             except orjson.JSONDecodeError:
                 if not line.strip():
                     continue
-                self._bad("not valid JSON", n)
-                continue
+                rec = _NOT_JSON
             if type(rec) is dict and rec.get("type") == "state":
                 # The same checks as streamio.check_record, inline for speed;
                 # a record that fails them goes the slow way for its reason.
@@ -172,25 +184,117 @@ class Feeder:
                         and 0 <= ts < MAX_INT and 0 <= pid < MAX_INT and 0 <= tid < MAX_INT
                         and 0 <= cpu < MAX_INT):
                     parsed += 1
-                    if filt is not None:
-                        if not filt.match(rec):
-                            continue
-                    elif skip_idle and tid == 0:
-                        continue
-                    state(ts, pid, tid, comm or "?", frm, to, dur, weight)
+                    if filt is None or filt.match(rec):
+                        add((ts, pid, tid, comm, frm, to, dur, cpu, weight))
                     continue
-            why = check_record(rec)
-            if why:
-                self._bad(why, n)
-                continue
-            parsed += 1
-            if stats.note(rec, self.name) == "loss":
-                continue
-            model.feed(rec, weight)
-        stats.lines += n - self.n
-        stats.records += parsed
+            if rows:
+                self._rows(rows, True)
+                rows.clear()
+            parsed += self._careful(rec, n, weight)
+        if rows:
+            self._rows(rows, True)
+        self._count(n, parsed)
+
+    def _feed_native(self, data: bytes) -> None:
+        """feed() for the lines of data, plain state records read in C."""
+        cut = data.rfind(b"\n")
+        tail = data[cut + 1:]
+        start = 0
+        n = self.n
+        if self.discarding:
+            if cut >= 0:
+                start = data.find(b"\n") + 1  # the rest of the over-long line
+                n += 1  # counts as the (empty) line it ends
+                self.discarding = False
+            else:
+                tail = b""
+        if len(tail) > MAX_LINE:
+            nl = data.count(b"\n")
+            self.stats.skip(f"line longer than {MAX_LINE} bytes", f"{self.name}:{self.n + nl + 1}")
+            tail = b""
+            self.discarding = True
+        self.tail = tail
+        parsed = 0
+        if cut >= start:
+            # The lines of data[start:cut] (cut at "\n" as bytes.split cuts them).
+            parse = _parse_states
+            k = self.k
+            pos, end = start, cut
+            while True:
+                pos, lines, rows = parse(data, pos, end, MAX_LINE, k, n)
+                n += lines
+                if rows:
+                    parsed += len(rows)
+                    self._rows(rows, False)
+                if pos > end:
+                    break
+                nl = data.find(b"\n", pos, end)
+                stop = end if nl < 0 else nl
+                n += 1
+                parsed += self._line(data[pos:stop], n, k)
+                pos = stop + 1
+        self._count(n, parsed)
+
+    def _count(self, n: int, parsed: int) -> None:
+        self.stats.lines += n - self.n
+        self.stats.records += parsed
         self.parsed += parsed
         self.n = n
+
+    def _rows(self, rows: list, filtered: bool) -> None:
+        """Plain state records as (ts, pid, tid, comm, from, to, dur_ns, cpu,
+        weight) to the model, through the task filter unless filtered."""
+        model = self.model
+        filt = model.filt
+        if filt is None:
+            model.states(rows, model.skip_idle)
+            return
+        if not filtered:
+            match = filt.match
+            rows = [r for r in rows if match({"type": "state", "ts": r[0], "cpu": r[7], "pid": r[1], "tid": r[2],
+                                              "comm": r[3], "from": r[4], "to": r[5], "dur_ns": r[6]})]
+        model.states(rows, False)
+
+    def _line(self, line: bytes, n: int, k: int) -> int:
+        """One line the native reader left (line number n), as feed() takes
+        it; returns the records parsed (0 or 1)."""
+        weight = 1
+        if k > 1:
+            p = line.find(_TO)
+            if p >= 0 and line[p + 6:p + 9] in _FREQUENT:
+                if n % k:
+                    return 0
+                weight = k
+        if not line:
+            return 0
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if not line.strip():
+                return 0
+            rec = _NOT_JSON
+        if type(rec) is dict and rec.get("type") == "state" and check_record(rec) is None:
+            # a usable state record after all (a spelling the native reader leaves)
+            filt = self.model.filt
+            if filt is None or filt.match(rec):
+                self._rows([(rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"],
+                             rec.get("dur_ns"), rec["cpu"], weight)], True)
+            return 1
+        return self._careful(rec, n, weight)
+
+    def _careful(self, rec, n: int, weight: int) -> int:
+        """A line that is not a plain state record: skipped with its reason,
+        or noted and fed to the model; returns the records parsed (0 or 1)."""
+        if rec is _NOT_JSON:
+            self._bad("not valid JSON", n)
+            return 0
+        why = check_record(rec)
+        if why:
+            self._bad(why, n)
+            return 0
+        if self.stats.note(rec, self.name) != "loss":
+            self.model.feed(rec, weight)
+        return 1
 
     def finish(self) -> None:
         """End of input: a last line without a newline may be a record, or
