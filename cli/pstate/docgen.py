@@ -381,6 +381,8 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
     if prose.get("overhead"):
         text = prose["overhead"].format(**manprose.OVERHEAD_FIGURES)
         out["OVERHEAD"] = [section("OVERHEAD"), *blocks(text)]
+    if prose.get("environment"):
+        out["ENVIRONMENT"] = [section("ENVIRONMENT"), *definitions(prose["environment"])]
     if prose.get("files"):
         out["FILES"] = [section("FILES"), *definitions(prose["files"])]
     return out
@@ -415,7 +417,7 @@ def command_page(parent: click.Context, name: str, cmd: click.Command, summary: 
         lines += [section("EXAMPLES"), *examples_section(cmd.epilog)]
     found = codes_in_source(module_name) if module_name else set()
     lines += exit_status_section(prose.get("exit_status", {}), found)
-    lines += extra.get("FILES", [])
+    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", [])
     lines += see_also([f"{PROG}(1)", *prose.get("see_also", []), "pstate-events(5)"])
     return "\n".join(lines) + "\n"
 
@@ -443,7 +445,7 @@ def overview_page(ctx: click.Context) -> str:
     if cli.epilog:
         lines += [section("EXAMPLES"), *examples_section(cli.epilog)]
     lines += exit_status_section({}, set(ExitCode))
-    lines += extra.get("FILES", [])
+    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", [])
     lines += see_also([f"{PROG}-{name}(1)" for name in COMMANDS] + ["pstate-events(5)",
                                                                   *prose.get("see_also", [])])
     return "\n".join(lines) + "\n"

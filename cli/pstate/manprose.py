@@ -21,16 +21,19 @@ OVERHEAD_FIGURES = {
     "record_ratio": "0.81",  # storm throughput traced/untraced, per CPU second, median of 8 pairs
     "record_ratio_wall": "0.89",
     "perf_ratio": "0.57",  # perf sched record, same run
-    "record_kernel_ns": "730 ns",  # BPF run time per context switch (bpf_stats_enabled)
-    "record_user_us": "2 us",  # CPU per event written (py-spy, storm)
-    "record_max_rate": "490,000",  # events/s one free CPU can write
-    "record_zero_loss": "436,000 transitions a second, the most the benchmark's generator produced "
-                        "(on a quiet machine; 200,000 while other work loaded the reader's CPU)",
+    "record_kernel_ns": "680 ns",  # BPF run time per context switch (bpf_stats_enabled)
+    "record_user_us": "0.35 us",  # record's CPU per event written (bench/run.py, zero-loss storms)
+    "record_max_rate": "2,500,000",  # events/s one free CPU can write
+    "record_zero_loss": "764,000 transitions a second (a context-switch storm on each CPU, record "
+                        "sharing a CPU with one of them), the most the benchmark produced",
+    "startup_cold_rss": "150 MB",  # bench/bench_startup.py
+    "startup_warm": "0.35 s",
+    "startup_warm_rss": "56 MB",
     "snap_ratio": "0.87",
-    "snap_ns_per_event": "450 ns",
-    "stats_events_per_s": "150,000 to 230,000",  # bench/readers.py, /usr/bin/time on 1M events
+    "snap_ns_per_event": "410 ns",
+    "stats_events_per_s": "1,300,000",  # bench/readers.py, stats -j 1, per CPU second
     "replay_events_per_s": "1,360,000",  # bench/readers.py, --no-wait
-    "heat_live_events_per_s": "160,000",  # bench/bench_heat.py, one core, no sampling
+    "heat_live_events_per_s": "470,000",  # bench/bench_heat.py, one core, no sampling
 }
 
 # Generic meaning of every exit code; pages add per-command notes.
@@ -75,8 +78,14 @@ _TRACEFS_AND_HEADERS = [
      "/usr/src/linux-headers-* trees are merged under /var/cache/pstate/kernel-headers. "
      "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree."),
 ]
+_PROGRAM_CACHE = ("/var/cache/pstate/programs",
+                  "Compiled BPF programs. The first run of a program (per kernel, bcc, filter "
+                  "settings and pstate version) compiles it with bcc's clang, about a second of CPU "
+                  "and 150 MB; later runs load the cached instructions without a compiler. Entries "
+                  "must be owned by root and writable by no one else, or they are ignored.")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,
+    _PROGRAM_CACHE,
     ("/proc/sys/kernel/random/boot_id", "Written to the meta record: timestamps compare only within one boot."),
 ]
 
@@ -158,6 +167,18 @@ PAGES: dict[str, dict] = {
              "PREFIX/share/fish/vendor_completions.d/pstate.fish. PREFIX is /usr/local unless "
              "`make install PREFIX=...` says otherwise."),
         ],
+        "environment": [
+            ("PSTATE_KERNEL_HEADERS", "A kernel header tree for bcc (as `--kernel-headers`)."),
+            ("PSTATE_NO_CACHE", "When set to 1, record and snap compile their BPF program every "
+                                "time instead of loading it from the program cache."),
+            ("PSTATE_CACHE_DIR", "Another directory for the program cache (the same ownership "
+                                 "rules apply)."),
+            ("PSTATE_CACHE_DEBUG", "When set to 1, say on standard error whether the BPF program "
+                                   "was compiled or loaded from the cache, and why."),
+            ("PSTATE_PURE", "When set to 1, use the pure-Python code paths instead of the "
+                            "compiled ones (record's encoder, the readers' parsers): the same "
+                            "output, slower; for comparison and debugging."),
+        ],
         "see_also": ["bpftrace(8)", "perf-sched(1)", "proc(5)", "jq(1)"],
     },
     "record": {
@@ -191,8 +212,9 @@ PAGES: dict[str, dict] = {
             pairs; perf sched record kept {perf_ratio} in the same run). The
             kernel side costs about {record_kernel_ns} per context switch.
 
-            Turning events into JSON costs about {record_user_us} of CPU per
-            event, so record writes up to about {record_max_rate} events a
+            Reading events and writing them as JSON costs record about
+            {record_user_us} of CPU per event (compiled code builds the
+            lines), so it writes up to about {record_max_rate} events a
             second on a free CPU. Above what it can write, the ring buffer
             fills and the kernel drops events; every drop is counted in loss
             records and the end trailer, never silent. In the benchmark it
@@ -200,6 +222,11 @@ PAGES: dict[str, dict] = {
             (`-p`, `--state`, `--min-dur`, ...) cut the rate; `--max-rate`
             samples above a budget and says so in rate records;
             `--buffer-size` absorbs bursts.
+
+            The first run of a program compiles it with bcc (about a second
+            of CPU and {startup_cold_rss} of memory); later runs load it from
+            the program cache (see FILES) and see their first event after
+            {startup_warm} with a peak of {startup_warm_rss}.
 
             Test with a short `--duration` first on a busy production machine,
             and use `--max-rate` to cap the output rate.
