@@ -1,5 +1,5 @@
 // pstate snap: per-thread time in each scheduler state, accumulated in a BPF
-// hash map that user space reads at each snapshot. No events leave the kernel.
+// map that user space reads at each snapshot. No events leave the kernel.
 //
 // This program reads tracepoint arguments only, never a kernel struct. BCC
 // builds the argument layout from the running kernel's tracefs format files,
@@ -10,13 +10,27 @@
 // Compile-time settings (-D cflags, set by pstate/commands/snap.py):
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
 //   NR_KBITS      number of those bits that get a counter (highest bit + 1)
-//   MAX_TASKS     size of the live-thread map, and of the map of freed threads
+//   MAX_TASKS     size of the live-thread hash, and of the map of freed threads
+//   TASKS_BY_TID  every tid fits (pid_max <= MAX_TASKS): `tasks` is an array
+//                 of TID_SLOTS (= pid_max) rows indexed by tid. The verifier
+//                 inlines an array lookup, where a hash lookup is a function
+//                 call, twice per context switch; a row whose `since` is 0 is
+//                 a thread not seen. Needs Linux 5.5 (mmap of an array)
 //
 // Layout: `tasks` holds one row per live thread, keyed by tid. When the
 // kernel frees a thread its final row moves to `gone`, keyed by (tid,
 // start_ts) so a reused tid cannot overwrite it; user space drains `gone` at
 // each snapshot. A task that lives and dies between two snapshots is thus
 // still in the next one.
+//
+// Seeding: at the start user space writes a row for every live thread, from
+// /proc, but only where none exists (the program may have created one since
+// it was attached). A hash does that with BPF_NOEXIST. An array cannot, so
+// with TASKS_BY_TID the rows go to the `seeds` hash instead and a thread's
+// first event takes its seed into the array. Deleting a seed is the claim on
+// it: user space withdraws a seed the program never took (the thread had a
+// row before its seed was written, or died first) by deleting it, and the
+// program uses a seed only if its own delete succeeds.
 
 #define SLOT_UNKNOWN 0
 #define SLOT_RUNNING 1
@@ -59,7 +73,15 @@ struct gone_key {
     u64 start_ts;
 };
 
+#ifdef TASKS_BY_TID
+// BPF_F_MMAPABLE (not from the headers, which may predate it): user space
+// reads the array through a shared mapping, with no copy of the empty rows
+#define MAP_MMAPABLE (1U << 10)
+BPF_F_TABLE("array", u32, struct snap_task, tasks, TID_SLOTS, MAP_MMAPABLE);
+BPF_HASH(seeds, u32, struct snap_task, TID_SLOTS);
+#else
 BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
+#endif
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
 BPF_PERCPU_ARRAY(counters, u64, NR_COUNTERS);
 
@@ -67,6 +89,62 @@ static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+// Whether the slot tasks.lookup() gave holds a thread's row (a hash holds
+// only those; an array row is all zero until its tid is seen, and every row
+// written has `since` set), and emptying one.
+static __always_inline int known(struct snap_task *t) {
+#ifdef TASKS_BY_TID
+    return t && t->since;
+#else
+    return t != 0;
+#endif
+}
+
+static __always_inline void forget(u32 tid, struct snap_task *t) {
+#ifdef TASKS_BY_TID
+    __builtin_memset(t, 0, sizeof(*t));
+#else
+    tasks.delete(&tid);
+#endif
+}
+
+// The thread's row, given its slot from tasks.lookup(), or 0 when it has none
+// yet. With TASKS_BY_TID a thread's first event takes its seed, if any.
+static __always_inline struct snap_task *row_of(u32 tid, struct snap_task *slot) {
+#ifdef TASKS_BY_TID
+    if (!slot || slot->since)
+        return slot;
+    struct snap_task *seed = seeds.lookup(&tid);
+    if (!seed)
+        return 0;
+    *slot = *seed;
+    if (seeds.delete(&tid) != 0) {
+        // user space withdrew it meanwhile: the thread starts afresh
+        __builtin_memset(slot, 0, sizeof(*slot));
+        return 0;
+    }
+    return slot;
+#else
+    return slot;
+#endif
+}
+
+// Write a thread's row into its slot (with TASKS_BY_TID) or the hash; the
+// hash write is an insert when `only_new`, so a row created meanwhile on
+// another CPU is not overwritten.
+static __always_inline void put(u32 tid, struct snap_task *slot, struct snap_task *row, int only_new) {
+#ifdef TASKS_BY_TID
+    if (slot) {
+        *slot = *row;
+        return;
+    }
+    count(CNT_TASKS_FULL); // a tid beyond pid_max at load time
+#else
+    if ((only_new ? tasks.insert(&tid, row) : tasks.update(&tid, row)) != 0)
+        count(CNT_TASKS_FULL);
+#endif
 }
 
 // Counter slot of reported prev_state bits: the lowest set bit names a
@@ -89,7 +167,8 @@ static __always_inline void move_to(struct snap_task *t, u8 to, u64 now) {
     t->since = now;
 }
 
-static __always_inline void first_seen(u32 tid, u32 tgid, u8 state, u64 now, const char *comm) {
+static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid, u8 state, u64 now,
+                                       const char *comm) {
     struct snap_task fresh = {};
     fresh.start_ts = now;
     fresh.since = now;
@@ -97,10 +176,11 @@ static __always_inline void first_seen(u32 tid, u32 tgid, u8 state, u64 now, con
     fresh.state = state;
     fresh.flags = F_GUESSED;
     __builtin_memcpy(fresh.comm, comm, 16);
-    if (tasks.insert(&tid, &fresh) != 0)
-        count(CNT_TASKS_FULL);
+    put(tid, slot, &fresh, 1);
 }
 
+// One clock read per run, taken first: it is the costliest step (a VM's
+// clock read is not cheap) and both sides of the switch share it.
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
     u32 prev = args->prev_pid;
@@ -109,7 +189,8 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     if (prev != 0) {
         u32 bits = (u32)args->prev_state & REPORT_MASK;
         u8 to = bits ? kernel_slot(bits) : SLOT_PREEMPTED;
-        struct snap_task *t = tasks.lookup(&prev);
+        struct snap_task *slot = tasks.lookup(&prev);
+        struct snap_task *t = row_of(prev, slot);
         if (t) {
             // The time since the last event goes to the state the row says,
             // even when an event was missed (a task seeded as R was queued,
@@ -131,27 +212,29 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         } else {
             char comm[16];
             __builtin_memcpy(comm, args->prev_comm, 16);
-            first_seen(prev, bpf_get_current_pid_tgid() >> 32, to, now, comm);
+            first_seen(prev, slot, bpf_get_current_pid_tgid() >> 32, to, now, comm);
         }
     }
 
     if (next != 0) {
-        struct snap_task *t = tasks.lookup(&next);
+        struct snap_task *slot = tasks.lookup(&next);
+        struct snap_task *t = row_of(next, slot);
         if (t) {
             move_to(t, SLOT_RUNNING, now);
         } else {
             char comm[16];
             __builtin_memcpy(comm, args->next_comm, 16);
-            first_seen(next, 0, SLOT_RUNNING, now, comm);
+            first_seen(next, slot, 0, SLOT_RUNNING, now, comm);
         }
     }
     return 0;
 }
 
 static __always_inline void woken(u32 tid, const char *comm, int is_new) {
-    struct snap_task *t = tasks.lookup(&tid);
+    struct snap_task *slot = tasks.lookup(&tid);
+    struct snap_task *t = row_of(tid, slot);
     if (!t) {
-        first_seen(tid, 0, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        first_seen(tid, slot, 0, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
         return;
     }
     // Woken before it got off the CPU, or already queued: it never blocked
@@ -189,7 +272,7 @@ static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
     key.start_ts = last.start_ts;
     if (gone.update(&key, &last) != 0)
         count(CNT_GONE_FULL);
-    tasks.delete(&tid);
+    forget(tid, t);
 }
 
 // task_newtask runs in the parent's context with the clone flags: the child's
@@ -201,17 +284,16 @@ TRACEPOINT_PROBE(task, task_newtask) {
     // The kernel frees a task (sched_process_free) an RCU grace period after
     // its pid was released, so the pid may already be in use again: a row
     // still under this tid is the previous owner's, and final.
-    struct snap_task *old = tasks.lookup(&child);
-    if (old)
-        finish(child, old, now);
+    struct snap_task *slot = tasks.lookup(&child);
+    if (known(slot))
+        finish(child, slot, now);
     struct snap_task fresh = {};
     fresh.start_ts = now;
     fresh.since = now;
     fresh.state = SLOT_NEW;
     fresh.tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
     __builtin_memcpy(fresh.comm, args->comm, 16);
-    if (tasks.update(&child, &fresh) != 0)
-        count(CNT_TASKS_FULL);
+    put(child, slot, &fresh, 0);
     return 0;
 }
 
@@ -221,22 +303,21 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     if (old != tid) {
         // A non-leader thread exec'd and took over the leader's pid.
         struct snap_task *o = tasks.lookup(&old);
-        if (o) {
+        if (known(o)) {
             struct snap_task copy = *o;
-            tasks.delete(&old);
-            if (tasks.update(&tid, &copy) != 0)
-                count(CNT_TASKS_FULL);
+            forget(old, o);
+            put(tid, tasks.lookup(&tid), &copy, 0);
         }
     }
     struct snap_task *t = tasks.lookup(&tid);
-    if (t)
+    if (known(t))
         bpf_get_current_comm(t->comm, sizeof(t->comm));
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tid = args->pid;
-    struct snap_task *t = tasks.lookup(&tid);
+    struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t) {
         t->flags |= F_EXITED;
         t->exit_ts = bpf_ktime_get_ns();
@@ -246,10 +327,11 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 
 // The kernel frees the task (after its parent reaped the zombie, or at once
 // for a thread): close its last state and move the final row to `gone`. A
-// row that has not exited belongs to a new task that reuses the pid.
+// row that has not exited belongs to a new task that reuses the pid. (A
+// zombie seeded from /proc has had no event yet: this takes its seed.)
 TRACEPOINT_PROBE(sched, sched_process_free) {
     u32 tid = args->pid;
-    struct snap_task *t = tasks.lookup(&tid);
+    struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t && (t->flags & F_EXITED))
         finish(tid, t, bpf_ktime_get_ns());
     return 0;

@@ -125,6 +125,24 @@ def test_record_ebpf_defaults():
 
 
 @needs_tracefs
+@pytest.mark.parametrize("max_tasks", [None, 1024])
+def test_snap_ebpf_defines(max_tasks):
+    r = run("snap", "--ebpf", *(["--max-tasks", str(max_tasks)] if max_tasks else []))
+    assert r.exit_code == 0 and r.stderr == ""
+    ks = kstates.read_kernel_states()
+    settings = r.stdout.split("// pstate snap:", 1)[0]
+    assert settings.startswith("// pstate: bpf/snap.bpf.c as compiled, with its -D settings\n")
+    rows = max_tasks or 65536
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    # every tid fits (and the kernel maps arrays, 5.5+): an array indexed by tid, pid_max rows
+    release = tuple(int(x) for x in Path("/proc/sys/kernel/osrelease").read_text().split("-")[0].split(".")[:2])
+    by_tid = {"TASKS_BY_TID": True, "TID_SLOTS": str(pid_max)} if pid_max <= rows and release >= (5, 5) else {}
+    assert defines(settings) == {"REPORT_MASK": f"0x{ks.report_mask:x}",
+                                 "NR_KBITS": str(max(1, ks.report_mask.bit_length())), "MAX_TASKS": str(rows),
+                                 **by_tid}
+
+
+@needs_tracefs
 def test_record_ebpf_filters():
     r = run("record", "--ebpf", "-p", "5", "-t", "6", "--cpu", "1", "-c", "nginx", "--state", "D",
             "--state", "preempted", "--min-dur", "5ms", "--include-idle", "--max-rate", "5000",

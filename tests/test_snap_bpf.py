@@ -114,7 +114,7 @@ print(" ".join(map(str, pids)), flush=True)
 
 def test_short_lived_children_appear_as_churn(tmp_path):
     parent = py(CHURN)
-    snap = snap_start("--out", tmp_path, "-i", "1.5")
+    snap = snap_start("--out", tmp_path, "-i", "3")
     try:
         wait_collecting(snap)
         t0 = time.monotonic_ns()
@@ -133,7 +133,10 @@ def test_short_lived_children_appear_as_churn(tmp_path):
     # (a busy machine may reuse a pid later on: the time of birth tells them apart)
     rows = {r["tid"]: r for r in s.rows if r["pid"] in kids and t0 <= r["start_ts"] <= t1}
     assert sorted(rows) == sorted(kids)
-    assert all(r["state"] == "reaped" and r["exited"] and r["exit_ts"] for r in rows.values()), \
+    # gone: freed by the kernel ("reaped"), or on a loaded machine maybe still
+    # waiting for the RCU callback that frees it when the interval ends
+    assert all(r["state"] in ("reaped", "zombie", "dead") and r["exited"] and r["exit_ts"]
+               for r in rows.values()), \
         [r for r in rows.values() if r["state"] != "reaped"]
     assert all(s.start_ts < r["start_ts"] <= r["exit_ts"] <= s.end_ts for r in rows.values())
     ch = analyse(tmp_path)["churn"]["intervals"][0]

@@ -5,13 +5,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import grp
+import itertools
+import mmap
 import os
 import sys
 import time
 
 import click
 
-from pstate import loader, snapfiles
+from pstate import bpfsys, loader, snapfiles
 from pstate.durations import Duration
 from pstate.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
@@ -55,14 +57,39 @@ SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = 1, 5, 0xFF
 SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 F_EXITED, F_FREED, F_GUESSED = 1, 2, 4
 BPF_NOEXIST = 1
+ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 
 def defines_for(ks: KernelStates, max_tasks: int) -> dict:
-    return {
+    d = {
         "REPORT_MASK": f"0x{ks.report_mask:x}",
         "NR_KBITS": max(1, ks.report_mask.bit_length()),
         "MAX_TASKS": max_tasks,
     }
+    limit = pid_max()
+    if limit <= max_tasks and _kernel_at_least(5, 5):
+        # every tid fits: an array indexed by tid, whose lookup costs no call
+        # (5.5 made arrays mappable, which is how user space reads it)
+        d["TASKS_BY_TID"] = True
+        d["TID_SLOTS"] = limit
+    return d
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        have = tuple(int(x) for x in os.uname().release.split("-", 1)[0].split(".")[:2])
+    except ValueError:
+        return False
+    return have >= (major, minor)
+
+
+def pid_max() -> int:
+    """The kernel's tid limit: every tid is below it."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 22  # PID_MAX_LIMIT: assume any tid may come
 
 
 def slot_names(ks: KernelStates) -> list[str]:
@@ -92,14 +119,88 @@ def _decode_comm(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+class TidArray:
+    """The tid-indexed `tasks` array, read through a shared mapping
+    (BPF_F_MMAPABLE): a snapshot scans the `since` word of every slot and
+    copies out only the rows that hold a thread."""
+
+    def __init__(self, table):
+        self.Leaf = table.Leaf
+        self.size = ctypes.sizeof(self.Leaf)  # a multiple of 8: the kernel's row stride
+        self.n = bpfsys.map_info(table.map_fd)["max_entries"]
+        page = mmap.PAGESIZE
+        self.mm = mmap.mmap(table.map_fd, (self.n * self.size + page - 1) // page * page, mmap.MAP_SHARED,
+                            mmap.PROT_READ)
+        self.words = memoryview(self.mm).cast("Q")
+        step = self.size // 8
+        self.since = self.words[self.Leaf.since.offset // 8:self.n * step:step]
+
+    def rows(self) -> dict:
+        """{tid: copy of its row} of every slot whose `since` is set."""
+        seen = itertools.compress(range(self.n), self.since.tolist())
+        return {tid: self.Leaf.from_buffer_copy(self.mm, tid * self.size) for tid in seen}
+
+    def close(self) -> None:
+        self.since.release()
+        self.words.release()
+        self.mm.close()
+
+
+def read_hash(table, delete: bool = False, chunk: int = 1024) -> list:
+    """(key, row) of every entry of a hash map (deleting them if `delete`),
+    read in batches of `chunk`: a table's own batch read allocates buffers
+    for the whole map at every call, megabytes for a mostly empty one."""
+    lib = loader.map_calls()
+    call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
+    Key, Leaf = table.Key, table.Leaf
+    ksz, vsz = ctypes.sizeof(Key), ctypes.sizeof(Leaf)
+    keys, values = (Key * chunk)(), (Leaf * chunk)()
+    token, cnt, out = ctypes.c_uint64(0), ctypes.c_uint32(0), []
+    first = True
+    while True:
+        cnt.value = chunk
+        res = call(table.map_fd, None if first else ctypes.byref(token), ctypes.byref(token),
+                   ctypes.byref(keys), ctypes.byref(values), ctypes.byref(cnt))
+        err = ctypes.get_errno()
+        if res != 0 and err != errno.ENOENT:
+            if first and err in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
+                return _read_slowly(table, delete)  # no batch operations (kernels before 5.6)
+            raise OSError(err, f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH: {os.strerror(err)}")
+        first = False
+        out += [(Key.from_buffer_copy(keys, i * ksz), Leaf.from_buffer_copy(values, i * vsz))
+                for i in range(cnt.value)]
+        if res != 0 or cnt.value == 0:
+            return out
+
+
+def _read_slowly(table, delete: bool) -> list:
+    items = list(table.items())
+    if delete:
+        for k, _v in items:
+            try:
+                del table[k]
+            except KeyError:
+                pass
+    return items
+
+
 class BpfCollector:
-    """Reads bpf/snap.bpf.c's maps into snapshot rows."""
+    """Reads bpf/snap.bpf.c's maps into snapshot rows.
+
+    The live rows are in `tasks`: a hash keyed by tid, or (TASKS_BY_TID) an
+    array indexed by tid plus the `seeds` hash of seed rows no event has
+    taken yet. Both give the same rows.
+    """
 
     def __init__(self, prog: loader.Program, ks: KernelStates, loaded_ts: int):
         self.prog = prog
         self.loaded_ts = loaded_ts  # monotonic ns before the program was loaded
         self.tasks = prog.table("tasks")
         self.gone = prog.table("gone")
+        # told by the map itself, so any build of the program reads right
+        self.by_tid = bpfsys.map_info(self.tasks.map_fd)["type"] == bpfsys.MAP_ARRAY
+        self.seeds = prog.table("seeds") if self.by_tid else None
+        self.array = TidArray(self.tasks) if self.by_tid else None
         self.slots = slot_names(ks)
         self.fields = [f"{s}_ns" for s in snapfiles.STATE_FIELDS]
         self.fields += [f"{s}_ns" for s in self.slots if f"{s}_ns" not in self.fields]
@@ -108,6 +209,7 @@ class BpfCollector:
             if bit & ks.report_mask and bit & (bit - 1) == 0:
                 self.letter_slot.setdefault(letter, SLOT_KERNEL + bit.bit_length() - 1)
         self.seed_failed = 0
+        self.seeds_pending = True
         self.run_start = self.seed_ts = 0
         self.seeded: dict[int, int] = {}  # tid -> start_ts of the rows seeding created
         self.start_fix: dict[int, int] = {}  # tid -> /proc start of a thread seen before it was seeded
@@ -122,8 +224,8 @@ class BpfCollector:
         self.seed_ts = time.monotonic_ns()
         self.seed(self.seed_ts)
         first = self.seed_ts
-        rows = [(_tid(k), v) for k, v in self._read(self.tasks, delete=False)]
-        rows += [(k.tid, v) for k, v in self._read(self.gone, delete=False)]
+        rows = self._live(settle=True)
+        rows += [(k.tid, v) for k, v in read_hash(self.gone)]
         for tid, v in rows:
             if self.seeded.get(tid) != v.start_ts and v.start_ts >= self.loaded_ts:
                 first = min(first, v.start_ts)
@@ -134,8 +236,11 @@ class BpfCollector:
         lib = loader.map_calls()
         hz = os.sysconf("SC_CLK_TCK")
         offset = boottime_offset_ns()
-        fd = self.tasks.map_fd
-        Key, Leaf = self.tasks.Key, self.tasks.Leaf
+        # the hash takes seed rows where no row exists; with the array they
+        # wait in `seeds` for the thread's first event (bpf/snap.bpf.c)
+        table = self.seeds if self.by_tid else self.tasks
+        fd = table.map_fd
+        Key, Leaf = table.Key, table.Leaf
         for tgid, tid, letter, comm, ticks in loader.seed_tasks():
             start = ticks * 1_000_000_000 // hz - offset
             leaf = Leaf()
@@ -143,34 +248,69 @@ class BpfCollector:
             leaf.since = since
             leaf.tgid = tgid
             leaf.state = self.letter_slot.get(letter, 0)
+            # a zombie's row is final once the kernel frees it, as when its
+            # exit was seen
+            leaf.flags = F_EXITED if letter in "ZX" else 0
             leaf.comm = comm
             key = Key(tid)
             if lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST) == 0:
                 # It may have died between the read and the insert, and then
-                # nothing would ever remove its row.
-                if not os.path.exists(f"/proc/{tgid}/task/{tid}"):
-                    lib.bpf_delete_elem(fd, ctypes.byref(key))
-                else:
+                # nothing would ever remove its row. A seed the program took
+                # meanwhile (the delete fails) is the thread's row now.
+                if os.path.exists(f"/proc/{tgid}/task/{tid}") or (
+                        self.by_tid and lib.bpf_delete_elem(fd, ctypes.byref(key)) != 0):
                     self.seeded[tid] = leaf.start_ts
+                elif not self.by_tid:
+                    lib.bpf_delete_elem(fd, ctypes.byref(key))
                 continue
             err = ctypes.get_errno()
             if err == errno.EEXIST:
-                self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
+                if not self.by_tid:
+                    self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
             else:
                 self.seed_failed += 1
 
-    def _read(self, table, delete: bool):
-        try:
-            items = list(table.items_lookup_and_delete_batch() if delete else table.items_lookup_batch())
-        except Exception:  # kernels before 5.6 have no batch operations
-            items = list(table.items())
-            if delete:
-                for k, _v in items:
-                    try:
-                        del table[k]
-                    except KeyError:
-                        pass
-        return items
+    def _live(self, settle: bool = False) -> list[tuple[int, object]]:
+        """(tid, row) of every live thread."""
+        if not self.by_tid:
+            return [(_tid(k), v) for k, v in read_hash(self.tasks)]
+        # Seeds first: one taken between the two reads is then in both, and
+        # the array's copy (the later) wins.
+        seeds = [(_tid(k), v) for k, v in read_hash(self.seeds)] if self.seeds_pending else []
+        rows = self.array.rows()
+        pending = self._pending_seeds(seeds, rows, settle)
+        # none left: user space writes none after the start, so none will come
+        self.seeds_pending = bool(pending)
+        return pending + list(rows.items())
+
+    def _pending_seeds(self, seeds: list, rows: dict, settle: bool) -> list:
+        """The seed rows no event has taken yet (threads idle all along).
+
+        A seed whose tid has an array row, or (checked once, when `settle`,
+        right after seeding) whose thread is gone, will never be taken: the
+        program saw the thread before its seed was written (as an insert into
+        the hash would have found), or it died first. Withdraw it, unless the
+        program takes it first. Later a seed leaves only when taken: a thread
+        cannot exit, be freed or lend its tid to another without an event."""
+        lib = loader.map_calls()
+        out = []
+        for tid, v in seeds:
+            row = rows.get(tid)
+            if row is None and (not settle or os.path.exists(f"/proc/{v.tgid}/task/{tid}")):
+                out.append((tid, v))
+                continue
+            if lib.bpf_delete_elem(self.seeds.map_fd, ctypes.byref(self.seeds.Key(tid))) != 0:
+                continue  # taken meanwhile: the array or `gone` has its row
+            if self.seeded.get(tid) == v.start_ts:
+                del self.seeded[tid]
+            if row is not None:
+                self.start_fix[tid] = v.start_ts  # seen by an event before it was seeded
+        return out
+
+    def close(self) -> None:
+        if self.array is not None:
+            self.array.close()
+            self.array = None
 
     def collect(self) -> Sample:
         # The snapshot's time is taken before the maps are read. An open
@@ -181,14 +321,17 @@ class BpfCollector:
         # exact to within read_ns.
         now = time.monotonic_ns()
         try:
-            live = self._read(self.tasks, delete=False)
-            freed = self._read(self.gone, delete=True)
+            live = self._live()
+            freed = read_hash(self.gone, delete=True)
         except Exception as e:  # bcc raises plain Exception
             raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
         read_ns = time.monotonic_ns() - now
-        rows = [self._row(_tid(k), v, now) for k, v in live]
+        # A thread freed between the two reads is in both: its final row wins.
+        latest = {(tid, v.start_ts): (tid, v) for tid, v in live}
         for k, v in freed:
-            rows.append(self._row(k.tid, v, now))
+            latest[(k.tid, v.start_ts)] = (k.tid, v)
+        rows = [self._row(tid, v, now) for tid, v in latest.values()]
+        for k, v in freed:
             self.start_fix.pop(k.tid, None)
             if self.seeded.get(k.tid) == v.start_ts:
                 del self.seeded[k.tid]
@@ -313,7 +456,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
 
     loader.check_privileges()  # before anything is created in DIR
     stopper = Stopper().install()
-    out = prog = None
+    out = prog = collector = None
     try:
         out = SnapDir(out_dir, gid=gid)
         out.lock()
@@ -329,7 +472,8 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
         meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt})
         plan = Plan(fmt=fmt, interval_ns=interval, count=count, clear=clear, keep=keep, max_age_ns=max_age,
                     prom_by=prom_by)
-        snapper = Snapper(out, make_collector(prog, ks, loaded_ts), plan, meta, stopper, log)
+        collector = make_collector(prog, ks, loaded_ts)
+        snapper = Snapper(out, collector, plan, meta, stopper, log)
         log(f"collecting into {out_dir}, {'until stopped' if count == 0 else f'{count} snapshot(s)'}, "
             f"every {interval / 1e9:g}s")
         code = snapper.run()
@@ -340,6 +484,8 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
             _status_failed(out, e.message)
         raise
     finally:
+        if collector is not None and hasattr(collector, "close"):
+            collector.close()
         if prog is not None:
             prog.close()
         if out is not None:
