@@ -420,6 +420,7 @@ def prog_stats(pid: int) -> list[dict]:
     """run_cnt and run_time_ns of every BPF program the tracer holds (bpftool
     prog show; counted only while kernel.bpf_stats_enabled=1)."""
     out = []
+    attached = tracepoints_of_programs()
     for p in [pid] + _children(pid):
         for prog_id in bpf_prog_ids(p):
             try:
@@ -430,14 +431,30 @@ def prog_stats(pid: int) -> list[dict]:
                 continue
             cnt = info.get("run_cnt") or 0
             out.append({"prog_id": prog_id, "name": info.get("name", ""), "type": info.get("type"),
+                        "tracepoint": attached.get(prog_id),
                         "run_cnt": cnt, "run_time_ns": info.get("run_time_ns") or 0,
                         "ns_per_run": (info.get("run_time_ns") or 0) / cnt if cnt else None,
                         "recursion_misses": info.get("recursion_misses", 0)})
     return out
 
 
+def tracepoints_of_programs() -> dict[int, str]:
+    """prog id -> the tracepoint it is attached to (bpftool perf show)."""
+    try:
+        r = subprocess.run(["bpftool", "-j", "perf", "show"], capture_output=True, text=True, timeout=10)
+        rows = json.loads(r.stdout) if r.stdout.strip() else []
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+    return {row["prog_id"]: row["tracepoint"] for row in rows if "tracepoint" in row and "prog_id" in row}
+
+
 def switch_prog(progs: list[dict]) -> dict | None:
-    """The sched_switch program among them (bpftool shows BTF's full names)."""
+    """The sched_switch program among them: by attachment (a program loaded
+    from pstate's program cache has only the kernel's 15-character name),
+    else by the full name bpftool shows from BTF."""
+    for p in progs:
+        if p.get("tracepoint") == "sched_switch":
+            return p
     for p in progs:
         if "sched_switch" in p["name"]:
             return p
