@@ -18,21 +18,21 @@ from pstate.exitcodes import ExitCode
 OVERHEAD_FIGURES = {
     "machine": "a 2-CPU AMD EPYC virtual machine with Linux 6.18, shared with other work "
                "(measured 2026-11-30)",
-    "record_ratio": "0.81",  # storm throughput traced/untraced, per CPU second, median of 8 pairs
-    "record_ratio_wall": "0.89",
-    "perf_ratio": "0.57",  # perf sched record, same run
-    "record_kernel_ns": "680 ns",  # BPF run time per context switch (bpf_stats_enabled)
-    "record_user_us": "0.35 us",  # record's CPU per event written (bench/run.py, zero-loss storms)
+    "record_ratio": "0.78",  # storm throughput traced/untraced, per CPU second, median of 8 pairs
+    "record_ratio_wall": "0.78",
+    "perf_ratio": "0.55",  # perf sched record, same run
+    "record_kernel_ns": "460 to 640 ns",  # BPF run time per context switch (bpf_stats_enabled)
+    "record_user_us": "0.34 us",  # record's CPU per event written beyond start-up (bench/run.py)
     "record_max_rate": "2,500,000",  # events/s one free CPU can write
-    "record_zero_loss": "764,000 transitions a second (a context-switch storm on each CPU, record "
+    "record_zero_loss": "757,000 transitions a second (a context-switch storm on each CPU, record "
                         "sharing a CPU with one of them), the most the benchmark produced",
     "startup_cold_rss": "150 MB",  # bench/bench_startup.py
-    "startup_warm": "0.35 s",
-    "startup_warm_rss": "56 MB",
-    "snap_ratio": "0.87",
-    "snap_ns_per_event": "410 ns",
-    "stats_events_per_s": "1,300,000",  # bench/readers.py, stats -j 1, per CPU second
-    "replay_events_per_s": "1,360,000",  # bench/readers.py, --no-wait
+    "startup_warm": "0.19 s",
+    "startup_warm_rss": "55 MB",
+    "snap_ratio": "0.82 to 0.85",
+    "snap_ns_per_event": "290 ns",
+    "stats_events_per_s": "1,640,000",  # bench/readers.py, stats -j 1, per CPU second
+    "replay_events_per_s": "1,610,000",  # bench/readers.py, --no-wait
     "heat_live_events_per_s": "470,000",  # bench/bench_heat.py, one core, no sampling
 }
 
@@ -328,10 +328,12 @@ PAGES: dict[str, dict] = {
         },
         "fields": _stats_fields,
         "overhead": """
-            stats digested {stats_events_per_s} events per second on one CPU
-            of {machine} (bench/bench_stats.py), so it keeps up with record on
-            most machines; memory grows with the number of tasks, not with the
-            length of the input.
+            stats digested {stats_events_per_s} events per CPU second from a
+            file on {machine} (bench/run.py's readers, `-j 1`): compiled code
+            parses, checks and sums the plain state records, and any other
+            line takes the careful path. `-j` splits a large file over more
+            CPUs. Memory grows with the number of tasks, not with the length
+            of the input.
             """,
         "exit_status": {
             **_READER_EXIT,
