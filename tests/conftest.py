@@ -79,3 +79,41 @@ def pstate():
                               env=clean_env(), check=check)
 
     return run
+
+
+PID_MAX_PATH = "/proc/sys/kernel/pid_max"
+
+
+def highest_tid() -> int:
+    top = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                top = max(top, *(int(t) for t in os.listdir(f"/proc/{p}/task")))
+            except (OSError, ValueError):
+                top = max(top, int(p))
+    return top
+
+
+@pytest.fixture
+def tid_array_rows():
+    """--max-tasks for which record and snap keep per-thread rows in an
+    array indexed by tid (pid_max must not exceed it). Where pid_max is
+    larger (systemd sets 4194304), it is lowered for the test, above every
+    tid in use, and restored afterwards, so the array path is tested on
+    every machine."""
+    with open(PID_MAX_PATH) as f:
+        old = int(f.read())
+    if old <= 65536:
+        yield 65536
+        return
+    rows = 1 << max(16, (highest_tid() + 4096).bit_length())
+    if rows >= old:
+        pytest.fail(f"tids in use up to {highest_tid()}: no array size below pid_max {old}")
+    with open(PID_MAX_PATH, "w") as f:
+        f.write(str(rows))
+    try:
+        yield rows
+    finally:
+        with open(PID_MAX_PATH, "w") as f:
+            f.write(str(old))

@@ -36,6 +36,22 @@ def test_sleeper_20x50ms():
     assert len(outs) >= 20 and all(r["voluntary"] and r["kstate"] == "S" for r in outs)
 
 
+@pytest.mark.parametrize("kind", ["array", "hash"])
+def test_either_task_map_gives_the_same_truth(kind, request):
+    """Rows in an array indexed by tid (every tid fits) or in a hash."""
+    rows = request.getfixturevalue("tid_array_rows") if kind == "array" else 4096
+    text = subprocess.run(pstate_cmd("record", "--ebpf", "--max-tasks", str(rows)), capture_output=True,
+                          text=True, env=clean_env(), timeout=30, check=True).stdout
+    assert ("#define TASKS_BY_TID\n" in text) == (kind == "array")
+    recs, child = record_workload(SLEEPER.format(n=10, secs=0.05), "--max-tasks", str(rows))
+    wakes = [r for r in states(recs, child.pid)
+             if r["from"] == "sleeping" and r["to"] == "runnable" and r["dur_ns"] is not None]
+    assert len(wakes) == 10 and all(49e6 <= r["dur_ns"] <= 70e6 for r in wakes), wakes
+    assert all(r["pid"] == child.pid for r in states(recs, child.pid))
+    end = recs[-1]
+    assert end["type"] == "end" and end["lost"] == 0
+
+
 def test_sigstop_300ms():
     def stop_for(child):
         time.sleep(0.1)

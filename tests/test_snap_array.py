@@ -2,9 +2,10 @@
 
 With pid_max <= --max-tasks the kernel side keeps a thread's row in an array
 indexed by tid and seeds wait in a hash until the thread's first event; else
-the rows live in a hash that seeding fills directly. pid_max is 32768 on a
-usual machine, so the default --max-tasks (65536) gives the array and
---max-tasks 1024 the hash. Each test runs once per kind, against truths it
+the rows live in a hash that seeding fills directly. The tid_array_rows
+fixture gives a --max-tasks that every tid fits (lowering pid_max for the
+test where it is larger); --max-tasks 1024 gives the hash. Each test runs
+once per kind, against truths it
 controls: a thread asleep all along, one stopped all along, one stopped
 during the run, and a zombie reaped during the run, all older than snap.
 """
@@ -26,8 +27,15 @@ from test_snap_bpf import py, read_dir, snap_start, wait_collecting
 
 pytestmark = pytest.mark.bpf
 
-PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
-KINDS = {"array": [], "hash": ["--max-tasks", "1024"]}
+KINDS = ("array", "hash")
+
+
+@pytest.fixture
+def kind_opts(request):
+    """snap options giving the map kind under test (the array: every tid fits)."""
+    if request.param == "hash":
+        return ["--max-tasks", "1024"]
+    return ["--max-tasks", str(request.getfixturevalue("tid_array_rows"))]
 MS = 1_000_000
 
 ZOMBIE_PARENT = """
@@ -75,17 +83,13 @@ def kind_of(opts: list[str]) -> bool:
     return "#define TASKS_BY_TID\n" in text.split("// pstate snap:", 1)[0]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_options_give_the_map_kind(kind):
-    if kind == "array" and PID_MAX > 65536:
-        pytest.skip(f"pid_max {PID_MAX} does not fit the default --max-tasks")
-    assert kind_of(KINDS[kind]) == (kind == "array")
+@pytest.mark.parametrize("kind_opts", KINDS, indirect=True)
+def test_options_give_the_map_kind(kind_opts, request):
+    assert kind_of(kind_opts) == (request.node.callspec.params["kind_opts"] == "array")
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_threads_older_than_snap_keep_their_proc_seed(kind, tmp_path):
-    if kind == "array" and PID_MAX > 65536:
-        pytest.skip(f"pid_max {PID_MAX} does not fit the default --max-tasks")
+@pytest.mark.parametrize("kind_opts", KINDS, indirect=True)
+def test_threads_older_than_snap_keep_their_proc_seed(kind_opts, tmp_path):
     sleeper = py("import time; print('ready', flush=True); time.sleep(3600)")
     stopped = subprocess.Popen(["sleep", "3600"])
     ticker = py(TICKER)
@@ -99,7 +103,7 @@ def test_threads_older_than_snap_keep_their_proc_seed(kind, tmp_path):
         wait_state(zombie, "Z")
         wait_state(sleeper.pid, "S")
         born = {p: proc_start_ns(p) for p in (sleeper.pid, stopped.pid, ticker.pid, zombie)}
-        snap = snap_start("--out", tmp_path, "-i", "1.5", *KINDS[kind])
+        snap = snap_start("--out", tmp_path, "-i", "1.5", *kind_opts)
         wait_collecting(snap)
         time.sleep(0.4)
         t_stop = time.monotonic_ns()
