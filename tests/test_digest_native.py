@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from odd_lines import ODD_LINES
 from pstate import native, streamio, tables, tsa
 from pstate.exitcodes import PstateError
 
@@ -86,53 +87,7 @@ def test_plain_records(by, chunk):
 
 
 # Lines the native loop must leave to the careful path, each beside plain ones.
-ODD = [
-    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"a\\"b","from":"running","to":"sleeping","dur_ns":5}',
-    '{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"caf\u00e9","from":"running","to":"sleeping","dur_ns":5}'.encode(),
-    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"\\u0041","from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":1.0,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":1e3,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":-1,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":9223372036854775808,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":9223372036854775807,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":9223372036854775807}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":140737488355328,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":140737488355328,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"ts":6,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":{"a":1}}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":[1]}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":1.5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":-3}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":01}',
-    b'{"type":"state","ts":05,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5} x',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":"5"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":null,"to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":7,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":true,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"fork","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"a","child_pid":2,"child_tid":2,"thread":false}',
-    b'{"type":"exec","ts":6,"cpu":0,"pid":10,"tid":11,"comm":"renamed","old_tid":11}',
-    b'{"type":"exit","ts":7,"cpu":0,"pid":10,"tid":12,"comm":"w","group_dead":false}',
-    b'{"type":"loss","ts":8,"reason":"ringbuf_full","count":3,"since_ts":1}',
-    b'{"type":"meta","schema":1,"ts":1}',
-    b'{"type":"end","ts":99999,"reason":"eof","events":1,"lost":0}',
-    b'{"type":"State","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'[{"type":"state"}]',
-    b'{}',
-    b'',
-    b'   \t\r',
-    b'\xef\xbb\xbf{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"runn\xffing","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleep\x01ing","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":null,"from":"running","to":"sleeping","dur_ns":null}',
-    b' { "type" : "state" , "ts" : 5 ,\t"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":0 } \r',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"","to":"","dur_ns":1,"x":true,"y":false,"z":null}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"' + b"s" * 60 + b'","to":"running","dur_ns":3}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"' + b"c" * 40 + b'","from":"running","to":"x"}',
-]
+ODD = ODD_LINES
 
 
 @pytest.mark.parametrize("i", range(len(ODD)))

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from odd_lines import ODD_LINES
 from pstate import heatmap as hm
 from pstate import heatrender as hr
 from pstate import live, native
@@ -154,64 +155,7 @@ def test_idle_is_skipped_alike():
 
 
 # Lines the native reader must leave to the careful path, each beside plain ones.
-ODD = [
-    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"a\\"b","from":"running","to":"sleeping","dur_ns":5}',
-    '{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"caf\u00e9","from":"running","to":"sleeping"}'.encode(),
-    b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"comm":"\\u0041","from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":1.0,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":1e3,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":-1,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":9223372036854775808,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":9223372036854775807,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping",'
-    b'"dur_ns":9223372036854775807}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":140737488355328,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"ts":6,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":{"a":1}}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":[1]}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":1.5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,"x":-3}',
-    b'{"type":"state","ts":05,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5,}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5} x',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":"5"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":null,"to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":7,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":true,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"fork","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"a","child_pid":2,"child_tid":2,"thread":false}',
-    b'{"type":"exec","ts":6,"cpu":0,"pid":10,"tid":11,"comm":"renamed","old_tid":11}',
-    b'{"type":"exit","ts":7,"cpu":0,"pid":10,"tid":12,"comm":"w","group_dead":false}',
-    b'{"type":"loss","ts":8,"reason":"ringbuf_full","count":3,"since_ts":1}',
-    b'{"type":"loss","ts":8,"reason":"ringbuf_full","count":-3,"since_ts":1}',
-    b'{"type":"meta","schema":1,"ts":1,"host":"h","wall_ns":5}',
-    b'{"type":"meta","schema":99,"ts":1}',
-    b'{"type":"rate","ts":9,"sample_every":4}',
-    b'{"type":"end","ts":99999999,"reason":"eof","events":1,"lost":0}',
-    b'{"type":"State","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'[{"type":"state"}]',
-    b'{}',
-    b'',
-    b'   \t\r',
-    b'\xef\xbb\xbf{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":5',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"runn\xffing","to":"sleeping","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleep\x01ing","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":null,"from":"running","to":"sleeping","dur_ns":null}',
-    b' { "type" : "state" , "ts" : 5 ,\t"cpu":0,"pid":1,"tid":1,"from":"running","to":"sleeping","dur_ns":0 } \r',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"","to":"","dur_ns":1,"x":true,"y":false,"z":null}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"' + b"s" * 60 + b'","to":"running","dur_ns":3}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"comm":"' + b"c" * 40 + b'","from":"running","to":"x"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"state_Q","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":1,"tid":1,"from":"running","to":"reaped","dur_ns":5}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"comm":"\\"to\\":\\"run","from":"x","to":"zombie"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"comm":"\\"to\\":\\"uni","from":"x","to":"running"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"from":"x","to":"ru"}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"from":"x","to":"pre\\u0065mpted","dur_ns":70000000}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"from":"x","to" : "running","dur_ns":70000000}',
-    b'{"type":"state","ts":5,"cpu":0,"pid":3,"tid":7,"from":"sleeping","to":"running","dur_ns":70000000}',
-    b'{"to":"run',
-]
+ODD = ODD_LINES
 
 
 @pytest.mark.parametrize("i", range(len(ODD)))

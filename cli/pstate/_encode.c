@@ -169,30 +169,54 @@ typedef struct {
     size_t mask, count;
 } FTable;
 
-static int ftable_init(FTable *t, size_t cap) {
-    t->slots = PyMem_Calloc(cap, sizeof(FSlot));
-    if (t->slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
+/* init, clear (free every slot's text, keep the slots), free and grow
+ * (double the slots) of a table type T with a power-of-two mask and a count,
+ * whose slots each hold a Frag f (f.s NULL: free) and their key in KEY. */
+#define TABLE_BASICS(T, prefix, KEY)                                         \
+    static int prefix##_init(T *t, size_t cap) {                             \
+        t->slots = PyMem_Calloc(cap, sizeof(*t->slots));                     \
+        if (t->slots == NULL) {                                              \
+            PyErr_NoMemory();                                                \
+            return -1;                                                       \
+        }                                                                    \
+        t->mask = cap - 1;                                                   \
+        t->count = 0;                                                        \
+        return 0;                                                            \
+    }                                                                        \
+    static void prefix##_clear(T *t) {                                       \
+        if (t->slots == NULL)                                                \
+            return;                                                          \
+        for (size_t i = 0; i <= t->mask; i++)                                \
+            frag_free(&t->slots[i].f);                                       \
+        t->count = 0;                                                        \
+    }                                                                        \
+    static void prefix##_free(T *t) {                                        \
+        prefix##_clear(t);                                                   \
+        PyMem_Free(t->slots);                                                \
+        t->slots = NULL;                                                     \
+    }                                                                        \
+    static int prefix##_grow(T *t) {                                         \
+        size_t cap = (t->mask + 1) * 2;                                      \
+        __typeof__(t->slots) slots = PyMem_Calloc(cap, sizeof(*slots));      \
+        if (slots == NULL) {                                                 \
+            PyErr_NoMemory();                                                \
+            return -1;                                                       \
+        }                                                                    \
+        for (size_t i = 0; i <= t->mask; i++) {                              \
+            if (t->slots[i].f.s == NULL)                                     \
+                continue;                                                    \
+            size_t j = mix(t->slots[i].KEY) & (cap - 1);                     \
+            while (slots[j].f.s != NULL)                                     \
+                j = (j + 1) & (cap - 1);                                     \
+            slots[j] = t->slots[i];                                          \
+        }                                                                    \
+        PyMem_Free(t->slots);                                                \
+        t->slots = slots;                                                    \
+        t->mask = cap - 1;                                                   \
+        return 0;                                                            \
     }
-    t->mask = cap - 1;
-    t->count = 0;
-    return 0;
-}
 
-static void ftable_clear(FTable *t) {
-    if (t->slots == NULL)
-        return;
-    for (size_t i = 0; i <= t->mask; i++)
-        frag_free(&t->slots[i].f);
-    t->count = 0;
-}
-
-static void ftable_free(FTable *t) {
-    ftable_clear(t);
-    PyMem_Free(t->slots);
-    t->slots = NULL;
-}
+TABLE_BASICS(FTable, ftable, key)
 
 static inline Frag *ftable_get(FTable *t, uint64_t key) {
     size_t i = mix(key) & t->mask;
@@ -208,25 +232,9 @@ static inline Frag *ftable_get(FTable *t, uint64_t key) {
 static Frag *ftable_put(FTable *t, uint64_t key, Frag f) {
     if (t->count >= FRAG_LIMIT)
         ftable_clear(t);
-    if ((t->count + 1) * 2 > t->mask + 1) {
-        size_t cap = (t->mask + 1) * 2;
-        FSlot *slots = PyMem_Calloc(cap, sizeof(FSlot));
-        if (slots == NULL) {
-            frag_free(&f);
-            PyErr_NoMemory();
-            return NULL;
-        }
-        for (size_t i = 0; i <= t->mask; i++) {
-            if (t->slots[i].f.s == NULL)
-                continue;
-            size_t j = mix(t->slots[i].key) & (cap - 1);
-            while (slots[j].f.s != NULL)
-                j = (j + 1) & (cap - 1);
-            slots[j] = t->slots[i];
-        }
-        PyMem_Free(t->slots);
-        t->slots = slots;
-        t->mask = cap - 1;
+    if ((t->count + 1) * 2 > t->mask + 1 && ftable_grow(t) < 0) {
+        frag_free(&f);
+        return NULL;
     }
     size_t i = mix(key) & t->mask;
     while (t->slots[i].f.s != NULL)
@@ -249,30 +257,7 @@ typedef struct {
     size_t mask, count;
 } PTable;
 
-static int ptable_init(PTable *t, size_t cap) {
-    t->slots = PyMem_Calloc(cap, sizeof(PSlot));
-    if (t->slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    t->mask = cap - 1;
-    t->count = 0;
-    return 0;
-}
-
-static void ptable_clear(PTable *t) {
-    if (t->slots == NULL)
-        return;
-    for (size_t i = 0; i <= t->mask; i++)
-        frag_free(&t->slots[i].f);
-    t->count = 0;
-}
-
-static void ptable_free(PTable *t) {
-    ptable_clear(t);
-    PyMem_Free(t->slots);
-    t->slots = NULL;
-}
+TABLE_BASICS(PTable, ptable, tid)
 
 /* The slot of tid, or the free slot where it would go. */
 static inline PSlot *ptable_slot(PTable *t, uint32_t tid) {
@@ -280,27 +265,6 @@ static inline PSlot *ptable_slot(PTable *t, uint32_t tid) {
     while (t->slots[i].f.s != NULL && t->slots[i].tid != tid)
         i = (i + 1) & t->mask;
     return &t->slots[i];
-}
-
-static int ptable_grow(PTable *t) {
-    size_t cap = (t->mask + 1) * 2;
-    PSlot *slots = PyMem_Calloc(cap, sizeof(PSlot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i].f.s == NULL)
-            continue;
-        size_t j = mix(t->slots[i].tid) & (cap - 1);
-        while (slots[j].f.s != NULL)
-            j = (j + 1) & (cap - 1);
-        slots[j] = t->slots[i];
-    }
-    PyMem_Free(t->slots);
-    t->slots = slots;
-    t->mask = cap - 1;
-    return 0;
 }
 
 /* ---------- output buffers ---------- */

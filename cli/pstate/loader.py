@@ -295,6 +295,16 @@ class Program:
                 bpf.cleanup()
 
 
+def pid_max() -> int:
+    """The kernel's tid limit (every tid is below it): when it is small
+    enough, record and snap index their per-thread rows by tid."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 22  # PID_MAX_LIMIT: assume any tid may come
+
+
 def map_calls():
     """bpf_update_elem, bpf_lookup_elem, bpf_delete_elem... as in libbcc, on
     any map fd, without loading libbcc."""

@@ -86,18 +86,10 @@ def defines_for(filt: Filter, ks: KernelStates, *, max_tasks: int, rb_pages: int
         d["STATE_MASK"] = f"0x{mask:x}ULL"
     if filt.min_dur_ns:
         d["MIN_DUR_NS"] = f"{filt.min_dur_ns}ULL"
-    if _pid_max() <= max_tasks:
+    if loader.pid_max() <= max_tasks:
         # every tid fits: an array indexed by tid, whose lookup costs no call
         d["TASKS_BY_TID"] = True
     return d
-
-
-def _pid_max() -> int:
-    try:
-        with open("/proc/sys/kernel/pid_max") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 1 << 22  # PID_MAX_LIMIT: assume any tid may come
 
 
 class Recorder:

@@ -66,7 +66,7 @@ def defines_for(ks: KernelStates, max_tasks: int) -> dict:
         "NR_KBITS": max(1, ks.report_mask.bit_length()),
         "MAX_TASKS": max_tasks,
     }
-    limit = pid_max()
+    limit = loader.pid_max()
     if limit <= max_tasks and _kernel_at_least(5, 5):
         # every tid fits: an array indexed by tid, whose lookup costs no call
         # (5.5 made arrays mappable, which is how user space reads it)
@@ -81,15 +81,6 @@ def _kernel_at_least(major: int, minor: int) -> bool:
     except ValueError:
         return False
     return have >= (major, minor)
-
-
-def pid_max() -> int:
-    """The kernel's tid limit: every tid is below it."""
-    try:
-        with open("/proc/sys/kernel/pid_max") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 1 << 22  # PID_MAX_LIMIT: assume any tid may come
 
 
 def slot_names(ks: KernelStates) -> list[str]:
