@@ -48,6 +48,8 @@ FLOOR_TRACEPOINTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wake
                      "sched_process_exec", "sched_process_exit", "sched_process_free")
 FLOOR_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in FLOOR_TRACEPOINTS)
 FLOOR_C += "TRACEPOINT_PROBE(task, task_newtask) { return 0; }\n"
+# Only the two that fire at the storm's rate in snap (a switch and a wake-up)
+FLOOR2_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in ("sched_switch", "sched_wakeup"))
 READY = "bench-kernel-cost: attached"
 ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
     "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
@@ -72,13 +74,13 @@ def _patch_source(src_dir: str | None, text: str | None = None) -> None:
     loader.source = source
 
 
-def floor_main() -> int:
+def floor_main(text: str = FLOOR_C) -> int:
     """Attach the empty programs through pstate's loader; wait for SIGTERM."""
     import signal
 
     from pstate import loader
 
-    _patch_source(None, FLOOR_C)
+    _patch_source(None, text)
     prog = loader.Program("floor", {})
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -108,7 +110,9 @@ def _self(*args: str) -> list[str]:
 def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contender]:
     """floor, then snap / record --min-dur 1ms / record from src_dir (and from
     the `against` dir, keys suffixed with _<tag>)."""
-    cs = [ct.Contender("floor", "empty programs (floor)", "floor", _self("floor"), ready=f"text:{READY}")]
+    cs = [ct.Contender("floor", "empty programs (floor)", "floor", _self("floor"), ready=f"text:{READY}"),
+          ct.Contender("floor2", "empty programs on sched_switch and sched_wakeup only", "floor", _self("floor2"),
+                       ready=f"text:{READY}")]
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
         if d is None:
             continue
@@ -264,6 +268,8 @@ def report(results: dict, labels: dict) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
         return floor_main()
+    if len(sys.argv) > 1 and sys.argv[1] == "floor2":
+        return floor_main(FLOOR2_C)
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
         return pstate_main(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
