@@ -146,6 +146,35 @@ def test_every_line_parses_and_trailer_counts(tmp_path):
     assert end["lost"] == sum(r["count"] for r in recs if r["type"] == "loss")
 
 
+@pytest.mark.parametrize("kind", ["array", "hash"])
+def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
+    """Seeding from /proc runs after the programs are attached (before the
+    meta record): a thread that switched meanwhile keeps the row the program
+    made, so its next transition still knows how long the state lasted."""
+    rows = request.getfixturevalue("tid_array_rows") if kind == "array" else 4096
+    out = tmp_path / "rec.jsonl"
+    busy = [start(BUSY.format(secs=2.5)) for _ in range(4)]
+    for b in busy:
+        go(b)
+    try:
+        subprocess.run(pstate_cmd("record", "-q", "-d", "1", "--max-tasks", str(rows), "-o", str(out)),
+                       env={**clean_env(), "PSTATE_NO_CACHE": "1"}, check=True, timeout=60)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    meta_ts = recs[0]["ts"]
+    by_tid: dict = {}
+    for r in recs:
+        if r["type"] == "state":
+            by_tid.setdefault(r["tid"], []).append(r)
+    early = {tid: rs for tid, rs in by_tid.items() if rs[0]["ts"] < meta_ts and len(rs) > 1}
+    assert early, "no thread switched between attaching and seeding"
+    lost = [rs[:2] for rs in early.values() if rs[1]["from"] != "unknown" and rs[1]["dur_ns"] is None]
+    assert not lost, lost
+
+
 def test_duration_and_pipe_to_head_is_quiet():
     before = bpf_prog_ids()
     p = subprocess.run(f"{' '.join(pstate_cmd('record'))} | head -n 5", shell=True, capture_output=True,

@@ -233,7 +233,7 @@ class Program:
             # JSON-lines stream, which must only ever hold records.
             sys.stdout.flush()
             with _quiet_fd(1) as said_out, _quiet_fd(2) as said_err:
-                self.bpf = bcc.BPF(text=text, cflags=cflags)
+                self.bpf = bcc.BPF(text=text.encode(), cflags=cflags)
         except Exception as e:  # bcc raises plain Exception on compile/load errors
             said = "\n".join(c.text().strip() for c in (said_out, said_err) if c)
             msg = said.strip() or str(e)
@@ -244,7 +244,7 @@ class Program:
             ) from None
 
     def table(self, name: str):
-        return self.cached.table(name) if self.cached is not None else self.bpf[name]
+        return self.cached.table(name) if self.cached is not None else self.bpf[name.encode()]
 
     @property
     def lib(self):

@@ -391,6 +391,11 @@ class Aggregator:
         if start_ts is None:
             metas = [m.get("ts") for m in stats.metas if type(m.get("ts")) is int]
             start_ts = min(metas) if metas else self.first_ts()
+            # record writes its meta once the programs are attached and the
+            # tasks seeded: the first events can be a little older
+            first = self.first_ts()
+            if first is not None and start_ts is not None and first < start_ts:
+                start_ts = first
         if end_ts is None:
             last = self.last_ts()
             ends = [e.get("ts") for e in stats.ends if type(e.get("ts")) is int]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import math
 import os
 import signal
@@ -11,6 +13,7 @@ import time
 import click
 
 from pstate import loader
+from pstate.bpfsys import BPF_ANY, BPF_NOEXIST
 from pstate.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
@@ -291,7 +294,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     code = ExitCode.OK
     try:
         _fill_filters(prog, filt)
-        _seed(prog, ks)
+        _seed(prog, ks, "TASKS_BY_TID" in defines)
         writer = LineWriter(output, unbuffered=unbuffered)
         meta = meta_record("record", ks)
         meta.update(filt.meta_fields())
@@ -360,10 +363,13 @@ def _fill_filters(prog: loader.Program, filt: Filter) -> None:
             t[ctypes.c_int(c)] = one
 
 
-def _seed(prog: loader.Program, ks: KernelStates) -> None:
+def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:
     """Give the kernel side the tgid and state of every thread alive now, so
-    the first events of existing tasks carry their process id."""
+    the first events of existing tasks carry their process id. A row the
+    program has made since it was attached is fresher and is kept."""
     tasks = prog.table("tasks")
+    lib = prog.lib
+    fd = tasks.map_fd
     letters = {letter: bit for bit, letter in ks.letters.items()}
     Leaf = tasks.Leaf
     Key = tasks.Key
@@ -373,7 +379,15 @@ def _seed(prog: loader.Program, ks: KernelStates) -> None:
         leaf.tgid = tgid
         leaf.since = 0  # start not seen: durations of this first state are unknown
         leaf.state = (0x1000 | bit) if bit else 0
-        try:
-            tasks[Key(tid)] = leaf
-        except Exception:
+        key = Key(tid)
+        if by_tid:
+            # an array row always exists; all zero means the thread is not seen yet
+            cur = Leaf()
+            if lib.bpf_lookup_elem(fd, ctypes.byref(key), ctypes.byref(cur)) == 0 and (
+                    cur.since or cur.state or cur.tgid):
+                continue
+            rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_ANY)
+        else:
+            rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
+        if rc != 0 and ctypes.get_errno() != errno.EEXIST:
             break  # map full: later events count map_full drops

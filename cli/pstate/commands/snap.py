@@ -14,6 +14,7 @@ import time
 import click
 
 from pstate import bpfsys, loader, snapfiles
+from pstate.bpfsys import BPF_NOEXIST
 from pstate.durations import Duration
 from pstate.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
@@ -56,7 +57,6 @@ interval's snapshot was already out (exit 0).
 SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = 1, 5, 0xFF
 SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 F_EXITED, F_FREED, F_GUESSED = 1, 2, 4
-BPF_NOEXIST = 1
 ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 
