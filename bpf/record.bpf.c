@@ -227,11 +227,10 @@ static __always_inline void submit(struct event *e) {
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-static __always_inline void emit_state(u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
-                                       u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
-                                       u32 other_pid, u32 other_tid) {
-    // the caller has checked transition_match(from, to, dur): the cheapest
-    // test, and the one that fails most often under --state or --min-dur
+// One event of any type, through the task and CPU filters.
+static __always_inline void emit(u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
+                                 u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
+                                 u32 other_pid, u32 other_tid) {
     if (!task_match(tgid, tid, comm) || !cpu_match(cpu))
         return;
     struct event *e = reserve();
@@ -247,13 +246,21 @@ static __always_inline void emit_state(u64 now, u32 cpu, u32 tgid, u32 tid, cons
     e->from = from;
     e->to = to;
     e->cpu = cpu;
-    e->type = EV_STATE;
+    e->type = type;
     e->cause = cause;
     e->prio = prio;
     e->flags = flags;
     e->pad = 0;
     __builtin_memcpy(e->comm, comm, 16);
     submit(e);
+}
+
+// the caller has checked transition_match(from, to, dur): the cheapest
+// test, and the one that fails most often under --state or --min-dur
+static __always_inline void emit_state(u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
+                                       u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
+                                       u32 other_pid, u32 other_tid) {
+    emit(EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -405,32 +412,10 @@ TRACEPOINT_PROBE(task, task_newtask) {
 }
 
 static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid, u32 other_tid, u8 flags) {
-    u64 now = bpf_ktime_get_ns();
-    u32 cpu = bpf_get_smp_processor_id();
     char comm[16];
     bpf_get_current_comm(comm, sizeof(comm));
-    if (!task_match(tgid, tid, comm) || !cpu_match(cpu))
-        return;
-    struct event *e = reserve();
-    if (!e)
-        return;
-    e->ts = now;
-    e->dur = NO_DUR;
-    e->pid = tgid;
-    e->tid = tid;
-    e->other_pid = other_pid;
-    e->other_tid = other_tid;
-    e->kstate = 0;
-    e->from = 0;
-    e->to = 0;
-    e->cpu = cpu;
-    e->type = type;
-    e->cause = 0;
-    e->prio = 0;
-    e->flags = flags;
-    e->pad = 0;
-    __builtin_memcpy(e->comm, comm, 16);
-    submit(e);
+    emit(type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
+         other_pid, other_tid);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
