@@ -454,21 +454,45 @@ static int list_cmp(PyObject *list, Py_ssize_t i, long long v, int *res)
 
 /* --- names, comms and groups ----------------------------------------------- */
 
+/* A new reference to the str of an ASCII name, through a small cache of
+ * names[*count]; *entry: its cache entry (id -1 when new), or NULL when it
+ * did not fit. Digester's state names and parse_states' share this. */
+static PyObject *name_str(name_entry *names, int *count, const char *s, Py_ssize_t n, name_entry **entry)
+{
+    for (int i = 0; i < *count; i++) {
+        name_entry *ne = &names[i];
+        if (ne->len == n && memcmp(ne->bytes, s, (size_t)n) == 0) {
+            Py_INCREF(ne->name);
+            *entry = ne;
+            return ne->name;
+        }
+    }
+    *entry = NULL;
+    PyObject *str = PyUnicode_DecodeASCII(s, n, NULL);
+    if (str && *count < NAME_CACHE && n <= NAME_MAX_LEN) {
+        name_entry *ne = &names[(*count)++];
+        ne->len = n;
+        memcpy(ne->bytes, s, (size_t)n);
+        Py_INCREF(str);
+        ne->name = str;
+        ne->id = -1;
+        *entry = ne;
+    }
+    return str;
+}
+
 /* The state name (a new reference) and id, through a cache in front of agg.state_id. */
 static int state_of(Digester *self, const char *s, Py_ssize_t n, PyObject **name, long long *id)
 {
-    for (int i = 0; i < self->n_names; i++) {
-        name_entry *ne = &self->names[i];
-        if (ne->len == n && memcmp(ne->bytes, s, (size_t)n) == 0) {
-            Py_INCREF(ne->name);
-            *name = ne->name;
-            *id = ne->id;
-            return 0;
-        }
-    }
-    PyObject *str = PyUnicode_DecodeASCII(s, n, NULL);
+    name_entry *ne;
+    PyObject *str = name_str(self->names, &self->n_names, s, n, &ne);
     if (!str)
         return -1;
+    if (ne && ne->id >= 0) {
+        *name = str;
+        *id = ne->id;
+        return 0;
+    }
     PyObject *sid = PyDict_GetItemWithError(self->state_ids, str);
     if (sid)
         Py_INCREF(sid);
@@ -482,14 +506,8 @@ static int state_of(Digester *self, const char *s, Py_ssize_t n, PyObject **name
         Py_DECREF(str);
         return -1;
     }
-    if (self->n_names < NAME_CACHE && n <= NAME_MAX_LEN) {
-        name_entry *ne = &self->names[self->n_names++];
-        ne->len = n;
-        memcpy(ne->bytes, s, (size_t)n);
-        Py_INCREF(str);
-        ne->name = str;
+    if (ne)
         ne->id = v;
-    }
     *name = str;
     *id = v;
     return 0;
@@ -507,15 +525,16 @@ static inline unsigned comm_hash(const char *s, Py_ssize_t n)
     return (h ^ (h >> 15)) & (COMM_CACHE - 1);
 }
 
-/* The comm as a str (a new reference), or None. */
-static PyObject *comm_of(Digester *self, const state_rec *r, comm_entry **entry)
+/* The comm as a str (a new reference), or None, through the comm cache
+ * `table` (COMM_CACHE entries); *entry: its entry, NULL when not cached. */
+static PyObject *comm_str(comm_entry *table, const state_rec *r, comm_entry **entry)
 {
     *entry = NULL;
     if (!r->comm)
         Py_RETURN_NONE;
     if (r->comm_n > COMM_MAX_LEN)
         return PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
-    comm_entry *ce = &self->comms[comm_hash(r->comm, r->comm_n)];
+    comm_entry *ce = &table[comm_hash(r->comm, r->comm_n)];
     if (!ce->comm || ce->len != r->comm_n || memcmp(ce->bytes, r->comm, (size_t)r->comm_n) != 0) {
         PyObject *str = PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
         if (!str)
@@ -850,7 +869,7 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
         return 1; /* the careful path does big ints */
     if (state_of(self, r->from, r->from_n, &frm, &fi) < 0 || state_of(self, r->to, r->to_n, &to, &ti) < 0)
         goto out;
-    if (!(comm = comm_of(self, r, &ce)))
+    if (!(comm = comm_str(self->comms, r, &ce)))
         goto out;
     if (self->by == 0)
         g = r->pid;
@@ -1199,55 +1218,13 @@ static PyTypeObject DigesterType = {
 
 /* Interned strings and ints, so the tuples of one stream share objects:
  * state names (few), comms (hashed, like Digester's) and pids/tids. */
-#define LIVE_NAMES 32
 #define LIVE_INTS 4096 /* a power of two */
 
-static name_entry live_names[LIVE_NAMES];
+static name_entry live_names[NAME_CACHE];
 static int live_n_names;
 static comm_entry *live_comms;
 static PyObject *live_ints[LIVE_INTS];
 static long long live_int_keys[LIVE_INTS];
-
-/* A new reference to the str of an ASCII name, through a small cache. */
-static PyObject *live_name(const char *s, Py_ssize_t n)
-{
-    for (int i = 0; i < live_n_names; i++) {
-        name_entry *ne = &live_names[i];
-        if (ne->len == n && memcmp(ne->bytes, s, (size_t)n) == 0) {
-            Py_INCREF(ne->name);
-            return ne->name;
-        }
-    }
-    PyObject *str = PyUnicode_DecodeASCII(s, n, NULL);
-    if (str && live_n_names < LIVE_NAMES && n <= NAME_MAX_LEN) {
-        name_entry *ne = &live_names[live_n_names++];
-        ne->len = n;
-        memcpy(ne->bytes, s, (size_t)n);
-        Py_INCREF(str);
-        ne->name = str;
-    }
-    return str;
-}
-
-/* A new reference to the comm (str), or None when null or absent. */
-static PyObject *live_comm(const state_rec *r)
-{
-    if (!r->comm)
-        Py_RETURN_NONE;
-    if (r->comm_n > COMM_MAX_LEN || !live_comms)
-        return PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
-    comm_entry *ce = &live_comms[comm_hash(r->comm, r->comm_n)];
-    if (!ce->comm || ce->len != r->comm_n || memcmp(ce->bytes, r->comm, (size_t)r->comm_n) != 0) {
-        PyObject *str = PyUnicode_DecodeASCII(r->comm, r->comm_n, NULL);
-        if (!str)
-            return NULL;
-        Py_XSETREF(ce->comm, str);
-        ce->len = r->comm_n;
-        memcpy(ce->bytes, r->comm, (size_t)r->comm_n);
-    }
-    Py_INCREF(ce->comm);
-    return ce->comm;
-}
 
 /* A new reference to the int v (0 <= v < 2^63), shared while it stays cached. */
 static PyObject *live_int(long long v)
@@ -1358,13 +1335,15 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         if (!t)
             goto done;
         PyObject *o;
+        name_entry *ne;
+        comm_entry *ce;
         /* PyTuple_SET_ITEM steals; a NULL item is fine for the tuple's dealloc */
         PyTuple_SET_ITEM(t, 0, PyLong_FromLongLong(r.ts));
         PyTuple_SET_ITEM(t, 1, live_int(r.pid));
         PyTuple_SET_ITEM(t, 2, live_int(r.tid));
-        PyTuple_SET_ITEM(t, 3, live_comm(&r));
-        PyTuple_SET_ITEM(t, 4, live_name(r.from, r.from_n));
-        PyTuple_SET_ITEM(t, 5, live_name(r.to, r.to_n));
+        PyTuple_SET_ITEM(t, 3, comm_str(live_comms, &r, &ce));
+        PyTuple_SET_ITEM(t, 4, name_str(live_names, &live_n_names, r.from, r.from_n, &ne));
+        PyTuple_SET_ITEM(t, 5, name_str(live_names, &live_n_names, r.to, r.to_n, &ne));
         if (r.has_dur)
             o = PyLong_FromLongLong(r.dur);
         else {
