@@ -161,23 +161,10 @@ class Runner:
 
 
 def prog_stats(pid: int) -> list[dict]:
-    """run_cnt and run_time_ns of the programs pid has attached, named by
-    their tracepoint (a program loaded without BTF has a truncated name)."""
-    def bpftool(*args):
-        r = subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, timeout=30)
-        return json.loads(r.stdout or "[]")
-
-    tps = {p["prog_id"]: p.get("tracepoint", "?") for p in bpftool("perf", "show") if p.get("pid") == pid}
-    out = []
-    for info in bpftool("prog", "show"):
-        if info.get("id") in tps:
-            out.append({"prog_id": info["id"], "name": tps[info["id"]], "run_cnt": info.get("run_cnt") or 0,
-                        "run_time_ns": info.get("run_time_ns") or 0})
-    return out
-
-
-def _short(name: str) -> str:
-    return name
+    """run_cnt and run_time_ns of the programs pid holds, named by the
+    tracepoint they are attached to (a program loaded without BTF has only a
+    truncated name)."""
+    return [{**p, "name": p["tracepoint"] or p["name"]} for p in ct.prog_stats(pid)]
 
 
 def _prog_delta(before: list[dict], after: list[dict]) -> dict:
@@ -188,7 +175,7 @@ def _prog_delta(before: list[dict], after: list[dict]) -> dict:
         p0 = b.get(p["prog_id"], {"run_cnt": 0, "run_time_ns": 0})
         cnt = p["run_cnt"] - p0["run_cnt"]
         ns = p["run_time_ns"] - p0["run_time_ns"]
-        out[_short(p["name"])] = {"run_cnt": cnt, "run_time_ns": ns, "ns_per_run": ns / cnt if cnt else None}
+        out[p["name"]] = {"run_cnt": cnt, "run_time_ns": ns, "ns_per_run": ns / cnt if cnt else None}
     return out
 
 
