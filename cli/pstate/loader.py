@@ -268,11 +268,7 @@ class Program:
         event does not wait for a run already under way on another CPU, so
         wait (at most settle_s) until the counters stop moving.
         """
-        if self.cached is not None:
-            _detach_all(self.cached.attached(), self.cached.detach_one)
-        elif self.bpf is not None:
-            _detach_all(list(self.bpf.tracepoint_fds), self.bpf.detach_tracepoint)
-        else:
+        if not self._detach_programs():
             return
         deadline = time.monotonic() + settle_s
         last = self.counters()
@@ -284,15 +280,25 @@ class Program:
             last = now
 
     def close(self) -> None:
+        self._detach_programs()
         cached, self.cached = self.cached, None
         if cached is not None:
-            _detach_all(cached.attached(), cached.detach_one)
             cached.close()
         bpf, self.bpf = self.bpf, None
         if bpf is not None:
-            _detach_all(list(bpf.tracepoint_fds), bpf.detach_tracepoint)
             with contextlib.suppress(Exception):
                 bpf.cleanup()
+
+    def _detach_programs(self) -> bool:
+        """Detach what is still attached, however it was loaded; False when
+        nothing is loaded."""
+        if self.cached is not None:
+            _detach_all(self.cached.attached(), self.cached.detach_one)
+        elif self.bpf is not None:
+            _detach_all(list(self.bpf.tracepoint_fds), self.bpf.detach_tracepoint)
+        else:
+            return False
+        return True
 
 
 def pid_max() -> int:
