@@ -401,14 +401,17 @@ class Window(Tracker):
         return (self.last_ts or 0) // self.bucket - self.ncols + 1
 
     def state(self, ts, pid, tid, comm, frm, to, dur, weight=1) -> None:
-        # Tracker.state, specialised for speed: this runs for every event a
-        # live stream brings (hundreds of thousands a second).
+        # Tracker.state for the live window: state maps go through states();
+        # latency maps (measure_states) only count samples.
+        if not self.measure_states:
+            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight),))
+            return
         self.n_events += 1
         lt = self.last_ts
         if lt is None or ts > lt:
             if lt is None:
                 self.first_ts = ts
-            self.last_ts = lt = ts
+            self.last_ts = ts
         by = self.by
         if by == "tid":
             key = tid
@@ -421,49 +424,16 @@ class Window(Tracker):
             key = comm
         ev = self.events
         ev[key] = ev.get(key, 0) + 1
-        s = STATE_INDEX.get(frm, OTHER)
-        if self.measure_states:
-            if dur is not None and s in self.measure_states:
-                self.n_samples += weight
-                self.sample(ts, dur.bit_length(), weight)
-            return
-        b = self.bucket
-        lo = lt // b - self.ncols + 1
-        start = None if dur is None else ts - dur
-        if self.sample_every > 1:
-            prev = self.open.get(tid)
-            if prev is not None:
-                gap_end = ts if start is None else start
-                if gap_end > prev[1]:
-                    self.grid.paint(prev[2], prev[0], prev[1], gap_end, lo)
-        if dur:
-            c = start // b
-            if c >= lo and c == (ts - 1) // b:
-                # the common case: the whole interval in one bucket
-                cols = self.grid.cols
-                col = cols.get(c)
-                if col is None:
-                    col = cols[c] = {}
-                cell = col.get(key)
-                if cell is None:
-                    cell = col[key] = [0] * (NSTATES + 1)
-                cell[s] += dur
-                if IS_BUSY[s]:
-                    cell[BUSY] += dur
-            else:
-                self.grid.paint(key, s, start, ts, lo)
-        ns = STATE_INDEX.get(to, OTHER)
-        if ns == REAPED_IDX:
-            self.open.pop(tid, None)
-        else:
-            self.open[tid] = (ns, ts, key)
+        if dur is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
+            self.n_samples += weight
+            self.sample(ts, dur.bit_length(), weight)
 
     def states(self, rows, skip_idle: bool = False) -> None:
         """state() for every (ts, pid, tid, comm, from, to, dur_ns, cpu,
         weight) of rows, with comm None or "" as "?" and, with skip_idle,
-        tid 0 left out: the same result, for a fraction of the cost (one
-        call per batch, lookups hoisted, the window start recomputed only
-        when the newest ts moves)."""
+        tid 0 left out. The one implementation of the state map's update:
+        one call per batch, lookups hoisted, the window start recomputed
+        only when the newest ts moves."""
         if self.measure_states:
             state = self.state
             for ts, pid, tid, comm, frm, to, dur, _cpu, weight in rows:
