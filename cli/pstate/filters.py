@@ -54,21 +54,26 @@ class Filter:
         t = rec.get("type")
         if t not in schema.EVENT_TYPES:
             return True  # meta, loss, end, rate are not events
-        if not self.include_idle and rec.get("tid") == 0:
-            return False
-        if self._pidset and rec.get("pid") not in self._pidset:
-            return False
-        if self._tidset and rec.get("tid") not in self._tidset:
-            return False
-        if self._commset and rec.get("comm") not in self._commset:
-            return False
-        if self._cpuset and rec.get("cpu") not in self._cpuset:
-            return False
         if t == "state":
-            if self._stateset and rec.get("from") not in self._stateset and rec.get("to") not in self._stateset:
-                return False
-            if self.min_dur_ns:
-                d = rec.get("dur_ns")
-                if d is None or d < self.min_dur_ns:
-                    return False
-        return True
+            return self.match_state(rec.get("pid"), rec.get("tid"), rec.get("comm"), rec.get("cpu"),
+                                    rec.get("from"), rec.get("to"), rec.get("dur_ns"))
+        return self._task_passes(rec.get("pid"), rec.get("tid"), rec.get("comm"), rec.get("cpu"))
+
+    def match_state(self, pid, tid, comm, cpu, frm, to, dur) -> bool:
+        """match() of a state record given by its fields (no dict to build)."""
+        if not self._task_passes(pid, tid, comm, cpu):
+            return False
+        if self._stateset and frm not in self._stateset and to not in self._stateset:
+            return False
+        return not self.min_dur_ns or (dur is not None and dur >= self.min_dur_ns)
+
+    def _task_passes(self, pid, tid, comm, cpu) -> bool:
+        if not self.include_idle and tid == 0:
+            return False
+        if self._pidset and pid not in self._pidset:
+            return False
+        if self._tidset and tid not in self._tidset:
+            return False
+        if self._commset and comm not in self._commset:
+            return False
+        return not (self._cpuset and cpu not in self._cpuset)

@@ -250,9 +250,8 @@ class Feeder:
             model.states(rows, model.skip_idle)
             return
         if not filtered:
-            match = filt.match
-            rows = [r for r in rows if match({"type": "state", "ts": r[0], "cpu": r[7], "pid": r[1], "tid": r[2],
-                                              "comm": r[3], "from": r[4], "to": r[5], "dur_ns": r[6]})]
+            match = filt.match_state
+            rows = [r for r in rows if match(r[1], r[2], r[3], r[7], r[4], r[5], r[6])]
         model.states(rows, False)
 
     def _line(self, line: bytes, n: int, k: int) -> int:
