@@ -7,12 +7,12 @@ PY := $(VENV)/bin/python
 PSTATE := $(VENV)/bin/pstate
 KREL := $(shell uname -r)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
-APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-dev gcc bpftool linux-perf tmux groff-base man-db jq \
+APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python3-wheel python3-dev gcc bpftool linux-perf tmux groff-base man-db jq \
 	zsh fish bash-completion util-linux bpftrace bpfcc-tools
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-fast bench artifacts install clean
+.PHONY: setup run test test-fast bench artifacts install print-install-dirs clean
 
 setup: $(VENV)/.installed
 	@$(PSTATE) doctor
@@ -53,14 +53,31 @@ artifacts:
 # A private venv (system site packages: bcc comes from apt) under
 # $(PREFIX)/lib/pstate, pstate linked into $(PREFIX)/bin, man pages and
 # completions where man, bash-completion, zsh and fish look for them.
-# With DESTDIR (staging for a package) the venv's paths are rewritten to the
-# final $(PREFIX).
+# The wheel is built with the distribution's setuptools, offline; the venv
+# gets no pip or setuptools of its own (the system pip installs into it);
+# pstate is installed by name from a local directory, so no record of the
+# build directory is left in it. With DESTDIR (staging for a package) the
+# venv's paths are rewritten to the final $(PREFIX) and the byte code is
+# compiled for the final paths.
+VENV_DIR = $(DESTDIR)$(PREFIX)/lib/pstate
+WHEELS := build/install-wheels
+# fish reads vendor completions from its own data directory (and from
+# $$XDG_DATA_DIRS only when that is set): for /usr and /usr/local, where
+# fish's pkg-config file names it; under any other prefix, the XDG place.
+FISH_PKG_DIR := $(shell pkg-config --variable completionsdir fish 2>/dev/null)
+FISH_COMPLETIONSDIR ?= $(if $(and $(FISH_PKG_DIR),$(filter /usr /usr/local,$(PREFIX))),$(FISH_PKG_DIR),$(PREFIX)/share/fish/vendor_completions.d)
+
 install:
 	@test -f man/pstate.1 -a -f completions/pstate.bash || { echo "man/ or completions/ missing: run make artifacts" >&2; exit 1; }
-	$(PYTHON_SYS) -m venv --system-site-packages $(DESTDIR)$(PREFIX)/lib/pstate
-	$(DESTDIR)$(PREFIX)/lib/pstate/bin/python -m pip install -q --disable-pip-version-check --no-warn-script-location --upgrade .
+	rm -rf $(WHEELS)
+	$(PYTHON_SYS) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w $(WHEELS) .
+	$(PYTHON_SYS) -m pip download -q --disable-pip-version-check -d $(WHEELS) $(WHEELS)/pstate-*.whl
+	$(PYTHON_SYS) -m venv --without-pip --system-site-packages $(VENV_DIR)
+	$(PYTHON_SYS) -m pip --python $(VENV_DIR)/bin/python install -q --disable-pip-version-check \
+	    --no-warn-script-location --no-compile --no-index --find-links $(WHEELS) --upgrade pstate
+	$(PYTHON_SYS) -m compileall -q $(if $(DESTDIR),-s $(abspath $(DESTDIR)) -p /) $(VENV_DIR)/lib
 	@if [ -n "$(DESTDIR)" ]; then \
-	    grep -rlIF "$(abspath $(DESTDIR)$(PREFIX))/lib/pstate" $(DESTDIR)$(PREFIX)/lib/pstate/bin $(DESTDIR)$(PREFIX)/lib/pstate/pyvenv.cfg \
+	    grep -rlIF "$(abspath $(DESTDIR)$(PREFIX))/lib/pstate" $(VENV_DIR)/bin $(VENV_DIR)/pyvenv.cfg \
 	    | xargs -r sed -i "s|$(abspath $(DESTDIR)$(PREFIX))/lib/pstate|$(PREFIX)/lib/pstate|g"; fi
 	install -d $(DESTDIR)$(PREFIX)/bin
 	ln -sfn ../lib/pstate/bin/pstate $(DESTDIR)$(PREFIX)/bin/pstate
@@ -68,4 +85,9 @@ install:
 	install -Dm644 -t $(DESTDIR)$(PREFIX)/share/man/man5 man/*.5
 	install -Dm644 completions/pstate.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/pstate
 	install -Dm644 completions/_pstate $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_pstate
-	install -Dm644 completions/pstate.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/pstate.fish
+	install -Dm644 completions/pstate.fish $(DESTDIR)$(FISH_COMPLETIONSDIR)/pstate.fish
+	install -Dm644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/pstate/LICENSE
+
+# Where `make install` puts each kind of file (for packagers and tests).
+print-install-dirs:
+	@echo "fish_completions $(FISH_COMPLETIONSDIR)"

@@ -17,7 +17,10 @@ setup(
         Extension(
             f"pstate.{src.stem}",
             [str(src.relative_to(HERE))],
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            # no build path in the binaries (reproducible, and nothing of
+            # the build machine left in an installed tree)
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                                f"-ffile-prefix-map={HERE.resolve()}=."],
             optional=True,
         )
         for src in SOURCES

@@ -69,10 +69,18 @@ def test_destdir_puts_everything_under_prefix(staged):
     assert os.readlink(usr / "bin/pstate") == "../lib/pstate/bin/pstate"
     # the venv is made for its final place, not the staging directory
     assert (usr / "lib/pstate/bin/pstate").read_text().splitlines()[0] == "#!/usr/lib/pstate/bin/python"
-    for f in [*(usr / "lib/pstate/bin").iterdir(), usr / "lib/pstate/pyvenv.cfg"]:
-        if f.is_file() and not f.is_symlink():
-            assert str(staged) not in f.read_text(errors="replace"), f
+    # no staged file names the staging directory or the clone it was built
+    # from: not a script, not byte code, no direct_url.json
+    leaks = [f for f in staged.rglob("*") if f.is_file() and not f.is_symlink()
+             and (str(staged).encode() in f.read_bytes() or str(ROOT).encode() in f.read_bytes())]
+    assert leaks == []
+    assert list(staged.rglob("direct_url.json")) == []
+    assert list(staged.rglob("*.pyc")), "byte code is compiled for the final paths"
     assert "include-system-site-packages = true" in (usr / "lib/pstate/pyvenv.cfg").read_text()
+    # the private venv holds pstate and its dependencies, not pip or setuptools
+    site = next((usr / "lib/pstate/lib").glob("python3*/site-packages"))
+    assert not [p.name for p in site.iterdir() if p.name.split("-")[0] in ("pip", "setuptools", "_distutils_hack")]
+    assert (usr / "share/doc/pstate/LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
     r = run([str(usr / "lib/pstate/bin/python"), "-m", "pstate", "--version"])
     assert r.stdout == f"pstate, version {__version__}\n"
     for p in INSTALLED[2:]:
@@ -142,3 +150,27 @@ def test_bash_completion_loads_on_demand(prefix):
     r = run(["bash", "--norc", "--noprofile", "-c", script], PATH=f"{prefix / 'bin'}:{os.environ['PATH']}",
             XDG_DATA_DIRS=f"{prefix / 'share'}:/usr/local/share:/usr/share")
     assert "_pstate_completion" in r.stdout, r.stderr
+
+
+def install_dir(kind: str, **variables: str) -> str:
+    args = ["make", "-s", "-C", str(ROOT), "print-install-dirs", *(f"{k}={v}" for k, v in variables.items())]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=True).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines())[kind]
+
+
+@pytest.mark.skipif(not shutil.which("fish"), reason="fish not installed")
+@pytest.mark.parametrize("prefix_dir", ["/usr", "/usr/local"])
+def test_fish_looks_where_completions_are_installed(prefix_dir, tmp_path):
+    """With a clean environment (XDG_DATA_DIRS unset), fish's completion path
+    holds the directory `make install` uses for the standard prefixes."""
+    target = install_dir("fish_completions", PREFIX=prefix_dir)
+    r = subprocess.run(["env", "-i", f"HOME={tmp_path}", "PATH=/usr/bin:/bin", "fish", "-c",
+                        "string join \\n -- $fish_complete_path"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert target in r.stdout.splitlines()
+
+
+def test_fish_completions_under_another_prefix_go_below_it():
+    assert install_dir("fish_completions", PREFIX="/opt/pstate") == "/opt/pstate/share/fish/vendor_completions.d"
