@@ -20,6 +20,7 @@ COMMANDS = {
     "replay": ("replay", "Re-emit a recording as a stream, at its pace or faster."),
     "stats": ("stats", "Summarise a stream, a recording or snapshots: time per state, latencies."),
     "heat": ("heat", "Draw terminal heat maps of states and latencies, or a live dashboard."),
+    "export": ("export", "Export a recording as a trace for Perfetto's UI or chrome://tracing."),
     "doctor": ("doctor", "Check that this machine can run pstate record and snap; say how to fix it."),
 }
 
@@ -69,6 +70,7 @@ Examples:
   sudo pstate record -p 1234 --state D      one process, only uninterruptible sleeps
   pstate stats rec.jsonl --by tid --hist    per-thread times and latency histograms
   pstate replay rec.jsonl --speed 10 | pstate heat --live
+  pstate export rec.jsonl -o rec.pftrace    open it in ui.perfetto.dev
   sudo pstate snap --out /var/lib/pstate    one snapshot, e.g. from cron
   pstate doctor                             check bcc, headers, tracefs, privileges
 

@@ -1,0 +1,160 @@
+"""pstate export: a recording as a trace for Perfetto's UI or chrome://tracing."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import click
+
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.options import input_options
+from pstate.streamio import ReadStats, read_records
+
+PROG = "pstate export"
+FORMATS = ("perfetto", "chrome")
+
+EPILOG = """\b
+Examples:
+  pstate export rec.jsonl -o rec.pftrace            for ui.perfetto.dev
+  pstate export rec.jsonl -f chrome -o rec.json     for chrome://tracing
+  sudo pstate record -d 10 | pstate export -o live.pftrace
+  pstate replay rec.jsonl -b +30s -e +40s --no-wait | pstate export -o cut.pftrace
+
+\b
+Open a Perfetto trace at https://ui.perfetto.dev with "Open trace file":
+CPU tracks show which thread ran where, each thread has a state track
+(Running, Runnable, Runnable (Preempted), Sleeping, Uninterruptible Sleep,
+Stopped, ...), and wake-ups draw arrows. A recording made with task, CPU,
+state or duration filters, or sampled by --max-rate, does not hold every
+switch of a CPU: it is exported as one track of state slices per thread
+instead, and the export says so. Loss, sampling and end records appear as
+instants on a "pstate" track.
+
+--format chrome writes trace-event JSON: one slice per state interval of each
+thread (the time stats counts), thread and process names as metadata.
+
+The perfetto format needs the optional extra: pip install 'pstate[perfetto]'
+(make setup installs it). Exit status: 0 done, 2 bad usage, 65 bad input with
+--strict or a newer event format, 66 unreadable input, 73 the output cannot
+be created, 74 writing failed.
+"""
+
+
+def _open_output(path: str | None, fmt: str):
+    """The output as a binary file object; a terminal gets no protobuf."""
+    if path is None or path == "-":
+        if sys.stdout.isatty() and fmt == "perfetto":
+            raise click.UsageError("a Perfetto trace is binary: give -o FILE, or redirect standard output")
+        return sys.stdout.buffer, False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise PstateError(f"cannot create {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+    return os.fdopen(fd, "wb", buffering=1 << 20), True
+
+
+class Progress:
+    """Events exported so far, on a terminal's stderr, twice a second."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.start = self.last = time.monotonic()
+        self.shown = False
+
+    def tick(self, n: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or now - self.last < 0.5:
+            return
+        self.last = now
+        rate = n / max(now - self.start, 1e-9)
+        sys.stderr.write(f"\r{PROG}: {n:,} records, {rate:,.0f}/s")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def make_writer(fmt: str, fp, metas: list, rates: int = 0):
+    from pstate import traceexport
+
+    if fmt == "chrome":
+        return traceexport.ChromeWriter(fp), ""
+    try:
+        import perfetto.trace_builder.proto_builder  # noqa: F401
+    except ImportError as e:
+        raise PstateError(f"--format perfetto needs the perfetto package ({e})", ExitCode.UNAVAILABLE,
+                          hint="pip install 'pstate[perfetto]' (or: make setup)") from None
+    complete, why = traceexport.cpu_complete(metas, rates)
+    return traceexport.PerfettoWriter(fp, cpu_tracks=complete), why
+
+
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="perfetto", show_default=True,
+              help="perfetto: a Perfetto protobuf trace; chrome: Chrome trace-event JSON.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE",
+              help="Write to FILE instead of standard output.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no notes on stderr (warnings stay).")
+@input_options
+def cli(fmt, output, quiet, files, strict):
+    """Export a recording as a trace for Perfetto or chrome://tracing.
+
+    Reads recordings (FILES one after another, or standard input) through the
+    same reader as stats, heat and replay, and writes one trace, streaming:
+    memory depends on the number of threads and CPUs, not on the length of
+    the recording.
+    """
+    if not files and sys.stdin.isatty():
+        raise click.UsageError("no input: give a recording file, or pipe a stream in")
+    stats = ReadStats()
+    records = read_records(files or ("-",), stats, strict=strict)
+    head = []
+    for rec in records:  # the meta record says whether every switch is there
+        head.append(rec)
+        if rec["type"] != "meta":
+            break
+    fp, owned = _open_output(output, fmt)
+    writer, why = make_writer(fmt, fp, [r for r in head if r["type"] == "meta"])
+    progress = Progress(not quiet and sys.stderr.isatty())
+    n = 0
+    sampled = False
+    try:
+        for rec in head:
+            writer.add(rec)
+        for rec in records:
+            writer.add(rec)
+            n += 1
+            if rec["type"] == "rate" and rec.get("sample_every", 1) != 1:
+                sampled = True
+            if not n & 0xFFFF:
+                progress.tick(n)
+        writer.close()
+        fp.flush()
+        if owned:
+            fp.close()
+    except BrokenPipeError:
+        from pstate.streamio import silence_stdout
+
+        silence_stdout()
+        return
+    except OSError as e:
+        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}",
+                          ExitCode.IOERR) from None
+    finally:
+        progress.done()
+    if why and not quiet:
+        print(f"{PROG}: note: no CPU tracks, thread tracks only: {why}", file=sys.stderr)
+    if sampled and fmt == "perfetto" and not why:
+        print(f"{PROG}: warning: the recording was sampled (--max-rate) part of the time: "
+              "CPU tracks miss switches from then on", file=sys.stderr)
+    unpaired = getattr(writer, "unpaired_switch_ins", 0)
+    if unpaired and not quiet:
+        print(f"{PROG}: note: {unpaired} switch-ins without the switch-out before them (lost events)",
+              file=sys.stderr)
+    code = stats.report(PROG, strict=strict)
+    if code:
+        sys.exit(code)

@@ -1,0 +1,267 @@
+"""pstate export: the Perfetto trace holds every switch and wake-up of the
+recording (decoded with the perfetto package's own protos), the Chrome JSON's
+slices add up to the time stats reports, filtered recordings get thread tracks
+only, and the errors are the documented ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from conftest import clean_env, pstate_cmd
+from pstate.commands.export import cli as export_cli
+from pstate.traceexport import prev_state_bits
+
+pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+
+META = {"type": "meta", "schema": 1, "source": "record", "tool": "pstate", "version": "0.1.0", "host": "t",
+        "kernel": "6.18.0", "boot_id": "b", "clock": "monotonic", "ts": 1000, "wall_ns": 0, "ncpu": 2,
+        "kernel_states": {"0x1": "sleeping", "0x2": "uninterruptible", "0x4": "stopped", "0x8": "traced",
+                          "0x10": "dead", "0x20": "zombie", "0x40": "parked", "0x80": "idle", "0x100": "+"},
+        "include_idle": False}
+
+
+def st(ts, cpu, pid, tid, comm, frm, to, dur, cause, **kw):
+    return {"type": "state", "ts": ts, "cpu": cpu, "pid": pid, "tid": tid, "comm": comm, "from": frm, "to": to,
+            "dur_ns": dur, "cause": cause, **kw}
+
+
+# CPU 0: idle -> A(10) -> B(20) (A preempted) -> idle (B sleeps); B woken on CPU 1
+# by C(30), which runs there; A back at the end; A's thread 11 forks, 20 is reaped.
+STREAM = [
+    META,
+    st(2000, 0, 10, 10, "a", "runnable", "running", None, "switch_in", prio=120, prev_tid=0),
+    st(3000, 0, 10, 10, "a", "running", "preempted", 1000, "switch_out", prio=120, kstate="R+",
+       voluntary=False, next_tid=20),
+    st(3000, 0, 20, 20, "b", "runnable", "running", None, "switch_in", prio=110, prev_tid=10),
+    st(3500, 1, 30, 30, "c", "runnable", "running", None, "switch_in", prio=120, prev_tid=0),
+    st(4000, 0, 20, 20, "b", "running", "uninterruptible", 1000, "switch_out", prio=110, kstate="D",
+       voluntary=True, next_tid=10),
+    st(4000, 0, 10, 10, "a", "preempted", "running", 1000, "switch_in", prio=120, prev_tid=20),
+    st(4500, 1, 20, 20, "b", "uninterruptible", "runnable", 500, "wakeup", waker_tid=30, waker_pid=30,
+       target_cpu=0),
+    {"type": "fork", "ts": 4600, "cpu": 0, "pid": 10, "tid": 10, "comm": "a", "child_pid": 10, "child_tid": 11,
+     "thread": True},
+    st(5000, 0, 10, 10, "a", "running", "sleeping", 1000, "switch_out", prio=120, kstate="S", voluntary=True,
+       next_tid=0),
+    {"type": "loss", "ts": 5100, "reason": "ringbuf_full", "count": 3, "since_ts": 1000},
+    {"type": "end", "ts": 6000, "reason": "duration", "events": 9, "lost": 3, "lost_ringbuf_full": 3,
+     "lost_map_full": 0, "lost_sampled": 0, "lost_unread": 0, "duration_ns": 5000},
+]
+
+
+def write(path, recs):
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    return path
+
+
+def decode(data: bytes):
+    """(switches, wakings, threads, instants, slices) from a Perfetto trace."""
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    switches, wakings, threads, instants, slices = [], [], {}, [], []
+    for p in trace.packet:
+        if p.HasField("ftrace_events"):
+            b = p.ftrace_events
+            cs = b.compact_sched
+            names = list(cs.intern_table)
+            ts = 0
+            for i, d in enumerate(cs.switch_timestamp):
+                ts += d
+                switches.append((b.cpu, ts, cs.switch_prev_state[i], cs.switch_next_pid[i],
+                                 names[cs.switch_next_comm_index[i]], cs.switch_next_prio[i]))
+            ts = 0
+            for i, d in enumerate(cs.waking_timestamp):
+                ts += d
+                wakings.append((b.cpu, ts, cs.waking_pid[i], cs.waking_target_cpu[i]))
+        if p.HasField("process_tree"):
+            for t in p.process_tree.threads:
+                threads[t.tid] = (t.tgid, t.name)
+        if p.HasField("track_event"):
+            ev = p.track_event
+            if ev.type == ev.TYPE_INSTANT:
+                instants.append((p.timestamp, ev.name))
+            else:
+                slices.append((ev.track_uuid, p.timestamp, ev.type, ev.name))
+    return sorted(switches), sorted(wakings), threads, instants, slices
+
+
+def run(*args, input=None):
+    r = CliRunner().invoke(export_cli, list(args), input=input, catch_exceptions=False)
+    return r
+
+
+def test_synthetic_stream_every_switch_and_waking(tmp_path):
+    src = write(tmp_path / "rec.jsonl", STREAM)
+    r = run(str(src), "-o", str(tmp_path / "t.pftrace"))
+    assert r.exit_code == 0, r.output
+    switches, wakings, threads, instants, slices = decode((tmp_path / "t.pftrace").read_bytes())
+    assert switches == [
+        (0, 2000, 0, 10, "a", 120),  # from idle (switch-in with prev_tid 0)
+        (0, 3000, 0x100, 20, "b", 110),  # a preempted (R+), b's own prio and name
+        (0, 4000, 0x2, 10, "a", 120),  # b into D
+        (0, 5000, 0x1, 0, "swapper/0", 120),  # a sleeps, the CPU goes idle
+        (1, 3500, 0, 30, "c", 120),
+    ]
+    assert wakings == [(1, 4500, 20, 0)]
+    assert threads[10] == (10, "a") and threads[11] == (10, "a") and threads[20] == (20, "b")
+    assert [name for _ts, name in instants] == ["loss: 3 events (ringbuf_full)", "end: duration"]
+    assert slices == []
+    assert r.output.endswith("pstate export: warning: the input reports 3 lost events; results are incomplete\n")
+
+
+def test_prev_state_bits_come_from_the_kernel_table():
+    meta = dict(META, kernel_states={"0x1": "sleeping", "0x2": "uninterruptible", "0x400": "+"})
+    assert prev_state_bits(meta) == {"S": 1, "D": 2, "+": 0x400}
+    assert prev_state_bits({})["+"] == 0x100  # kernels since 4.14
+
+
+def test_filtered_recording_gets_thread_tracks_and_a_note(tmp_path):
+    src = write(tmp_path / "rec.jsonl", [dict(META, filter_pid=[10])] + STREAM[1:])
+    r = run(str(src), "-o", str(tmp_path / "t.pftrace"))
+    assert r.exit_code == 0
+    assert "pstate export: note: no CPU tracks, thread tracks only: it was recorded with --pid\n" in r.output
+    switches, wakings, _threads, _instants, slices = decode((tmp_path / "t.pftrace").read_bytes())
+    assert switches == [] and wakings == []
+    # thread a: running 2000-3000, preempted 3000-4000, running 4000-5000, then sleeping
+    a = [(ts, kind, name) for uuid, ts, kind, name in slices if uuid == (1 << 32) + 10]
+    B, E = pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END
+    assert a == [(2000, B, "running"), (3000, E, ""), (3000, B, "preempted"), (4000, E, ""),
+                 (4000, B, "running"), (5000, E, ""), (5000, B, "sleeping")]
+
+
+def test_chrome_slices_add_up_to_stats(tmp_path, pstate):
+    src = write(tmp_path / "rec.jsonl", STREAM)
+    r = run(str(src), "-f", "chrome", "-o", str(tmp_path / "t.json"))
+    assert r.exit_code == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert_chrome_matches_stats(doc, src, pstate)
+
+
+def assert_chrome_matches_stats(doc: dict, src, pstate) -> None:
+    got: dict = {}
+    n = 0
+    for ev in doc["traceEvents"]:
+        if ev["ph"] == "X":
+            k = (ev["tid"], ev["name"])
+            got[k] = got.get(k, 0) + ev["dur"] * 1000
+            n += 1
+    rep = json.loads(pstate("stats", "--by", "tid", "--format", "json", str(src)).stdout)
+    want = {(g["tid"], s): v["ns"] for g in rep["groups"] for s, v in g["states"].items() if v["ns"]}
+    assert set(got) == set(want)
+    for k, ns in want.items():
+        assert abs(got[k] - ns) <= 1, k  # µs floats: within a nanosecond per state
+
+
+def test_perfetto_to_a_terminal_is_refused(tmp_path):
+    src = write(tmp_path / "rec.jsonl", STREAM)
+    main, sub = pty.openpty()
+    try:
+        p = subprocess.run(pstate_cmd("export", str(src)), stdout=sub, stderr=subprocess.PIPE, env=clean_env(),
+                           timeout=60)
+    finally:
+        os.close(main)
+        os.close(sub)
+    assert p.returncode == 2
+    assert b"a Perfetto trace is binary: give -o FILE, or redirect standard output" in p.stderr
+
+
+def test_missing_perfetto_package_names_the_extra(monkeypatch, tmp_path):
+    src = write(tmp_path / "rec.jsonl", STREAM)
+    monkeypatch.setitem(sys.modules, "perfetto.trace_builder.proto_builder", None)
+    r = CliRunner().invoke(export_cli, [str(src), "-o", str(tmp_path / "t.pftrace")])
+    assert r.exit_code == 69
+    assert "fix: pip install 'pstate[perfetto]' (or: make setup)" in r.output
+
+
+def test_bad_lines_are_skipped_and_counted(tmp_path):
+    src = tmp_path / "rec.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in STREAM[:3]) + b"{nope\n")
+    r = run(str(src), "-f", "chrome", "-o", str(tmp_path / "t.json"))
+    assert r.exit_code == 0
+    assert "pstate export: warning: skipped 1 line: not valid JSON" in r.output
+    json.loads((tmp_path / "t.json").read_text())
+    assert run(str(src), "-f", "chrome", "--strict", "-o", str(tmp_path / "t2.json")).exit_code == 65
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    big = [META] + [st(2000 + i, 0, 10, 10, "a", "running", "sleeping", 5, "switch_out", kstate="S", next_tid=0)
+                    for i in range(20000)]
+    src = write(tmp_path / "rec.jsonl", big)
+    p = subprocess.run(f"{' '.join(pstate_cmd('export', '-f', 'chrome', str(src)))} | head -c 100 >/dev/null",
+                       shell=True, capture_output=True, env=clean_env(), timeout=60)
+    assert p.returncode == 0 and p.stderr == b""
+
+
+# --- a real recording -----------------------------------------------------------
+
+PINGPONG = """
+import os, sys, time
+sys.stdin.read(1)
+r1, w1 = os.pipe(); r2, w2 = os.pipe()
+if os.fork() == 0:
+    for _ in range(200):
+        os.read(r1, 1); os.write(w2, b"x")
+    os._exit(0)
+for _ in range(200):
+    os.write(w1, b"x"); os.read(r2, 1)
+os.wait()
+time.sleep(0.05)
+"""
+
+
+@pytest.mark.bpf
+def test_real_recording_round_trips(tmp_path, pstate):
+    """Everything record saw of a pipe ping-pong, unfiltered, is in the trace:
+    every switch (with the state the task left in) and every wake-up."""
+    rec = tmp_path / "rec.jsonl"
+    child = subprocess.Popen([sys.executable, "-c", PINGPONG], stdin=subprocess.PIPE)
+    proc = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(rec)), env=clean_env())
+    try:
+        time.sleep(1.5)
+        child.stdin.write(b"g")
+        child.stdin.flush()
+        child.wait(timeout=60)
+        time.sleep(0.2)
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    r = pstate("export", str(rec), "-o", str(tmp_path / "t.pftrace"))
+    assert r.returncode == 0, r.stderr
+    recs = [orjson.loads(x) for x in rec.read_bytes().splitlines()]
+    meta = recs[0]
+    bits = prev_state_bits(meta)
+    want_sw, want_wk = set(), set()
+    for x in recs:
+        if x["type"] != "state":
+            continue
+        if x["cause"] == "switch_out":
+            v = 0
+            for ch in x["kstate"]:
+                v |= bits.get(ch, 0)
+            want_sw.add((x["cpu"], x["ts"], v, x["next_tid"]))
+        elif x["cause"] == "switch_in" and x.get("prev_tid") == 0:
+            want_sw.add((x["cpu"], x["ts"], 0, x["tid"]))
+        elif x["cause"] in ("wakeup", "wakeup_new"):
+            want_wk.add((x["cpu"], x["ts"], x["tid"], x["target_cpu"]))
+    switches, wakings, threads, _i, _s = decode((tmp_path / "t.pftrace").read_bytes())
+    assert {s[:4] for s in switches} == want_sw
+    assert len(switches) == len(want_sw)
+    assert set(wakings) == want_wk
+    pids = {child.pid} | {x["child_pid"] for x in recs if x["type"] == "fork" and x["pid"] == child.pid}
+    pp = [x for x in recs if x["type"] == "state" and x["pid"] in pids]
+    assert len(pids) == 2 and len([x for x in pp if x["cause"] == "wakeup"]) >= 200
+    for x in pp:
+        assert threads[x["tid"]][0] == x["pid"]
+    r = pstate("export", str(rec), "-f", "chrome", "-o", str(tmp_path / "t.json"))
+    assert r.returncode == 0
+    assert_chrome_matches_stats(json.loads((tmp_path / "t.json").read_text()), rec, pstate)
