@@ -30,6 +30,14 @@ def clock_anchor() -> tuple[int, int]:
     return best[1], best[2]
 
 
+def rfc3339(wall_ns: int) -> str:
+    """Wall-clock ns since the epoch as RFC 3339 UTC with all nine digits
+    ("2026-12-01T09:28:15.117604579Z"): the same instant as the integer, in
+    a form that tools whose JSON numbers are doubles (jq 1.6, pandas) keep."""
+    secs, ns = divmod(wall_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{ns:09d}Z"
+
+
 def meta_record(source: str, kernel_states=None) -> dict:
     mono, wall = clock_anchor()
     rec = {
@@ -44,6 +52,7 @@ def meta_record(source: str, kernel_states=None) -> dict:
         "clock": "monotonic",
         "ts": mono,
         "wall_ns": wall,
+        "wall_time": rfc3339(wall),
         "ncpu": os.cpu_count() or 0,
         "pstate_pid": os.getpid(),
         "states": schema.state_vocabulary(),

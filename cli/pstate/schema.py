@@ -106,6 +106,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "clock": ("string", "always monotonic: ts fields are CLOCK_MONOTONIC ns"),
             "ts": ("int", "CLOCK_MONOTONIC ns when the stream started"),
             "wall_ns": ("int", "wall-clock (UTC, ns since the epoch) at ts: wall = wall_ns + (t - ts)"),
+            "wall_time": ("string", "the same instant as wall_ns, RFC 3339 UTC with nanoseconds "
+                          "(2026-12-01T09:28:15.117604579Z), for tools whose JSON numbers are doubles"),
             "ncpu": ("int", "number of possible CPUs"),
             "states": ("object", "state vocabulary: name -> kernel letter"),
             "kernel_states": ("object", "kernel prev_state bit (hex) -> state name, from the running kernel's print_fmt"),
