@@ -31,7 +31,7 @@ $(VENV)/.apt-done:
 	@touch $@
 
 $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml setup.py $(wildcard cli/pstate/_*.c)
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,perfetto]'
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,perfetto,zstd]'
 	@touch $@
 
 run: setup
