@@ -13,20 +13,43 @@ from pstate.filters import Filter
 STATE_NAMES = [n for n in schema.STATES if n != schema.UNKNOWN]
 
 
-class StateName(click.Choice):
-    """A state name; completes from the vocabulary. Kernel states a newer
-    kernel adds (state_<letter>) are accepted too."""
+class Choice(click.Choice):
+    """click.Choice whose completions keep each choice's own spelling (click
+    offers case-insensitive choices in lower case: "d" for "D")."""
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        low = incomplete.lower()
+        return [CompletionItem(c) for c in map(str, self.choices)
+                if (c.lower().startswith(low) if not self.case_sensitive else c.startswith(incomplete))]
+
+
+# kernel letter -> state name, for --state D and the like (R is running: the
+# runnable and preempted states share it)
+STATE_LETTERS = {letter: name for name, (letter, _c, _d) in schema.STATES.items()
+                 if name in STATE_NAMES and name not in (schema.RUNNABLE, schema.PREEMPTED)}
+
+
+class StateName(Choice):
+    """A state name or kernel letter; completes from both. Kernel states a
+    newer kernel adds (state_<letter>) are accepted too."""
 
     def __init__(self):
         super().__init__(STATE_NAMES, case_sensitive=False)
 
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        letters = [CompletionItem(letter, help=name) for letter, name in STATE_LETTERS.items()
+                   if letter.startswith(incomplete)]  # S and s are not the same letter
+        return super().shell_complete(ctx, param, incomplete) + letters
+
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value.startswith("state_"):
             return value
-        letters = {letter: name for name, (letter, _c, _d) in schema.STATES.items()
-                   if name not in (schema.RUNNABLE, schema.PREEMPTED)}
-        if isinstance(value, str) and value in letters:  # accept kernel letters: S, D, T, ...
-            return letters[value]
+        if isinstance(value, str) and value in STATE_LETTERS:  # accept kernel letters: S, D, T, ...
+            return STATE_LETTERS[value]
         return super().convert(value, param, ctx)
 
 

@@ -16,7 +16,7 @@ from pstate import schema
 from pstate.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.options import StateName, task_filter_options
+from pstate.options import Choice, StateName, task_filter_options
 from pstate.streamio import ReadStats, read_records
 
 UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
@@ -53,7 +53,7 @@ Exit status: 0 (also Ctrl-C or q in --live), 2 usage, 65 bad input with
 """
 
 
-class MeasureChoice(click.Choice):
+class MeasureChoice(Choice):
     """--latency's optional value; says how to fix `--latency FILE`."""
 
     def convert(self, value, param, ctx):
