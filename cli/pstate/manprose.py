@@ -296,6 +296,10 @@ PAGES: dict[str, dict] = {
             ("DIR/pstate-snap.prom", "With `--format prom`: the latest snapshot, replaced each time, "
                                      "for node_exporter's textfile collector."),
             ("DIR/.pstate-last.json", "Outcome of the latest snapshot: ok, file, seq, tasks, error."),
+            ("DIR/.pstate-written", "The names of the snapshots pstate wrote into DIR, one a line, oldest "
+                                    "first. `--keep` and `--max-age` delete only files listed here: a "
+                                    "file merely named like a snapshot is never deleted, and its "
+                                    "sequence number does not count."),
             ("DIR/.pstate.lock", "Held (flock) while a snap writes into DIR; holds its pid."),
             ("DIR/.pstate-*.tmp.*", "A snapshot being written; one an interrupted run left is "
                                     "removed by the next run."),
