@@ -76,7 +76,10 @@ _TRACEFS_AND_HEADERS = [
     ("/lib/modules/RELEASE/build",
      "Kernel headers that bcc compiles the BPF program against; Debian's split "
      "/usr/src/linux-headers-* trees are merged under /var/cache/pstate/kernel-headers. "
-     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree."),
+     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree. Headers are code run "
+     "as root: a tree is used only if it and every directory above it are owned by root and "
+     "writable by no one else, and, before each compile, every file and directory under its "
+     "include/ and arch/ too, links checked at their targets; otherwise pstate exits 77."),
 ]
 _PROGRAM_CACHE = ("/var/cache/pstate/programs",
                   "Compiled BPF programs. The first run of a program (per kernel, bcc, filter "

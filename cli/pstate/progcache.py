@@ -40,7 +40,7 @@ import secrets
 import struct
 import sys
 
-from pstate import __version__, bpfsys, trust
+from pstate import __version__, bpfsys, headers, trust
 
 FORMAT = 1
 DEFAULT_DIR = "/var/cache/pstate/programs"
@@ -191,11 +191,15 @@ def format_hash(tracefs: str, tp: str) -> str | None:
 
 
 def _headers_identity(path: str | None):
+    """The header tree: its identity (pstate.headers: the merged tree's
+    manifest, the packages' identity), and the files that say which kernel
+    configuration it is for. The whole tree is not walked on every run:
+    it is checked before every compile, and only root can change it."""
     if not path:
         return None
     files = ("Makefile", "include/generated/autoconf.h", "include/generated/uapi/linux/version.h",
              "include/config/kernel.release")
-    return [os.path.realpath(path)] + [_stat_id(os.path.join(path, f)) for f in files]
+    return headers.identity(path) + [_stat_id(os.path.join(path, f)) for f in files]
 
 
 def key_material(name: str, text: str, cflags: list[str], tracefs: str, headers_path: str | None,

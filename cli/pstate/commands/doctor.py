@@ -118,7 +118,13 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     tree = None
     try:
         tree = headers.find(kernel_headers)
+        headers.verify(tree)
         r.add("kernel headers", OK, tree.describe())
+    except headers.HeadersUntrusted as e:
+        tree = None
+        problem, _, fix = e.message.partition("\n  fix: ")
+        r.add("kernel headers", PROBLEM, _short(problem), fix)
+        code = code or ExitCode.NOPERM
     except headers.HeadersNotFound as e:
         r.add("kernel headers", PROBLEM, _short(e),
               "apt-get install linux-headers-amd64 (any version), or --kernel-headers DIR")
