@@ -323,6 +323,13 @@ def store(entry: dict, directory: str | None = None, owner: int = 0) -> str | No
                 os.fsync(fd)
         finally:
             os.close(fd)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:  # replace only what the cache could have written itself
+            if trust.why_untrusted_stat(name, st, (owner,), False):
+                raise OSError(errno.EEXIST, f"{path} is not the cache's to replace")
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError:
         with contextlib.suppress(OSError):
