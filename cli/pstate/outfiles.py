@@ -128,19 +128,20 @@ def open_output(path: str, *, fifo_wait_s: float | None = None) -> OutputFile:
     return _open_existing(path, owners, base, FIFO_WAIT_S if fifo_wait_s is None else fifo_wait_s)
 
 
-def _open_existing(path: str, owners: set[int], base: int, fifo_wait_s: float) -> OutputFile:
+def _stat(path: str, follow: bool) -> os.stat_result:
     try:
-        lst = os.lstat(path)
+        return os.stat(path, follow_symlinks=follow)
     except OSError as e:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+
+
+def _open_existing(path: str, owners: set[int], base: int, fifo_wait_s: float) -> OutputFile:
+    lst = _stat(path, follow=False)
     link = stat.S_ISLNK(lst.st_mode)
     if link and lst.st_uid not in owners:
         raise _refuse(path, f"it is a symbolic link owned by uid {lst.st_uid}",
                       "remove the link, or name a file of your own")
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+    st = _stat(path, follow=True)
     if stat.S_ISDIR(st.st_mode):
         raise PstateError(f"cannot write {path}: it is a directory", ExitCode.CANTCREAT)
     if link and stat.S_ISREG(st.st_mode):

@@ -140,7 +140,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     usable, detail = progcache.status()
     if not usable:
         r.add("program cache", WARN, detail,
-              f"chown root and chmod go-w {progcache.cache_dir()} and its parent, or remove it")
+              f"chown root and chmod go-w {progcache.cache_dir()} and every directory above it, or remove it")
 
     if not live:
         r.add("live test", WARN, "skipped (--no-live)")
