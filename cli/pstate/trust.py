@@ -83,7 +83,7 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
     if why:
         return why
     checked_dirs: set[str] = set()  # resolved directories whose ancestors were checked
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int]] = set()  # directories walked
     stack = [os.path.join(top, s) for s in subdirs] if subdirs else [top]
     stack = [p for p in stack if os.path.lexists(p)]
     while stack:
@@ -107,10 +107,10 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
             except OSError as e:
                 return f"{path} points to {target}: {e.strerror}"
             path = target
-        if (st.st_dev, st.st_ino) in seen:
-            continue
-        seen.add((st.st_dev, st.st_ino))
         if stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) in seen:
+                continue  # reached again through a link
+            seen.add((st.st_dev, st.st_ino))
             why = why_untrusted_stat(path, st, owners, True)
             if why:
                 return why
