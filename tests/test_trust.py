@@ -410,3 +410,45 @@ def test_sighup_on_standard_output_still_ends_the_run():
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert orjson.loads(out.splitlines()[-1])["reason"] == "signal"
+
+
+def test_cache_below_a_directory_nobody_writes_is_never_read_while_they_swap_it(sticky):
+    """The check-then-open race: the cache directory (root's, with a genuine
+    entry) lies below nobody's directory; nobody swaps in a directory of
+    their own holding a poisoned entry under the same name while root looks
+    it up. Not one lookup may return the poisoned entry (none returns
+    anything: the directory above is nobody's)."""
+    key, name = "ab" * 32, "record"
+
+    def entry(rows):
+        maps = [{"name": "tasks", "kname": "tasks", "type": 1, "key_size": 4, "value_size": 8,
+                 "max_entries": rows, "flags": 0, "key_desc": '"unsigned int"', "leaf_desc": '"unsigned long long"'}]
+        return progcache.encode({"format": progcache.FORMAT, "key": key, "name": name, "license": "GPL",
+                                 "kern_version": 0, "maps": maps, "progs": [], "attach": []})
+
+    fname = os.path.basename(progcache.entry_path("", name, key))
+    as_nobody("mkdir -m 755 x x/evil x/evil/programs", sticky)
+    genuine = sticky / "x" / "y" / "programs"
+    genuine.mkdir(parents=True, mode=0o755)
+    genuine.chmod(0o755)
+    genuine.parent.chmod(0o755)
+    (genuine / fname).write_bytes(entry(TASKS))
+    (genuine / fname).chmod(0o644)
+    (sticky / fname).write_bytes(entry(EVIL_TASKS))
+    (sticky / fname).chmod(0o644)
+    as_nobody(f"cp {fname} x/evil/programs/ && chmod 644 x/evil/programs/{fname}", sticky)
+    swapper = subprocess.Popen(NOBODY + ["sh", "-c", "cd x; while :; do mv y t && mv evil y && mv y evil && "
+                                         "mv t y; done"], cwd=sticky, env={"PATH": "/usr/bin:/bin"})
+    got = {"refused": 0}
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                rows = progcache.lookup(key, name, str(genuine))["maps"][0]["max_entries"]
+                got[rows] = got.get(rows, 0) + 1
+            except progcache.CacheMiss:
+                got["refused"] += 1
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert got.get(EVIL_TASKS, 0) == 0 and got.get(TASKS, 0) == 0 and got["refused"] > 1000, got
