@@ -266,13 +266,71 @@ def test_store_creates_the_directory(tmp_path):
     assert progcache.status(d, owner=ME) == (True, f"{d}: 1 compiled program(s), 0 KiB")
 
 
+def test_store_creates_directories_0755_under_umask_000(tmp_path):
+    base = tmp_path / "c"
+    base.mkdir()
+    os.chmod(base, 0o755)
+    d = base / "var" / "cache" / "programs"
+    old = os.umask(0)
+    try:
+        assert progcache.store(entry(), str(d), owner=ME)
+    finally:
+        os.umask(old)
+    assert [oct(os.stat(p).st_mode & 0o777) for p in (d.parent.parent, d.parent, d)] == [oct(0o755)] * 3
+    assert progcache.lookup(entry()["key"], "record", str(d), owner=ME)
+
+
+def test_entry_is_checked_on_the_open_file(cachedir, monkeypatch):
+    """lookup opens an entry once and checks what it opened: a file swapped
+    in after any path check is still refused."""
+    e = entry()
+    path = progcache.store(e, cachedir, owner=ME)
+    real_open = os.open
+
+    def swapping_open(p, flags, *a, **kw):
+        if p == os.path.basename(path):  # just before the open, someone widens the file's mode
+            os.chmod(path, 0o666)
+        return real_open(p, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", swapping_open)
+    with pytest.raises(CacheMiss, match="writable by group or others"):
+        progcache.lookup(e["key"], "record", cachedir, owner=ME)
+
+
 def test_prune_keeps_the_newest(cachedir):
     for i in range(5):
         p = progcache.store(entry(key=str(i) * 64), cachedir, owner=ME)
         os.utime(p, ns=(i * 10**9, i * 10**9))
-    progcache._prune(cachedir, keep=2)
+    progcache.prune(cachedir, owner=ME, keep=2)
     assert sorted(os.listdir(cachedir)) == sorted(
         os.path.basename(progcache.entry_path(cachedir, "record", str(i) * 64)) for i in (3, 4))
+
+
+def test_prune_deletes_only_entries_the_cache_wrote(cachedir):
+    """Files named like entries but not written by the cache (wrong content,
+    a checksum that fails, another key than the name says, a link) survive
+    pruning, and do not count against the entries kept."""
+    own = [progcache.store(entry(key=f"{i:x}" * 64), cachedir, owner=ME) for i in range(3)]
+    for i, p in enumerate(own):
+        os.utime(p, ns=((10 + i) * 10**9,) * 2)
+    forged = dict(entry(key="f" * 64), sum="0" * 64)
+    foreign = {
+        "notes.json": b"{}",
+        "record-" + "a" * 40 + ".json": b"not json",
+        "record-" + "b" * 40 + ".json": json.dumps(forged).encode(),
+        "record-" + "c" * 40 + ".json": progcache.encode(entry(key="d" * 64)),  # another key than its name
+        "other.txt": b"x",
+    }
+    for name, data in foreign.items():
+        with open(os.path.join(cachedir, name), "wb") as f:
+            f.write(data)
+        os.utime(os.path.join(cachedir, name), ns=(1, 1))  # oldest of all
+    os.symlink(own[0], os.path.join(cachedir, "record-" + "e" * 40 + ".json"))
+    before = {n: open(os.path.join(cachedir, n), "rb").read() for n in foreign}
+    assert progcache.prune(cachedir, owner=ME, keep=2) == [os.path.basename(own[0])]
+    assert {n: open(os.path.join(cachedir, n), "rb").read() for n in foreign} == before
+    assert os.path.islink(os.path.join(cachedir, "record-" + "e" * 40 + ".json"))
+    assert progcache.status(cachedir, owner=ME)[1].startswith(f"{cachedir}: 2 compiled program(s)")
 
 
 def test_status_lines(tmp_path, monkeypatch):

@@ -559,9 +559,14 @@ def test_ctrl_c_while_compiling_is_quiet(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_signal_under_load_ends_promptly_with_a_complete_trailer(tmp_path, sig):
     """Under a storm the ring buffer never empties; the signal must still
-    end the run within seconds, with the trailer last."""
+    end the run within seconds, with the trailer last. (SIGHUP ends a run
+    on standard output; with -o FILE it starts the file anew: test_trust.)"""
     out = tmp_path / "rec.jsonl"
-    p = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(out)), stderr=subprocess.PIPE, env=clean_env())
+    if sig == signal.SIGHUP:
+        with open(out, "wb") as stdout:
+            p = subprocess.Popen(pstate_cmd("record", "-q"), stdout=stdout, stderr=subprocess.PIPE, env=clean_env())
+    else:
+        p = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(out)), stderr=subprocess.PIPE, env=clean_env())
     try:
         wait_for_first_line(out, p)
         with storm(8):

@@ -123,7 +123,7 @@ def test_one_shot_writes_exactly_one_complete_file(tmp_path):
     status = orjson.loads((out / snapfiles.STATUS_NAME).read_bytes())
     assert status["ok"] is True and status["file"] == files[0].name and status["error"] is None
     assert sorted(p.name for p in out.iterdir()) == sorted([files[0].name, snapfiles.STATUS_NAME,
-                                                            snapfiles.LOCK_NAME])
+                                                            snapfiles.LOCK_NAME, snapwriter.LEDGER_NAME])
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o077, 0o777])
@@ -474,14 +474,39 @@ def test_keep_keeps_exactly_n_and_only_touches_own_files(tmp_path):
 def test_max_age_deletes_old_files_by_name_time(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
-    old = [snapfiles.snapshot_name((time.time_ns() - h * 3600 * S), 10 + h, "jsonl") for h in (2, 3)]
-    recent = snapfiles.snapshot_name(time.time_ns() - 60 * S, 20, "jsonl")
-    for n in old + [recent]:
-        (d / n).write_text("{}\n")
+    out = snapwriter.SnapDir(str(d))
+    out.lock()
+    now = time.time_ns()
+    old = [out.publish_snapshot(now - h * 3600 * S, "jsonl", lambda seq: b"{}\n") for h in (3, 2)]
+    recent = out.publish_snapshot(now - 60 * S, "jsonl", lambda seq: b"{}\n")
+    out.close()
+    planted = snapfiles.snapshot_name(now - 5 * 3600 * S, 1, "jsonl")  # old, but not pstate's
+    (d / planted).write_text("{}\n")
     r = snap("--out", d, "-i", "0.01", "--max-age", "1h")
     assert r.returncode == 0, r.stderr
     names = [f.name for f in snapshots(d)]
-    assert names[0] == recent and len(names) == 2 and names[1].endswith("-000021.jsonl")
+    assert not set(old) & set(names)
+    assert names[:2] == [planted, recent] and len(names) == 3 and names[2].endswith("-000004.jsonl")
+
+
+def test_retention_deletes_only_what_pstate_wrote(tmp_path):
+    """Files named like snapshots that pstate did not write (a foreign
+    sequence number 999999 among them) are never deleted, and do not make
+    --keep delete pstate's own newest files."""
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    foreign = {snapfiles.snapshot_name(time.time_ns() - 3600 * S, 999999, "jsonl"): b"a\n",
+               snapfiles.snapshot_name(time.time_ns() + 3600 * S, 1, "jsonl"): b"b\n",
+               snapfiles.snapshot_name(time.time_ns() - 99 * 3600 * S, 5, "jsonl"): b"c\n"}
+    for name, data in foreign.items():
+        (d / name).write_bytes(data)
+    before = {n: sha(d / n) for n in foreign}
+    r = snap("--out", d, "--every", "0.02", "--count", "5", "--keep", "2", "--max-age", "1m")
+    assert r.returncode == 0, r.stderr
+    mine = [f.name for f in snapshots(d) if f.name not in foreign]
+    assert [snapfiles.parse_name(n)[1] for n in mine] == [4, 5]  # pstate's own newest two
+    assert {n: sha(d / n) for n in foreign} == before
+    assert (d / snapwriter.LEDGER_NAME).read_text().splitlines() == mine
 
 
 def test_prune_never_deletes_the_newest(tmp_path):

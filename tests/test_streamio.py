@@ -234,7 +234,7 @@ def test_check_record_accepts_what_the_writers_write():
 
 def test_line_writer_to_a_file(tmp_path):
     out = tmp_path / "o.jsonl"
-    w = LineWriter(str(out), mode=0o600)
+    w = LineWriter(str(out))
     w.record({"type": "meta", "schema": 1})
     w.raw(b'{"a":1}\n{"b":2}\n', 2)
     assert w.lines == 3

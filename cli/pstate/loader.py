@@ -225,6 +225,7 @@ class Program:
             self.cache_note = f"storing failed: {e!r}"
 
     def _compile(self, text: str, cflags: list[str]) -> None:
+        headers.verify(self.headers)  # headers are code: nobody but root may have written them
         bcc = import_bcc()
         said_out = said_err = None
         os.environ["BCC_KERNEL_SOURCE"] = self.headers.path

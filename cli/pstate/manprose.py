@@ -76,7 +76,10 @@ _TRACEFS_AND_HEADERS = [
     ("/lib/modules/RELEASE/build",
      "Kernel headers that bcc compiles the BPF program against; Debian's split "
      "/usr/src/linux-headers-* trees are merged under /var/cache/pstate/kernel-headers. "
-     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree."),
+     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree. Headers are code run "
+     "as root: a tree is used only if it and every directory above it are owned by root and "
+     "writable by no one else, and, before each compile, every file and directory under its "
+     "include/ and arch/ too, links checked at their targets; otherwise pstate exits 77."),
 ]
 _PROGRAM_CACHE = ("/var/cache/pstate/programs",
                   "Compiled BPF programs. The first run of a program (per kernel, bcc, filter "
@@ -193,6 +196,30 @@ PAGES: dict[str, dict] = {
             drops events and counts them; record writes the counts as loss
             records and in the end trailer, and warns on standard error.
             `--max-rate` instead keeps one event in N above a given rate.
+
+            `-o FILE` is opened before any BPF program is attached, and as
+            snapshots are published, because record runs as root, often in a
+            directory others can write: a new FILE is created with
+            O_EXCL|O_NOFOLLOW and mode 0600 whatever the umask, and under
+            sudo (SUDO_UID set) it belongs to the invoking user, so `pstate
+            stats FILE` works without sudo. An existing FILE is replaced only
+            if it is a regular file with one link, owned by root or the
+            invoking user; a symbolic link is never followed to a regular
+            file (exit 77: name the file itself), and is followed to a pipe or
+            device (/dev/stdout, /dev/null) only when root or the invoking
+            user owns it. Pipes, FIFOs and devices are written as they are and
+            never fsync'd; record waits up to 10 s for a reader of a FIFO,
+            then exits 73.
+
+            With `-o FILE`, SIGHUP starts the file anew, as logrotate expects
+            (rename FILE, then send SIGHUP; copytruncate works too, as FILE is
+            written in append mode): the renamed file gets its end trailer
+            and reads as a complete recording, and the new FILE begins with a
+            meta record whose window_begin_ts (CLOCK_MONOTONIC ns, like ts)
+            says where its window starts. SIGHUP with FILE still in place only
+            syncs it; on standard output SIGHUP ends the run like SIGTERM. A
+            regular output file is fsync'd every 5 seconds, so a crash loses
+            seconds of events, not what the page cache held.
             """,
         "fields": [
             "Output is JSON lines in the format of pstate-events(5). Each line is one of these record types:",
@@ -233,6 +260,11 @@ PAGES: dict[str, dict] = {
             """,
         "exit_status": {
             **_BPF_EXIT,
+            ExitCode.NOPERM: "Not enough privilege: run as root, or with CAP_BPF and CAP_PERFMON "
+                             "(kernel 5.8 or later); or `-o FILE` is a link, another user's file or "
+                             "a file with several links; or the kernel header tree is not safe to "
+                             "compile as root (see FILES).",
+            ExitCode.CANTCREAT: "`-o FILE` cannot be created, or nobody reads the FIFO FILE.",
             ExitCode.LOSS: "`--strict` was given and events were lost.",
             ExitCode.IOERR: "Writing the output failed (a closed pipe is not an error).",
         },
@@ -296,6 +328,10 @@ PAGES: dict[str, dict] = {
             ("DIR/pstate-snap.prom", "With `--format prom`: the latest snapshot, replaced each time, "
                                      "for node_exporter's textfile collector."),
             ("DIR/.pstate-last.json", "Outcome of the latest snapshot: ok, file, seq, tasks, error."),
+            ("DIR/.pstate-written", "The names of the snapshots pstate wrote into DIR, one a line, oldest "
+                                    "first. `--keep` and `--max-age` delete only files listed here: a "
+                                    "file merely named like a snapshot is never deleted, and its "
+                                    "sequence number does not count."),
             ("DIR/.pstate.lock", "Held (flock) while a snap writes into DIR; holds its pid."),
             ("DIR/.pstate-*.tmp.*", "A snapshot being written; one an interrupted run left is "
                                     "removed by the next run."),

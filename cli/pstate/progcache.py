@@ -13,8 +13,12 @@ its -D cflags, the BCC build, the kernel (release, build, possible CPUs), the
 header tree, the format files of the tracepoints used, and pstate's version.
 
 Entries live in /var/cache/pstate/programs (PSTATE_CACHE_DIR elsewhere). A
-directory or file not owned by root, or writable by others, is never read:
-the instructions in it run in the kernel. Entries are written atomically and
+directory or file not owned by root, or writable by others, or below such a
+directory, is never read: the instructions in it run in the kernel (rules in
+pstate.trust). An entry is opened once, without following a link, from a
+descriptor of the checked directory, and the open file is checked. Pruning
+removes only entries this cache wrote (named for their key, which their
+checksummed content repeats), never another file. Entries are written atomically and
 carry a checksum; any entry that is unreadable, stale or refused by the
 verifier is ignored and the program compiled again. PSTATE_NO_CACHE=1
 bypasses the cache.
@@ -25,18 +29,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes as ct
+import errno
 import glob
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import stat
+import secrets
 import struct
 import sys
-import tempfile
 
-from pstate import __version__, bpfsys
+from pstate import __version__, bpfsys, headers, trust
 
 FORMAT = 1
 DEFAULT_DIR = "/var/cache/pstate/programs"
@@ -69,25 +73,56 @@ def cache_dir() -> str:
 
 def untrusted(path: str, owner: int = 0, directory: bool = False) -> str | None:
     """Why path must not be trusted (a reason), or None when it may be."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return f"{path} does not exist"
-    except OSError as e:
-        return f"{path}: {e.strerror}"
-    kind = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-    if not kind:
-        return f"{path} is not a {'directory' if directory else 'regular file'}"
-    if st.st_uid != owner:
-        return f"{path} is owned by uid {st.st_uid}, not {'root' if owner == 0 else owner}"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by group or others"
-    return None
+    return trust.why_untrusted(path, (owner,), directory)
 
 
 def _untrusted_dir(directory: str, owner: int) -> str | None:
-    # the parent too: whoever can write there can swap the directory
-    return untrusted(directory, owner, True) or untrusted(os.path.dirname(os.path.abspath(directory)), owner, True)
+    # every directory above too: whoever can write there can swap the directory
+    return trust.why_untrusted_path(directory, (owner,), True)
+
+
+def _open_dir(directory: str, owner: int) -> int:
+    """A descriptor of the checked cache directory (O_NOFOLLOW), or CacheMiss.
+    The directories above are checked first, so no other user can swap the
+    path between the check and the open; the open directory is checked again."""
+    why = trust.why_untrusted_ancestors(directory, (owner,))
+    if why:
+        raise CacheMiss(why)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CacheMiss(f"{directory} does not exist") from None
+    except OSError as e:
+        raise CacheMiss(f"{directory}: {e.strerror}") from None
+    why = trust.why_untrusted_stat(directory, os.fstat(fd), (owner,), True)
+    if why:
+        os.close(fd)
+        raise CacheMiss(why)
+    return fd
+
+
+def _read_entry_file(dfd: int, name: str, where: str, owner: int) -> bytes:
+    """The bytes of DIR/name opened once without following a link, checked
+    on the open file (fstat), or CacheMiss."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        raise CacheMiss(f"{where} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CacheMiss(f"{where} is not a regular file (a symbolic link)") from None
+        raise CacheMiss(f"{where}: {e.strerror}") from None
+    try:
+        why = trust.why_untrusted_stat(where, os.fstat(fd), (owner,), False)
+        if why:
+            raise CacheMiss(why)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_ENTRY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_ENTRY_BYTES:
+        raise CacheMiss(f"{where} is too large")
+    return data
 
 
 # --- key ---------------------------------------------------------------------
@@ -156,11 +191,15 @@ def format_hash(tracefs: str, tp: str) -> str | None:
 
 
 def _headers_identity(path: str | None):
+    """The header tree: its identity (pstate.headers: the merged tree's
+    manifest, the packages' identity), and the files that say which kernel
+    configuration it is for. The whole tree is not walked on every run:
+    it is checked before every compile, and only root can change it."""
     if not path:
         return None
     files = ("Makefile", "include/generated/autoconf.h", "include/generated/uapi/linux/version.h",
              "include/config/kernel.release")
-    return [os.path.realpath(path)] + [_stat_id(os.path.join(path, f)) for f in files]
+    return headers.identity(path) + [_stat_id(os.path.join(path, f)) for f in files]
 
 
 def key_material(name: str, text: str, cflags: list[str], tracefs: str, headers_path: str | None,
@@ -183,9 +222,15 @@ def key_of(material: dict) -> str:
     return _sha(json.dumps(material, sort_keys=True, separators=(",", ":")).encode())
 
 
+_ENTRY_NAME = re.compile(r"^([A-Za-z0-9_.-]+)-([A-Za-z0-9]{40})\.json$")
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
 def entry_path(directory: str, name: str, key: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return os.path.join(directory, f"{safe}-{key[:40]}.json")
+    return os.path.join(directory, f"{_safe_name(name)}-{key[:40]}.json")
 
 
 # --- entry format ------------------------------------------------------------
@@ -247,20 +292,12 @@ def _validate(entry: dict) -> None:
 
 def lookup(key: str, name: str, directory: str | None = None, owner: int = 0) -> dict:
     directory = directory or cache_dir()
-    why = _untrusted_dir(directory, owner)
-    if why:
-        raise CacheMiss(why)
     path = entry_path(directory, name, key)
-    why = untrusted(path, owner)
-    if why:
-        raise CacheMiss(why)
+    dfd = _open_dir(directory, owner)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_ENTRY_BYTES + 1)
-    except OSError as e:
-        raise CacheMiss(f"{path}: {e.strerror}") from None
-    if len(data) > MAX_ENTRY_BYTES:
-        raise CacheMiss(f"{path} is too large")
+        data = _read_entry_file(dfd, os.path.basename(path), path, owner)
+    finally:
+        os.close(dfd)
     return decode(data, key, name)
 
 
@@ -269,42 +306,85 @@ def store(entry: dict, directory: str | None = None, owner: int = 0) -> str | No
     ours to write (the cache is an optimisation: it never fails a run)."""
     directory = directory or cache_dir()
     try:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-    except OSError:
-        return None
-    if _untrusted_dir(directory, owner):
+        trust.make_dirs(directory, 0o755)
+        dfd = _open_dir(directory, owner)
+    except (OSError, CacheMiss):
         return None
     path = entry_path(directory, entry["name"], entry["key"])
-    data = encode(entry)
+    name = os.path.basename(path)
+    tmp = f".tmp-{secrets.token_hex(8)}.json"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(encode(entry))
+                f.flush()
+                os.fchmod(fd, 0o644)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+        else:  # replace only what the cache could have written itself
+            if trust.why_untrusted_stat(name, st, (owner,), False):
+                raise OSError(errno.EEXIST, f"{path} is not the cache's to replace")
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except OSError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
+        os.close(dfd)
         return None
-    _prune(directory)
+    try:
+        _prune_at(dfd, owner)
+    finally:
+        os.close(dfd)
     return path
 
 
-def _prune(directory: str, keep: int = KEEP_ENTRIES) -> None:
+def _own_entries(dfd: int, owner: int = 0) -> list[tuple[int, str]]:
+    """(mtime ns, name) of the files in the cache directory this cache wrote:
+    a regular file named like an entry, owned by owner, whose content is an
+    entry (its checksum holds) for the key its name carries. Nothing else
+    is ever counted, pruned or reported."""
+    out = []
+    for e in os.scandir(dfd):
+        m = _ENTRY_NAME.match(e.name)
+        if not m or not e.is_file(follow_symlinks=False):
+            continue
+        try:
+            data = _read_entry_file(dfd, e.name, e.name, owner)
+            st = os.stat(e.name, dir_fd=dfd, follow_symlinks=False)
+            entry = json.loads(data)
+        except (CacheMiss, OSError, ValueError, UnicodeDecodeError):
+            continue
+        if (isinstance(entry, dict) and entry.get("sum") == _checksum(entry)
+                and str(entry.get("key", ""))[:40] == m.group(2)
+                and _safe_name(str(entry.get("name"))) == m.group(1)):
+            out.append((st.st_mtime_ns, e.name))
+    return out
+
+
+def prune(directory: str, owner: int = 0, keep: int = KEEP_ENTRIES) -> list[str]:
+    """Remove the oldest of this cache's own entries past keep; the names
+    removed. Files the cache did not write are never touched."""
+    dfd = _open_dir(directory, owner)
+    try:
+        return _prune_at(dfd, owner, keep)
+    finally:
+        os.close(dfd)
+
+
+def _prune_at(dfd: int, owner: int = 0, keep: int = KEEP_ENTRIES) -> list[str]:
+    removed = []
     with contextlib.suppress(OSError):
-        entries = []
-        for e in os.scandir(directory):
-            if e.name.endswith(".json") and e.is_file(follow_symlinks=False):
-                entries.append((e.stat(follow_symlinks=False).st_mtime_ns, e.path))
-        entries.sort(reverse=True)
-        for _, path in entries[keep:]:
+        entries = sorted(_own_entries(dfd, owner), reverse=True)
+        for _, name in entries[keep:]:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(name, dir_fd=dfd)
+                removed.append(name)
+    return removed
 
 
 def status(directory: str | None = None, owner: int = 0) -> tuple[bool, str]:
@@ -314,14 +394,17 @@ def status(directory: str | None = None, owner: int = 0) -> tuple[bool, str]:
         return True, "disabled (PSTATE_NO_CACHE is set): every run compiles"
     if not os.path.isdir(directory):
         return True, f"{directory}: empty (the next record/snap compiles and fills it)"
-    why = _untrusted_dir(directory, owner)
-    if why:
-        return False, f"not used: {why}"
     try:
-        names = [e for e in os.scandir(directory) if e.name.endswith(".json") and not e.name.startswith(".")]
-        size = sum(e.stat(follow_symlinks=False).st_size for e in names)
+        dfd = _open_dir(directory, owner)
+    except CacheMiss as e:
+        return False, f"not used: {e}"
+    try:
+        names = [n for _, n in _own_entries(dfd, owner)]
+        size = sum(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_size for n in names)
     except OSError as e:
         return False, f"{directory}: {e.strerror}"
+    finally:
+        os.close(dfd)
     return True, f"{directory}: {len(names)} compiled program(s), {size // 1024} KiB"
 
 

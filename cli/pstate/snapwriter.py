@@ -18,6 +18,11 @@ Directory rules (a root job from cron writes here):
   that does not exist yet, and the directory is fsync'd. A reader never
   sees a partial snapshot; temp files a killed run left are removed by the
   next one (under the lock, so none of them can be in use).
+- retention (--keep, --max-age) deletes only snapshots pstate wrote there:
+  each published name is appended to DIR/.pstate-written, and only names
+  listed there, oldest first in the order they were written, are ever
+  removed; a file merely named like a snapshot is never touched, and its
+  sequence number does not move pstate's own.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pstate import snapfiles
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.meta import clock_anchor
 
+LEDGER_NAME = ".pstate-written"  # the snapshot names pstate published here, one a line, in order
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -170,7 +176,51 @@ class SnapDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.lock_fd = fd
-        self.seq = max((seq for seq, _w, _n in self.own_files(None)), default=0)
+        self.seq = max((snapfiles.parse_name(n)[1] for n in self.written()), default=0)
+
+    def written(self) -> list[str]:
+        """The names DIR/.pstate-written lists (a torn last line is ignored)."""
+        try:
+            fd = os.open(LEDGER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return []  # a link is not pstate's ledger
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+                return []
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read()
+        finally:
+            os.close(fd)
+        names, seen = [], set()
+        for line in data.split(b"\n")[:-1]:
+            name = line.decode(errors="replace")
+            if snapfiles.parse_name(name) and name not in seen:
+                names.append(name)
+                seen.add(name)
+        return names
+
+    def _note_written(self, name: str) -> None:
+        """Append a published snapshot's name to the ledger (under the lock)."""
+        fd = os.open(LEDGER_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{self.where(LEDGER_NAME)} is not a regular file")
+            if self.gid is not None:
+                os.fchown(fd, -1, self.gid)
+            os.fchmod(fd, self.mode)  # whatever the umask
+            end = os.lseek(fd, 0, os.SEEK_END)
+            if end and os.pread(fd, 1, end - 1) != b"\n":
+                os.write(fd, b"\n")  # a torn line a crash left ends here
+            os.write(fd, name.encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def clean_temps(self) -> int:
         """Remove temp files killed runs left behind. Only regular files with
@@ -184,13 +234,19 @@ class SnapDir:
         return removed
 
     def own_files(self, ext: str | None) -> list[tuple[int, int, str]]:
-        """(seq, wall ns, name) of pstate's snapshot files, oldest first."""
+        """(seq, wall ns, name) of the snapshot files pstate wrote here (the
+        ledger lists them) that are still regular files, oldest first."""
         out = []
-        for e in os.scandir(self.fd):
-            parsed = snapfiles.parse_name(e.name)
-            if parsed and (ext is None or parsed[2] == ext) and e.is_file(follow_symlinks=False):
-                out.append((parsed[1], parsed[0], e.name))
-        out.sort()
+        for name in self.written():
+            parsed = snapfiles.parse_name(name)
+            if ext is not None and parsed[2] != ext:
+                continue
+            try:
+                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((parsed[1], parsed[0], name))
         return out
 
     def _write_temp(self, name: str, data: bytes) -> str:
@@ -249,9 +305,14 @@ class SnapDir:
             name = snapfiles.snapshot_name(wall_ns, self.seq, ext)
             try:
                 self.publish(name, render(self.seq))
-                return name
             except FileExistsError:
                 continue  # someone else's file took the name: take the next sequence
+            try:
+                self._note_written(name)
+            except OSError as e:
+                print(f"pstate snap: warning: cannot note {name} in {self.where(LEDGER_NAME)}: {e.strerror}; "
+                      "retention will not remove it", file=sys.stderr)
+            return name
         raise PstateError(f"cannot find a free snapshot name in {self.path}", ExitCode.CANTCREAT)
 
     def prune(self, *, ext: str, keep: int | None, max_age_ns: int | None, now_wall_ns: int,
@@ -274,6 +335,11 @@ class SnapDir:
                 removed.append(name)
             except FileNotFoundError:
                 pass
+        if removed:
+            # the ledger keeps only what is still there
+            gone = set(removed)
+            keep_names = [n for _s, _w, n in self.own_files(None) if n not in gone]
+            self.publish(LEDGER_NAME, "".join(n + "\n" for n in keep_names).encode(), replace=True)
         return removed
 
     def write_status(self, rec: dict) -> None:

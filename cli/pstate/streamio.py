@@ -17,6 +17,7 @@ import orjson
 
 from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
+from pstate.outfiles import OutputFile, open_output, still_at_path
 
 MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
 _CHUNK = 1 << 16
@@ -302,29 +303,39 @@ def silence_stdout() -> None:
 
 
 class LineWriter:
-    """Writes JSON lines to stdout or a file.
+    """Writes JSON lines to stdout or an output file.
 
+    target: None or "-" for stdout, an open outfiles.OutputFile, or a path
+    (opened with outfiles.open_output: no links followed, new files 0600).
     Flushes after every write() batch when the output is a terminal or
     unbuffered is set; otherwise when the buffer fills or flush() is called.
+    Only a regular file is fsync'd (a FIFO, pipe or /dev/null cannot be).
     BrokenPipeError propagates: the caller decides to end quietly.
     """
 
-    def __init__(self, path: str | None = None, unbuffered: bool = False, mode: int = 0o644):
-        self.path = path
-        if path is None or path == "-":
+    def __init__(self, target: "str | OutputFile | None" = None, unbuffered: bool = False):
+        self.out = None
+        if target is None or target == "-":
+            self.path = target
             self.fp = sys.stdout.buffer
             self.tty = sys.stdout.isatty()
             self.owned = False
         else:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-            except OSError as e:
-                raise PstateError(f"cannot create {path}: {e.strerror}", ExitCode.CANTCREAT) from None
-            self.fp = io.open(fd, "wb", buffering=1 << 20)
-            self.tty = False
-            self.owned = True
+            self._attach(target if isinstance(target, OutputFile) else open_output(target))
         self.autoflush = unbuffered or self.tty
         self.lines = 0
+
+    def _attach(self, out: "OutputFile") -> None:
+        self.out = out
+        self.path = out.path
+        self.fp = io.open(out.fd, "wb", buffering=1 << 20)
+        self.tty = os.isatty(out.fd)
+        self.owned = True
+
+    @property
+    def regular(self) -> bool:
+        """Writing to a regular file (which fsync and reopen apply to)."""
+        return self.out is not None and self.out.regular
 
     def record(self, rec: dict) -> None:
         self.fp.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
@@ -342,11 +353,30 @@ class LineWriter:
     def flush(self) -> None:
         self.fp.flush()
 
+    def sync(self) -> None:
+        """Flush, and fsync a regular file (an error is raised: data may be gone)."""
+        self.fp.flush()
+        if self.regular:
+            os.fsync(self.fp.fileno())
+
+    def moved(self) -> bool:
+        """Whether the output file's path no longer names it (logrotate
+        renamed it, or removed it)."""
+        return self.regular and not still_at_path(self.out)
+
+    def reopen(self) -> None:
+        """Finish the current file (flush, fsync, close) and open its path
+        again: after logrotate renamed it, a new file. Regular files only."""
+        self.sync()
+        self.fp.close()
+        self._attach(open_output(self.out.path))
+
     def close(self, sync: bool = False) -> None:
         try:
-            self.fp.flush()
-            if sync and self.owned:
-                os.fsync(self.fp.fileno())
+            if sync:
+                self.sync()
+            else:
+                self.fp.flush()
         finally:
             if self.owned:
                 self.fp.close()

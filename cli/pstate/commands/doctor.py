@@ -118,7 +118,13 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     tree = None
     try:
         tree = headers.find(kernel_headers)
+        headers.verify(tree)
         r.add("kernel headers", OK, tree.describe())
+    except headers.HeadersUntrusted as e:
+        tree = None
+        problem, _, fix = e.message.partition("\n  fix: ")
+        r.add("kernel headers", PROBLEM, _short(problem), fix)
+        code = code or ExitCode.NOPERM
     except headers.HeadersNotFound as e:
         r.add("kernel headers", PROBLEM, _short(e),
               "apt-get install linux-headers-amd64 (any version), or --kernel-headers DIR")
@@ -134,7 +140,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     usable, detail = progcache.status()
     if not usable:
         r.add("program cache", WARN, detail,
-              f"chown root and chmod go-w {progcache.cache_dir()} and its parent, or remove it")
+              f"chown root and chmod go-w {progcache.cache_dir()} and every directory above it, or remove it")
 
     if not live:
         r.add("live test", WARN, "skipped (--no-live)")

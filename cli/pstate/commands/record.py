@@ -20,6 +20,7 @@ from pstate.filters import Filter
 from pstate.kstates import KernelStates
 from pstate.meta import meta_record
 from pstate.options import filter_options, output_options
+from pstate.outfiles import discard, open_output
 from pstate.streamio import LineWriter, silence_stdout
 
 EPILOG = """\b
@@ -36,9 +37,14 @@ Examples:
 The first line is a meta header, the last an end trailer with totals;
 loss records appear in-band when events are dropped (man pstate-events).
 Ctrl-C, SIGTERM and --duration end the run normally (exit 0) after writing
-the trailer; a closed output pipe ends it quietly.
+the trailer; a closed output pipe ends it quietly. With -o FILE, SIGHUP
+starts FILE anew (for logrotate: rename FILE, then send SIGHUP): the old
+file gets its end trailer, the new one a meta header whose window_begin_ts
+says where it starts; on standard output SIGHUP ends the run. A regular
+output file is fsync'd every few seconds.
 """
 
+SYNC_S = 5.0  # how often a regular output file is fsync'd: a crash loses seconds, not the page cache
 GOVERN_S = 0.25  # how often --max-rate looks at the kernel's event rate
 DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
 
@@ -109,6 +115,8 @@ class Recorder:
         self.lost_reported = {r: 0 for r in loader.DROP_REASONS}
         self.last_loss_ts = time.monotonic_ns()
         self.stop_reason: str | None = None
+        self.reopen_asked = False  # SIGHUP with -o FILE: start the file anew
+        self.reopen = None  # what does it (a function of no arguments)
         self.reader_gone = _reader_gone_check(writer)
 
     def drain(self, limit_s: float | None = None) -> int:
@@ -188,6 +196,7 @@ class Recorder:
         next_tick = start + 1.0
         next_govern = start + GOVERN_S
         flush_at = start + 0.2
+        sync_at = start + SYNC_S
         events_at_tick = 0
         first = True
         while self.stop_reason is None:
@@ -212,6 +221,13 @@ class Recorder:
                     # so a closed pipe would otherwise go unnoticed.
                     raise BrokenPipeError
                 flush_at = now + 0.2
+            if self.reopen_asked and self.reopen:
+                self.reopen_asked = False
+                self.reopen()
+                sync_at = now + SYNC_S
+            elif now >= sync_at and self.writer.regular:
+                self.writer.sync()
+                sync_at = now + SYNC_S
             if end and now >= end:
                 self.stop_reason = "duration"
                 break
@@ -240,12 +256,16 @@ def _reader_gone_check(writer: LineWriter):
     return gone
 
 
-def _install_signals(rec: Recorder):
+def _install_signals(rec: Recorder, reopen_on_hup: bool):
     def stop(signum, _frame):
         rec.stop_reason = "signal"
 
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def reopen(signum, _frame):
+        rec.reopen_asked = True
+
+    for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, stop)
+    signal.signal(signal.SIGHUP, reopen if reopen_on_hup else stop)
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -288,22 +308,59 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         click.echo(loader.program_text("record", defines))
         return
 
-    prog = loader.Program("record", defines, kernel_headers)
-    writer = None
+    # The output is opened before any program is attached: a FIFO nobody
+    # reads, or a refused file, must not leave every context switch paying
+    # for a recorder that records nothing.
+    out = open_output(output) if output and output != "-" else None
+    try:
+        prog = loader.Program("record", defines, kernel_headers)
+    except BaseException:
+        if out is not None:
+            discard(out)
+        raise
+    writer = LineWriter(out, unbuffered=unbuffered)
     rec = None
     code = ExitCode.OK
     try:
         _fill_filters(prog, filt)
         _seed(prog, ks, "TASKS_BY_TID" in defines)
-        writer = LineWriter(output, unbuffered=unbuffered)
-        meta = meta_record("record", ks)
-        meta.update(filt.meta_fields())
-        meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
-        if max_rate:
-            meta["max_rate"] = max_rate
+
+        def new_meta() -> dict:
+            meta = meta_record("record", ks)
+            meta.update(filt.meta_fields())
+            meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
+            if max_rate:
+                meta["max_rate"] = max_rate
+            return meta
+
+        meta = new_meta()
         rec = Recorder(prog, ks, writer, drain_s=drain_interval, max_rate=max_rate,
                        rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"))
-        _install_signals(rec)
+        window = _Window(meta["ts"], rec)
+
+        def reopen() -> None:
+            # SIGHUP: the current file ends as a complete recording, and the
+            # file at the same path (logrotate moved the old one) begins one
+            nonlocal window
+            if not writer.moved():
+                writer.sync()  # SIGHUP with the file still in place: nothing to start anew
+                return
+            rec.drain(limit_s=0.1)
+            totals = rec.loss_records()
+            totals["unread"] = 0
+            attempted = prog.counters()[loader.STAT_ATTEMPTED]
+            end = window.end_record("reopen", totals, attempted)
+            writer.record(end)
+            writer.reopen()
+            new = new_meta()
+            new["window_begin_ts"] = end["ts"]
+            writer.record(new)
+            writer.flush()
+            window = _Window(new["ts"], rec, attempted)
+
+        if writer.regular:
+            rec.reopen = reopen
+        _install_signals(rec, reopen_on_hup=writer.regular)
         writer.record(meta)
         writer.flush()
         if not quiet:
@@ -320,16 +377,10 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             writer.record({"type": "loss", "ts": time.monotonic_ns(), "reason": "unread", "count": unread,
                            "since_ts": rec.last_loss_ts})
         totals["unread"] = unread
-        lost = sum(totals.values())
-        writer.record({
-            "type": "end", "ts": time.monotonic_ns(), "reason": rec.stop_reason or "eof",
-            "events": rec.events, "lost": lost,
-            **{f"lost_{r}": n for r, n in totals.items()},
-            "kernel_events": prog.counters()[loader.STAT_ATTEMPTED],
-            "duration_ns": time.monotonic_ns() - meta["ts"],
-        })
-        writer.close(sync=bool(output and output != "-"))
-        if strict and lost:
+        end = window.end_record(rec.stop_reason or "eof", totals, prog.counters()[loader.STAT_ATTEMPTED])
+        writer.record(end)
+        writer.close(sync=True)
+        if strict and end["lost"]:
             code = ExitCode.LOSS
     except BrokenPipeError:
         # The reader went away (`pstate record | head`): a normal end.
@@ -343,6 +394,29 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     if code:
         sys.exit(int(code))
 
+
+
+class _Window:
+    """What one output file covers: the end trailer counts its own events
+    and losses (all of the run, unless SIGHUP started new files)."""
+
+    def __init__(self, meta_ts: int, rec: Recorder, attempted: int = 0):
+        self.meta_ts = meta_ts
+        self.events = rec.events
+        self.lost = dict(rec.lost_reported)
+        self.attempted = attempted  # the kernel's event count where the window begins
+        self.rec = rec
+
+    def end_record(self, reason: str, totals: dict, attempted: int) -> dict:
+        lost = {r: n - self.lost.get(r, 0) for r, n in totals.items()}
+        now = time.monotonic_ns()
+        return {
+            "type": "end", "ts": now, "reason": reason,
+            "events": self.rec.events - self.events, "lost": sum(lost.values()),
+            **{f"lost_{r}": n for r, n in lost.items()},
+            "kernel_events": attempted - self.attempted,
+            "duration_ns": now - self.meta_ts,
+        }
 
 
 def _fill_filters(prog: loader.Program, filt: Filter) -> None:

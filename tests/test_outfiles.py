@@ -1,0 +1,193 @@
+"""Opening -o FILE (pstate.outfiles): no link followed to a file, new files
+0600 whatever the umask and the invoking user's under sudo, other users'
+files refused, FIFOs and devices written but never fsync'd."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import pytest
+
+from pstate import outfiles
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.streamio import LineWriter
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(autouse=True)
+def no_sudo(monkeypatch):
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    monkeypatch.delenv("SUDO_GID", raising=False)
+
+
+def refused(path, code=ExitCode.NOPERM, **kw) -> str:
+    with pytest.raises(PstateError) as e:
+        outfiles.open_output(str(path), **kw)
+    assert e.value.exit_code == code, e.value.message
+    return e.value.message
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077])
+def test_new_file_is_0600_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        out = outfiles.open_output(str(tmp_path / "o.jsonl"))
+    finally:
+        os.umask(old)
+    os.close(out.fd)
+    assert (out.regular, out.created) == (True, True)
+    assert stat.S_IMODE(os.stat(tmp_path / "o.jsonl").st_mode) == 0o600
+
+
+def test_existing_file_is_truncated_and_keeps_its_owner(tmp_path):
+    p = tmp_path / "o.jsonl"
+    p.write_bytes(b"old contents\n")
+    out = outfiles.open_output(str(p))
+    os.write(out.fd, b"new\n")
+    os.close(out.fd)
+    assert (out.regular, out.created) == (True, False)
+    assert p.read_bytes() == b"new\n"
+
+
+def test_symlink_to_a_file_is_never_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    link = tmp_path / "o.jsonl"
+    link.symlink_to(victim)
+    msg = refused(link)
+    assert msg.startswith(f"refusing to write {link}: it is a symbolic link (to {victim})"), msg
+    assert "fix: name the file itself" in msg
+    assert victim.read_bytes() == b"precious\n"
+
+
+def test_dangling_symlink_is_not_created_through(tmp_path):
+    link = tmp_path / "o.jsonl"
+    link.symlink_to(tmp_path / "would-be-created")
+    refused(link, ExitCode.CANTCREAT)
+    assert not (tmp_path / "would-be-created").exists()
+
+
+def test_file_with_several_links_is_refused(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    os.link(victim, tmp_path / "o.jsonl")
+    assert "2 hard links" in refused(tmp_path / "o.jsonl")
+    assert victim.read_bytes() == b"precious\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="chown needs root")
+def test_another_users_file_is_refused(tmp_path):
+    p = tmp_path / "o.jsonl"
+    p.write_bytes(b"theirs\n")
+    os.chown(p, 65534, 65534)
+    assert "owned by uid 65534, neither root nor you" in refused(p)
+    assert p.read_bytes() == b"theirs\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="sudo's hand-over needs root")
+def test_under_sudo_a_new_file_belongs_to_the_invoking_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65533")
+    out = outfiles.open_output(str(tmp_path / "o.jsonl"))
+    os.close(out.fd)
+    st = os.stat(tmp_path / "o.jsonl")
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65533, 0o600)
+    # ... and that user's existing file may be replaced
+    outfiles.open_output(str(tmp_path / "o.jsonl"))
+
+
+@pytest.mark.skipif(not ROOT, reason="chown needs root")
+def test_a_directory_link_owned_by_another_user_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "d"
+    link.symlink_to(real)
+    os.chown(link, 65534, 65534, follow_symlinks=False)
+    assert "the directory" in refused(link / "o.jsonl") and not (real / "o.jsonl").exists()
+
+
+def test_dev_null_and_dev_stdout_are_written_not_synced(tmp_path):
+    out = outfiles.open_output("/dev/null")
+    assert (out.regular, out.created) == (False, False)
+    w = LineWriter(out)
+    w.record({"type": "meta", "schema": 1})
+    w.close(sync=True)  # no fsync on a device: no EINVAL
+    r, wfd = os.pipe()
+    saved = os.dup(1)
+    os.dup2(wfd, 1)
+    try:
+        out = outfiles.open_output("/dev/stdout")
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(wfd)
+    w = LineWriter(out)
+    w.record({"x": 1})
+    w.close(sync=True)
+    assert os.read(r, 100) == b'{"x":1}\n'
+    os.close(r)
+
+
+def test_fifo_without_a_reader_times_out(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo, 0o600)
+    msg = refused(fifo, ExitCode.CANTCREAT, fifo_wait_s=0.2)
+    assert msg.startswith(f"nobody reads the FIFO {fifo}") and "start its reader first" in msg
+
+
+def test_fifo_with_a_reader(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo, 0o600)
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    t.start()
+    out = outfiles.open_output(str(fifo), fifo_wait_s=5)
+    w = LineWriter(out)
+    assert not w.regular
+    w.record({"x": 1})
+    w.close(sync=True)
+    t.join(5)
+    assert got == [b'{"x":1}\n']
+
+
+def test_discard_removes_only_the_empty_file_it_created(tmp_path):
+    p = tmp_path / "o.jsonl"
+    out = outfiles.open_output(str(p))
+    outfiles.discard(out)
+    assert not p.exists()
+    p.write_bytes(b"kept\n")
+    out = outfiles.open_output(str(p))  # an existing file: not created by this run
+    outfiles.discard(out)
+    assert p.exists()
+    out = outfiles.open_output(str(tmp_path / "n.jsonl"))
+    os.rename(tmp_path / "n.jsonl", tmp_path / "moved")
+    (tmp_path / "n.jsonl").write_bytes(b"another\n")  # the path names another file now
+    outfiles.discard(out)
+    assert (tmp_path / "n.jsonl").read_bytes() == b"another\n" and (tmp_path / "moved").exists()
+
+
+def test_line_writer_reopen_starts_a_new_file_after_a_rename(tmp_path):
+    p = tmp_path / "o.jsonl"
+    w = LineWriter(str(p))
+    w.record({"n": 1})
+    assert not w.moved()
+    os.rename(p, tmp_path / "o.jsonl.1")
+    assert w.moved()
+    w.reopen()
+    w.record({"n": 2})
+    w.close(sync=True)
+    assert (tmp_path / "o.jsonl.1").read_bytes() == b'{"n":1}\n'
+    assert p.read_bytes() == b'{"n":2}\n'
+
+
+def test_output_is_appended_after_a_copytruncate(tmp_path):
+    p = tmp_path / "o.jsonl"
+    w = LineWriter(str(p), unbuffered=True)
+    w.record({"n": 1})
+    os.truncate(p, 0)  # logrotate's copytruncate
+    w.record({"n": 2})
+    w.close()
+    assert p.read_bytes() == b'{"n":2}\n'  # no hole of NUL bytes before it
