@@ -10,6 +10,7 @@ import click
 
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.options import input_options
+from pstate.outfiles import open_output
 from pstate.streamio import ReadStats, read_records
 
 PROG = "pstate export"
@@ -38,7 +39,7 @@ thread (the time stats counts), thread and process names as metadata.
 The perfetto format needs the optional extra: pip install 'pstate[perfetto]'
 (make setup installs it). Exit status: 0 done, 2 bad usage, 65 bad input with
 --strict or a newer event format, 66 unreadable input, 73 the output cannot
-be created, 74 writing failed.
+be created, 74 writing failed, 77 the output is a link or another user's file.
 """
 
 
@@ -48,11 +49,8 @@ def _open_output(path: str | None, fmt: str):
         if sys.stdout.isatty() and fmt == "perfetto":
             raise click.UsageError("a Perfetto trace is binary: give -o FILE, or redirect standard output")
         return sys.stdout.buffer, False
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise PstateError(f"cannot create {path}: {e.strerror}", ExitCode.CANTCREAT) from None
-    return os.fdopen(fd, "wb", buffering=1 << 20), True
+    out = open_output(path)  # no link followed, other users' files refused
+    return os.fdopen(out.fd, "wb", buffering=1 << 20), True
 
 
 class Progress:
