@@ -1,8 +1,11 @@
-"""Reading and writing pstate JSON-lines streams.
+"""Reading and writing pstate JSON-lines streams: what a reader saw
+(ReadStats), the check of one record (check_record), opening inputs, and the
+writer.
 
 Readers treat input as untrusted: a malformed, over-long or wrongly typed line
 is skipped and counted, never a traceback; a truncated last line is reported;
 a stream of a newer schema is refused. Memory is bounded by the line limit.
+The one reader that applies these rules is reader.StreamReader.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
 
 MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
-_CHUNK = 1 << 16
 
 _INT_FIELDS = ("ts", "cpu", "pid", "tid")
 # Integers in ts, cpu, pid, tid, dur_ns and count must be 0 <= v < 2**63: every
@@ -41,6 +43,7 @@ class ReadStats:
     metas: list = field(default_factory=list)
     loss: dict = field(default_factory=dict)  # reason -> count, from in-band loss records
     ends: list = field(default_factory=list)
+    unknown: dict = field(default_factory=dict)  # record type -> count, of types this pstate does not know
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -109,82 +112,6 @@ def open_input(path: str) -> IO[bytes]:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
 
 
-class _LineReader:
-    """readline(limit) over read1() in 64 KiB pieces.
-
-    BufferedReader.readline refills its buffer (4 KiB for a pipe) one small
-    read at a time, so a writer and pstate ping-pong through the pipe at
-    ~100 MB/s; skipping a 2 GB line took 20 s. read1() drains the pipe in big
-    reads and returns bytes the file object had buffered first.
-    """
-
-    def __init__(self, fp: IO[bytes], chunk: int = _CHUNK):
-        self._read = getattr(fp, "read1", None) or fp.read
-        self._chunk = chunk
-        self._buf = b""
-        self._pos = 0
-
-    def readline(self, limit: int) -> bytes:
-        """Up to limit bytes, ending early after a newline; b"" at the end."""
-        buf, pos = self._buf, self._pos
-        nl = buf.find(b"\n", pos, pos + limit)
-        if nl >= 0:  # the common case: a whole line in the buffer
-            self._pos = nl + 1
-            return buf[pos:nl + 1]
-        out = []
-        n = 0
-        while True:
-            buf, pos = self._buf, self._pos
-            stop = min(len(buf), pos + limit - n)
-            nl = buf.find(b"\n", pos, stop)
-            if nl >= 0:
-                stop = nl + 1
-            if stop > pos:
-                out.append(buf[pos:stop])
-                n += stop - pos
-            self._pos = stop
-            if nl >= 0 or n >= limit:
-                break
-            data = self._read(self._chunk)
-            if not data:
-                break
-            self._buf, self._pos = data, 0
-        return out[0] if len(out) == 1 else b"".join(out)
-
-
-def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_LINE) -> Iterator[tuple[bytes, int]]:
-    """Yield (line, line number) for complete lines; over-long lines are skipped.
-
-    A last line without a newline is yielded too (it may be a complete
-    record); stats.truncated_tail notes it either way.
-    """
-    lineno = 0
-    offset = 0
-    readline = _LineReader(fp).readline
-    while True:
-        line = readline(max_line + 1)
-        if not line:
-            return
-        lineno += 1
-        stats.lines += 1
-        start = offset
-        offset += len(line)
-        if line[-1:] != b"\n":
-            if len(line) > max_line:
-                # Discard the rest of the line without holding it in memory.
-                while True:
-                    chunk = readline(_CHUNK)
-                    if not chunk:
-                        break
-                    offset += len(chunk)
-                    if chunk[-1:] == b"\n":
-                        break
-                stats.skip(f"line longer than {max_line} bytes", f"{name}:{lineno}")
-                continue
-            stats.truncated_tail = f"{name}: byte {start}, line {lineno}"
-        yield line, lineno
-
-
 def _valid_int(v) -> bool:
     return type(v) is int and 0 <= v < MAX_INT
 
@@ -222,57 +149,11 @@ def check_record(rec) -> str | None:
     return None  # end, rate and unknown future types pass through
 
 
-def read_records(
-    sources: Iterable[str],
-    stats: ReadStats | None = None,
-    *,
-    max_line: int = MAX_LINE,
-    strict: bool = False,
-    types: frozenset | None = None,
-) -> Iterator[dict]:
-    """Yield valid records from files (or "-" for stdin), in order.
+def read_records(sources: Iterable[str], stats: ReadStats | None = None, **kw) -> Iterator[dict]:
+    """reader.read_records: the usable records of files, in order, as dicts."""
+    from pstate import reader
 
-    meta, loss and end records are also collected into stats. A meta record
-    of a newer schema raises PstateError (exit 65). With strict, the first bad
-    line raises PstateError instead of being skipped.
-    """
-    stats = stats if stats is not None else ReadStats()
-    loads = orjson.loads
-    for src in sources:
-        name = "<stdin>" if src == "-" else src
-        earlier_tail = stats.truncated_tail  # an earlier file's cut stays reported
-        fp = open_input(src)
-        try:
-            for line, lineno in iter_lines(fp, name, stats, max_line):
-                if lineno == 1 and line[:3] == BOM:
-                    line = line[3:]  # written by some editors; the meta line must not be lost
-                if not line.strip():
-                    continue
-                try:
-                    rec = loads(line)
-                except orjson.JSONDecodeError:
-                    why = "truncated record" if line[-1:] != b"\n" else "not valid JSON"
-                    if strict:
-                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR) from None
-                    if line[-1:] != b"\n":
-                        continue  # counted as truncated_tail
-                    stats.skip(why, f"{name}:{lineno}")
-                    continue
-                why = check_record(rec)
-                if why:
-                    if strict:
-                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR)
-                    stats.skip(why, f"{name}:{lineno}")
-                    continue
-                if line[-1:] != b"\n":
-                    stats.truncated_tail = earlier_tail  # the last line was complete after all
-                t = stats.note(rec, name)
-                stats.records += 1
-                if types is None or t in types:
-                    yield rec
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()
+    return reader.read_records(sources, stats, **kw)
 
 
 def check_schema(meta: dict, name: str) -> None:
