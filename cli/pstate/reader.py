@@ -228,6 +228,7 @@ class StreamReader:
             if terminated:
                 self._bad("not valid JSON", lineno)
             elif self.strict:
+                self._flush_rows()
                 raise LineError(self.name, lineno, "truncated record") from None
             return  # (unterminated: reported as the truncated final record)
         why = check_record(rec)
@@ -256,6 +257,7 @@ class StreamReader:
 
     def _bad(self, why: str, lineno: int) -> None:
         if self.strict:
+            self._flush_rows()  # the sink has what came before the bad line
             raise LineError(self.name, lineno, why)
         self.stats.skip(why, f"{self.name}:{lineno}")
 
