@@ -72,7 +72,9 @@ def test_a_byte_order_mark_is_dropped_by_every_reader():
     rep = orjson.loads(out)
     assert rep["input"]["complete"] is True
     want = read_through(path.read_bytes(), native_rows=False)
-    assert want == read_through(path.read_bytes(), native_rows=True) and want[0]["type"] == "meta"
+    assert want[0]["type"] == "meta" and want[-1][3] == {}  # nothing skipped
+    if NATIVE_ROWS is not None:
+        assert read_through(path.read_bytes(), native_rows=True) == want
 
 
 # --- the records, through each reader --------------------------------------------
@@ -121,20 +123,8 @@ def test_the_same_records_through_every_reader(path):
     assert ("stats", st_.lines, st_.records, st_.skipped, st_.truncated_tail, st_.unknown) == careful[-1]
 
 
-# replay --no-wait's quick path checks framing, not values (issue 16): well-
-# framed event lines that the reader rejects (NaN, 1e400, a list for ts,
-# ts >= 2^63) are still written. Kept visible until replay reads through
-# the one reader too.
-REPLAY_DIFFERS = {
-    "huge-numbers.jsonl", "crash-heat-ts-max-u64.jsonl", "crash-stats-json-sum-over-64-bits.jsonl",
-    "wrong-types-lifecycle.jsonl", "wrong-types-state.jsonl",
-}
-
-
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_replay_passes_the_events_the_reader_reads(path):
-    if path.name in REPLAY_DIFFERS:
-        pytest.xfail("replay --no-wait passes well-framed event lines the reader rejects")
     res = CliRunner().invoke(cli, ["replay", "--no-wait", str(path)], catch_exceptions=False)
     try:
         want = [r for r in read_records([str(path)]) if r["type"] in schema.EVENT_TYPES]

@@ -1266,8 +1266,44 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(plain_states_doc,
+"plain_states(buf, pos, end, max_line) -> (stop, lines)\n\n"
+"How many of the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts\n"
+"them), from the first, are plainly written state records that the reader\n"
+"accepts (what parse_states would return, without building it). stop:\n"
+"where the first other line starts, end + 1 when there was none. For\n"
+"replay, which copies such lines unparsed.");
+
+static PyObject *plain_states(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end, max_line;
+    if (!PyArg_ParseTuple(args, "y*nnn:plain_states", &view, &pos, &end, &max_line))
+        return NULL;
+    if (pos < 0 || end > view.len || pos > end + 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "bad range");
+        return NULL;
+    }
+    const char *buf = view.buf;
+    Py_ssize_t lines = 0;
+    while (pos <= end) {
+        const char *p = buf + pos;
+        const char *nl = memchr(p, '\n', (size_t)(end - pos));
+        const char *e = nl ? nl : buf + end;
+        state_rec r;
+        if (e - p > max_line || !parse_state(p, e, &r))
+            break;
+        lines++;
+        pos = (e - buf) + 1;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nn", pos, lines);
+}
+
 static PyMethodDef module_methods[] = {
     {"parse_states", parse_states, METH_VARARGS, parse_states_doc},
+    {"plain_states", plain_states, METH_VARARGS, plain_states_doc},
     {NULL, NULL, 0, NULL},
 };
 
