@@ -219,3 +219,43 @@ def test_unknown_types_are_counted_and_annotations_are_not_events(tmp_path):
     assert set(schema.ANNOTATION_TYPES) <= schema.KNOWN_TYPES
     assert not set(schema.ANNOTATION_TYPES) & set(schema.EVENT_TYPES)
 
+
+
+# --- input that is not a recording, or two of the same -------------------------------
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"", 0), (b"\n\n\n", 0), (b"  \n\r\n", 0),  # empty input: nothing to read, nothing wrong
+    (b"hello\n", 65), (b"\xff\xfe{\x00\n", 65), (b'{"type":"meta"', 65), (b"[1, 2]\n", 65),
+    (orjson.dumps(META) + b"\n", 0),
+])
+def test_input_without_one_valid_record_exits_65(tmp_path, data, code):
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    for args in ((), ("-f", "json")):
+        got, _out, err = both(str(path), *args)
+        assert got == code
+        assert ("error: not one valid record in the input" in err) == (code == 65)
+    r = CliRunner().invoke(cli, ["heat", str(path)], catch_exceptions=False)
+    assert r.exit_code == code
+
+
+def test_a_file_that_starts_with_nul_bytes_is_reported_as_cut(tmp_path):
+    recs = [dict(BASE, ts=1000 + i, tid=11 + i % 2) for i in range(4)]
+    path = tmp_path / "rotated.jsonl"
+    path.write_bytes(b"\0" * 70000 + b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    code, out, err = both(str(path), "-f", "json")
+    assert code == 0 and orjson.loads(out)["input"]["events"] == 4
+    assert err == (f"pstate stats: warning: {path} starts with 70000 NUL bytes and has no meta record: it was cut "
+                   "while being written (log rotation with copytruncate?); the records after them were read\n")
+    assert orjson.loads(out)["input"]["complete"] is False
+    assert stats(str(path), "--strict")[0] == 65
+
+
+def test_the_same_recording_twice_is_noticed():
+    data = (DATA / "stats" / "basic.jsonl").read_bytes()
+    code, out, err = both("-", "-f", "json", input=data + data)
+    assert code == 0
+    assert "<stdin>: a recording of the same boot overlaps one read before it (the same recording twice?)" in err
+    code, _out, err = both("-", input=data)
+    assert code == 0 and err == ""

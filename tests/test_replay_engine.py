@@ -417,3 +417,33 @@ def test_window_bounds_far_outside_the_recording_are_written_in_range(args):
     assert code == 0, err
     meta = json.loads(out.splitlines()[0])
     assert 0 <= meta.get("replay_begin_ts", 0) <= 2**63 and 0 <= meta.get("replay_end_ts", 0) <= 2**63
+
+
+def test_a_huge_jump_in_ts_is_shortened_and_said():
+    now = [0]
+    slept = []
+
+    def sleep(secs):
+        slept.append(secs)
+        now[0] += int(secs * 1e9)
+
+    capped = []
+    p = Pacer(2.0, clock=lambda: now[0], sleep=sleep, on_cap=lambda ts, gap: capped.append((ts, gap)))
+    p.wait(1000)
+    p.wait(1000 + S)  # 1 s of recorded time: 0.5 s at speed 2
+    p.wait((1 << 63) - 1)  # valid, and centuries ahead: 60 s of recorded time at most
+    p.wait((1 << 63) - 1 + 0)
+    assert slept == [pytest.approx(0.5), pytest.approx(30.0)]
+    assert capped == [((1 << 63) - 1, (1 << 63) - 1 - 1000 - S)]
+    p.wait((1 << 63) - 1)  # the timeline continues from where it was capped
+    assert len(slept) == 2
+
+
+def test_replay_says_when_it_shortens_a_gap(tmp_path):
+    meta = b'{"type":"meta","schema":1,"source":"record","ts":1000}\n'
+    far = EV.replace(b'"ts":1,', b'"ts":%d,' % ((1 << 63) - 1))
+    path = tmp_path / "gap.jsonl"
+    path.write_bytes(meta + EV.replace(b'"ts":1,', b'"ts":1000,') + far)
+    r = CliRunner().invoke(pstate_cli, ["replay", "--speed", "1e6", str(path)], prog_name="pstate")
+    assert r.exit_code == 0 and far in r.stdout_bytes
+    assert f"pstate replay: note: {path} jumps " in r.stderr and "longer gaps are shortened" in r.stderr

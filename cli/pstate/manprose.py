@@ -458,6 +458,17 @@ EVENTS = {
         record of a schema newer than {schema.SCHEMA_VERSION} ends the run
         with exit code 65.
 
+        Input that is not empty but holds not one valid record (not a pstate
+        recording at all) exits with 65 even without `--strict`; empty input
+        (no bytes, or blank lines only) exits with 0. NUL bytes at the start
+        of a file, as log rotation with copytruncate leaves them, are
+        reported as a file cut while being written, and the records after
+        them are read. A meta record of the same boot as one read before,
+        whose time falls inside that recording (`cat rec rec | pstate
+        stats`), is reported: its events would count twice. Paced replay
+        waits at most 60 s of recorded time between two records, and says so
+        when it shortens a gap.
+
         Record types. Events are the state and lifecycle records ({", ".join(schema.EVENT_TYPES)}): only they
         count in the end record's events, so that events plus the lost
         counts equal kernel_events. The other types this pstate knows are

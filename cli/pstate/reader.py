@@ -6,6 +6,9 @@ through a StreamReader, so one set of rules holds everywhere:
 - input comes in chunks of any size and is cut into lines at "\\n";
 - a UTF-8 byte order mark at the very start of a source is dropped (some
   editors write one; the meta line behind it is kept);
+- NUL bytes at the start of a source (a file cut while being written, as
+  log rotation with copytruncate leaves it) are counted and reported in
+  ReadStats.nul_starts, and the records after them are read;
 - a line longer than max_line bytes (its newline not counted) is skipped and
   counted without being held in memory;
 - a blank line (only whitespace) is neither a record nor an error;
@@ -106,6 +109,7 @@ class StreamReader:
         self.pending = b""
         self.discarding = False  # inside an over-long line
         self.at_start = at_start  # a byte order mark may come first
+        self.nuls = -1  # >= 0: inside the NUL bytes a source starts with
         self.earlier_tail = self.stats.truncated_tail  # an earlier source's cut stays reported
 
     def begin(self, name: str, at_start: bool = True) -> None:
@@ -128,6 +132,18 @@ class StreamReader:
             if data.startswith(BOM):
                 data = data[len(BOM):]
                 self.offset += len(BOM)
+            self.nuls = 0 if data[:1] == b"\0" else -1
+        if self.nuls >= 0:
+            # A file cut while being written (copytruncate) starts with a hole
+            # of NUL bytes: count them, read what follows.
+            rest = data.lstrip(b"\0")
+            self.nuls += len(data) - len(rest)
+            self.offset += len(data) - len(rest)
+            if not rest:
+                return
+            self.stats.nul_starts.append((self.name, self.nuls))
+            self.nuls = -1
+            data = rest
         if self.discarding:
             nl = data.find(b"\n")
             if nl < 0:
@@ -172,6 +188,9 @@ class StreamReader:
         rest = self.pending
         self.pending = b""
         self.at_start = False
+        if self.nuls > 0:  # nothing but NUL bytes
+            self.stats.nul_starts.append((self.name, self.nuls))
+        self.nuls = -1
         if self.discarding or not rest:
             self.discarding = False
             return

@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 import orjson
 
 from pstate import __version__, native, schema
+from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
 from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, open_input
@@ -42,6 +43,7 @@ FAST_MIN = 1 << 12  # runs shorter than this that fail the quick check are parse
 _PROBE = 1 << 10  # the quick check passes lines shorter than twice this (see event_lines)
 OUT_BATCH = 1 << 16  # bytes of pending output that trigger a write
 SLACK_NS = 1_000_000  # a record due sooner than this is written without sleeping
+MAX_GAP_NS = 60 * 1_000_000_000  # recorded time waited for at most between two records
 
 _EVENT_STARTS = tuple(b'\n{"type":"%s",' % t.encode() for t in schema.EVENT_TYPES)
 _RECORD_START = b'{"type":"'
@@ -90,12 +92,17 @@ class Pacer:
     backwards a little (events of different CPUs) are written at once.
     rebase() starts a new recording: it continues the timeline where it is,
     so the gap (or a clock reset) between two recordings is not waited for.
+    A jump forward of more than max_gap_ns of recorded time (a valid but
+    huge ts) is shortened to max_gap_ns; on_cap(ts, gap_ns) is told.
     """
 
     def __init__(self, speed: float | None, *, clock: Callable[[], int] = time.monotonic_ns,
                  sleep: Callable[[float], None] = time.sleep, before_sleep: Callable[[], None] = lambda: None,
-                 slack_ns: int = SLACK_NS):
+                 slack_ns: int = SLACK_NS, max_gap_ns: int = MAX_GAP_NS,
+                 on_cap: Callable[[int, int], None] = lambda ts, gap: None):
         self.speed = speed
+        self.max_gap_ns = max_gap_ns
+        self.on_cap = on_cap
         self.clock = clock
         self.sleep = sleep
         self.before_sleep = before_sleep
@@ -118,6 +125,10 @@ class Pacer:
         pos = self.base_pos + (ts - self.base_ts)
         if pos <= self.pos:
             return
+        if pos - self.pos > self.max_gap_ns:
+            self.on_cap(ts, pos - self.pos)
+            self.base_pos -= pos - self.pos - self.max_gap_ns
+            pos = self.pos + self.max_gap_ns
         self.pos = pos
         deadline = self.t0 + pos / self.speed
         if deadline - self.clock() > self.slack_ns:
@@ -242,7 +253,8 @@ class Replayer:
         self.stats = stats if stats is not None else ReadStats()
         self.max_line = max_line
         self._sleep_fn = sleep
-        self.pacer = Pacer(speed, clock=clock, sleep=self._sleep, before_sleep=self.flush)
+        self.pacer = Pacer(speed, clock=clock, sleep=self._sleep, before_sleep=self.flush, on_cap=self._gap_capped)
+        self.gaps_capped = 0
         self.paced = speed is not None
         self.windowed = self.window.active
         self.fast = not self.paced and self.filt is None and not self.windowed and not strict
@@ -272,6 +284,12 @@ class Replayer:
         self.mode = "stream"
 
     # --- signals: end at the next safe point ------------------------------
+
+    def _gap_capped(self, ts: int, gap_ns: int) -> None:
+        self.gaps_capped += 1
+        if self.gaps_capped == 1:
+            print(f"pstate replay: note: {self.name} jumps {fmt_ns(gap_ns)} ahead at ts {ts}; waiting "
+                  f"{fmt_ns(MAX_GAP_NS)} of recorded time instead (longer gaps are shortened)", file=sys.stderr)
 
     def on_signal(self, signum, frame) -> None:
         self.stop_reason = "signal"

@@ -44,6 +44,9 @@ class ReadStats:
     loss: dict = field(default_factory=dict)  # reason -> count, from in-band loss records
     ends: list = field(default_factory=list)
     unknown: dict = field(default_factory=dict)  # record type -> count, of types this pstate does not know
+    nul_starts: list = field(default_factory=list)  # (source, NUL bytes) of sources that start with NULs
+    overlaps: list = field(default_factory=list)  # "where": meta records of a recording read already
+    _spans: list = field(default_factory=list, repr=False, compare=False)  # [boot_id, meta ts, end ts] each
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -62,12 +65,28 @@ class ReadStats:
         if t == "meta":
             check_schema(rec, name)
             self.metas.append(rec)
+            self._overlap(rec, name)
         elif t == "loss":
             r = rec["reason"]
             self.loss[r] = self.loss.get(r, 0) + rec["count"]
         elif t == "end":
             self.ends.append(rec)
+            ts = rec.get("ts")
+            if self._spans and type(ts) is int and self._spans[-1][2] is None:
+                self._spans[-1][2] = ts
         return t
+
+    def _overlap(self, meta: dict, name: str) -> None:
+        """A meta record of the same boot whose time falls inside a recording
+        read before (`cat rec rec | pstate stats`): its events would count twice."""
+        boot, ts = meta.get("boot_id"), meta.get("ts")
+        if type(boot) is not str or type(ts) is not int:
+            return
+        for b, start, end in self._spans:
+            if b == boot and start <= ts <= (end if end is not None else start):
+                self.overlaps.append(name)
+                break
+        self._spans.append([boot, ts, None])
 
     @property
     def lost(self) -> int:
@@ -79,7 +98,20 @@ class ReadStats:
             out.append(f"skipped {n} line{'s' if n != 1 else ''}: {reason} (first at {self.first_bad[reason]})")
         if self.truncated_tail:
             out.append(f"truncated final record at {self.truncated_tail}")
+        if self.overlaps:
+            out.append(f"{self.overlaps[0]}: a recording of the same boot overlaps one read before it "
+                       "(the same recording twice?); its events count twice: give each recording once")
+        for name, n in self.nul_starts:
+            out.append(f"{name} starts with {n} NUL bytes{'' if self.metas else ' and has no meta record'}: "
+                       "it was cut while being written (log rotation with copytruncate?); "
+                       "the records after them were read")
         return out
+
+    @property
+    def no_record(self) -> bool:
+        """Input that is not empty yet holds not one usable record (blank
+        lines alone are empty input)."""
+        return not self.records and bool(self.skipped or self.truncated_tail or self.nul_starts)
 
     def report(self, prog: str, err: IO[str] | None = None, strict: bool = False) -> int:
         """Print skipped/truncated input on stderr; return the exit code it deserves."""
@@ -89,6 +121,10 @@ class ReadStats:
             print(f"{prog}: warning: {p}", file=err)
         if self.lost:
             print(f"{prog}: warning: the input reports {self.lost} lost events; results are incomplete", file=err)
+        if self.no_record:
+            print(f"{prog}: error: not one valid record in the input: is it a recording of pstate record "
+                  "(JSON lines, see pstate-events(5))?", file=err)
+            return int(ExitCode.DATAERR)
         return int(ExitCode.DATAERR) if (strict and problems) else int(ExitCode.OK)
 
 

@@ -152,7 +152,8 @@ class Summary:
 
     @property
     def complete(self) -> bool:
-        return not (self.stats.lost or self.stats.n_skipped or self.stats.truncated_tail or self.interrupted)
+        return not (self.stats.lost or self.stats.n_skipped or self.stats.truncated_tail or self.stats.nul_starts
+                    or self.interrupted)
 
     @property
     def lost_pct(self) -> float:
@@ -798,6 +799,8 @@ def merge_read_stats(into: ReadStats, part: ReadStats, line_base: int, byte_base
     for reason, n in part.loss.items():
         into.loss[reason] = into.loss.get(reason, 0) + n
     into.ends.extend(part.ends)
+    into.nul_starts.extend(part.nul_starts)
+    into.overlaps.extend(part.overlaps)
     for t, n in part.unknown.items():
         into.unknown[t] = into.unknown.get(t, 0) + n
 
