@@ -385,6 +385,22 @@ after_value:
     return c.p == c.e && (seen & K_REQUIRED) == K_REQUIRED;
 }
 
+/* The line of buf that starts at pos (lines cut at '\n' as bytes.split cuts
+ * buf[:end]): 1 when it is a plain state record of at most max_line bytes,
+ * read into *r, with *next where the line after it starts (end + 1 after the
+ * last one). */
+static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_line, state_rec *r,
+                             Py_ssize_t *next)
+{
+    const char *p = buf + pos;
+    const char *nl = memchr(p, '\n', (size_t)(end - pos));
+    const char *e = nl ? nl : buf + end;
+    if (e - p > max_line || !parse_state(p, e, r))
+        return 0;
+    *next = (e - buf) + 1;
+    return 1;
+}
+
 /* --- ints beyond 64 bits ------------------------------------------------------ */
 
 static PyObject *long_from_i128(i128 v)
@@ -872,43 +888,39 @@ out:
     return rc;
 }
 
-/* The tasks since the last take: [(tid, pid, comm, last_ts, to, first_ts,
- * head_null, first_group, known)], in the order first seen. */
-static PyObject *task_rows(Digester *self)
+/* The tasks since the last take: (tid, pid, comm, last_ts, to, first_ts,
+ * head_null, first_group, known). */
+static PyObject *task_row(acc_head *h)
 {
-    acc_table *t = &self->tasks;
-    PyObject *out = PyList_New(t->used);
-    for (Py_ssize_t k = 0; out && k < t->used; k++) {
-        task_acc *ta = (task_acc *)SLOT(t, t->order[k]);
-        PyObject *known = long_from_i128(ta->known);
-        PyObject *row = known ? Py_BuildValue("(LLOLOLOLN)", ta->h.key, ta->pid, ta->comm, ta->last_ts, ta->to,
-                                              ta->first_ts, ta->head_null ? Py_True : Py_False, ta->g_first, known)
-                              : NULL;
-        if (!row)
-            Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, k, row);
-    }
-    return out;
+    task_acc *ta = (task_acc *)h;
+    PyObject *known = long_from_i128(ta->known);
+    return known ? Py_BuildValue("(LLOLOLOLN)", ta->h.key, ta->pid, ta->comm, ta->last_ts, ta->to, ta->first_ts,
+                                 ta->head_null ? Py_True : Py_False, ta->g_first, known)
+                 : NULL;
 }
 
-/* The cells since the last take: [(key, n, n_null, sum, max, min)], in the
- * order first seen; max and min are 0 when every dur_ns was null. */
-static PyObject *cell_rows(Digester *self)
+/* A cell since the last take: (key, n, n_null, sum, max, min); max and min
+ * are 0 when every dur_ns was null. */
+static PyObject *cell_row(acc_head *h)
 {
-    acc_table *t = &self->cells;
+    cell_acc *ca = (cell_acc *)h;
+    int known = ca->n > ca->nnull;
+    PyObject *sum = long_from_i128(ca->sum);
+    return sum ? Py_BuildValue("(LLLNLL)", ca->h.key, ca->n, ca->nnull, sum, known ? ca->max : 0LL,
+                               known ? ca->min : 0LL)
+               : NULL;
+}
+
+/* The rows of a table's live slots, in the order they were first touched. */
+static PyObject *acc_rows(acc_table *t, PyObject *(*row)(acc_head *))
+{
     PyObject *out = PyList_New(t->used);
     for (Py_ssize_t k = 0; out && k < t->used; k++) {
-        cell_acc *ca = (cell_acc *)SLOT(t, t->order[k]);
-        int known = ca->n > ca->nnull;
-        PyObject *sum = long_from_i128(ca->sum);
-        PyObject *row = sum ? Py_BuildValue("(LLLNLL)", ca->h.key, ca->n, ca->nnull, sum, known ? ca->max : 0LL,
-                                            known ? ca->min : 0LL)
-                            : NULL;
-        if (!row)
+        PyObject *r = row(SLOT(t, t->order[k]));
+        if (!r)
             Py_CLEAR(out);
         else
-            PyList_SET_ITEM(out, k, row);
+            PyList_SET_ITEM(out, k, r);
     }
     return out;
 }
@@ -1022,11 +1034,9 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     PyObject *clip_or_null = clip == Py_None ? NULL : clip;
     /* Segments as bytes.split(b"\n") makes them: the last one ends at end. */
     while (pos <= end && !self->hist_flush_due) {
-        const char *p = buf + pos;
-        const char *nl = memchr(p, '\n', (size_t)(end - pos));
-        const char *e = nl ? nl : buf + end;
         state_rec r;
-        if (e - p > max_line || !parse_state(p, e, &r))
+        Py_ssize_t next;
+        if (!next_state(buf, pos, end, max_line, &r, &next))
             break;
         int rc = digest_one(self, &r, clip_or_null, clip_v);
         if (rc < 0)
@@ -1034,7 +1044,7 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
         if (rc > 0)
             break;
         lines++;
-        pos = (e - buf) + 1; /* end + 1 after the last segment */
+        pos = next;
         if (self->nos_used >= MAX_CELL_NOS / 2)
             self->hist_flush_due = 1;
     }
@@ -1068,8 +1078,8 @@ static PyObject *Digester_take(Digester *self, PyObject *args)
     }
     if (!PyArg_ParseTuple(args, "|p:take", &flush))
         return NULL;
-    PyObject *tasks = task_rows(self);
-    PyObject *cells = tasks ? cell_rows(self) : NULL;
+    PyObject *tasks = acc_rows(&self->tasks, task_row);
+    PyObject *cells = tasks ? acc_rows(&self->cells, cell_row) : NULL;
     PyObject *buckets = NULL, *result = NULL;
     if (!cells)
         goto done;
@@ -1287,15 +1297,11 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
     }
     const char *buf = view.buf;
     Py_ssize_t lines = 0;
-    while (pos <= end) {
-        const char *p = buf + pos;
-        const char *nl = memchr(p, '\n', (size_t)(end - pos));
-        const char *e = nl ? nl : buf + end;
-        state_rec r;
-        if (e - p > max_line || !parse_state(p, e, &r))
-            break;
+    state_rec r;
+    Py_ssize_t next;
+    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next)) {
         lines++;
-        pos = (e - buf) + 1;
+        pos = next;
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("nn", pos, lines);
