@@ -27,7 +27,7 @@ S = 1_000_000_000
 
 MODES = {
     # name: (extra args, what it exercises)
-    "no-wait": (["--no-wait"], "quick path: runs of lines checked by byte counts, written unparsed"),
+    "no-wait": (["--no-wait"], "quick path: runs of lines checked by byte counts and the native reader, written unparsed"),
     "no-wait to a pipe": (["--no-wait"], "the same into `cat > /dev/null`"),
     "no-wait -p": (["--no-wait", "-p", "4200"], "filter (1 process in 6): every line parsed, Filter.match"),
     "no-wait window": (["--no-wait", "-b", "+{half_ns}ns"], "window (second half): every line parsed for its ts"),

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from odd_lines import ODD_LINES
 from pstate import native, streamio, tables, tsa
+from pstate.latency import bucket_index
 from pstate.exitcodes import PstateError
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -126,34 +127,63 @@ def test_intervals_clip_alike(at):
     both(lines(*PLAIN), "tid", 512, interval_at=at)
 
 
-def test_flush_is_idempotent_and_sync_runs_before_reads():
+def test_take_is_idempotent_and_sync_runs_before_reads():
     agg = tsa.Aggregator("pid")
-    dig = NATIVE.Digester(agg)
-    agg.flushers.append(dig.flush)
+    dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
     data = lines(*PLAIN)
-    stop, n, ev = dig.digest(data, 0, len(data) - 1, 1 << 20)
-    assert (stop, n, ev) == (len(data), 200, 200)
+    stop, n, due = dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert (stop, n, due) == (len(data), 200, False)
+    agg.add_digested(*dig.take())
+    agg.flushers.append(lambda: agg.add_digested(*dig.take(True)))
+    assert len(agg.tasks) == 3 and sum(c[tsa.C_N] for c in agg.cells.values()) == 200
     assert all(not c[tsa.C_HIST] for c in agg.cells.values())  # held back until sync
     agg.sync()
     agg.sync()
     assert sum(sum(c[tsa.C_HIST].values()) for c in agg.cells.values()) == sum(
         1 for r in PLAIN if r["dur_ns"] is not None)
+    assert dig.take(True) == (0, [], [], [])
+
+
+def test_the_digester_touches_no_python_object():
+    """It is given its state and comm ids by callables and hands back plain
+    tuples: an Aggregator's attributes are not its business."""
+    seen = []
+
+    def state_id(name):
+        seen.append(name)
+        return len(seen) - 1
+
+    dig = NATIVE.Digester("comm", state_id, lambda comm: 7)
+    data = lines(rec(), rec(ts=2000, **{"from": "sleeping", "to": "runnable"}, dur_ns=None))
+    assert dig.digest(data, 0, len(data) - 1, 1 << 20) == (len(data), 2, False)
+    assert seen == ["running", "sleeping", "runnable"]
+    events, tasks, cells, buckets = dig.take()
+    assert events == 2 and buckets == []
+    assert tasks == [(11, 10, "w", 2000, "runnable", 1000, False, 7, 500)]
+    assert cells == [((7 << 16) | 1, 1, 0, 500, 500, 500), ((7 << 16) | (1 << 8) | 2, 1, 1, 0, 0, 0)]
+    assert dig.take(True) == (0, [], [], [((7 << 16) | 1, {bucket_index(500): 1})])
 
 
 def test_bad_arguments_raise_not_crash():
     agg = tsa.Aggregator("pid")
-    dig = NATIVE.Digester(agg)
+    dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
     with pytest.raises(ValueError):
         dig.digest(b"abc", 0, 10, 100)
     with pytest.raises(ValueError):
         dig.digest(b"abc", 5, 2, 100)
     with pytest.raises(TypeError):
         dig.digest("text", 0, 1, 100)
-    with pytest.raises(RuntimeError):
-        dig.__init__(agg)
-    agg.cells = None  # a broken Aggregator is an error, never a crash
     with pytest.raises(TypeError):
-        dig.digest(b'{"type":"state"}', 0, 16, 100)
+        dig.digest(b"abc", 0, 1, 100, "clip")
+    with pytest.raises(RuntimeError):
+        dig.__init__("pid", agg.state_id, agg.comm_id)
+    with pytest.raises(ValueError):
+        NATIVE.Digester("cpu", agg.state_id, agg.comm_id)
+    with pytest.raises(TypeError):
+        NATIVE.Digester("pid", None, agg.comm_id)
+    broken = NATIVE.Digester("pid", lambda name: 1 / 0, agg.comm_id)  # a failing callable is an error
+    with pytest.raises(ZeroDivisionError):
+        broken.digest(lines(rec()), 0, len(lines(rec())) - 1, 1 << 20)
 
 
 # --- random spellings of records -----------------------------------------------------

@@ -186,7 +186,8 @@ def test_decimates_a_fast_stream_and_says_so():
     res, text = run_pipe(data, window_ns=1_000_000_000)
     assert res.code == 0 and res.lines == 300_000
     if res.max_sample > 1:
-        assert "sampling 1/" in text
+        # (the status line wraps at the frame's width: "sampling" may end a line)
+        assert "sampling 1/" in text.replace("\n", " ")
         assert res.parsed < res.lines
     else:
         # A quiet machine may keep up with this stream: then nothing is

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pstate import heatmap as hm
+from pstate import snapfiles
 from pstate.filters import Filter
 from pstate.streamio import ReadStats
 
@@ -224,15 +225,15 @@ def test_window_prune_forgets_dead_tasks():
 
 
 def test_snapshot_reader_lists_only_snapshot_files_in_order():
-    names = hm.list_snapshots(str(DATA / "snaps"))
+    names = snapfiles.list_dir(str(DATA / "snaps"))
     assert len(names) == 4 and names == sorted(names)
     stats = ReadStats()
-    snaps = hm.read_snapshot_dir(str(DATA / "snaps"), stats)
-    assert [s.meta["seq"] for s in snaps] == [0, 1, 2, 3] and all(s.complete for s in snaps)
+    snaps = snapfiles.read_dir(str(DATA / "snaps"), stats)
+    assert [s.meta["seq"] for s in snaps] == [0, 1, 2, 3] and all(s.end is not None for s in snaps)
 
 
 def test_snapshot_cumulative_differences_and_pid_reuse():
-    snaps = hm.read_snapshot_dir(str(DATA / "snaps"), ReadStats())
+    snaps = snapfiles.read_dir(str(DATA / "snaps"), ReadStats())
     values, labels = hm.snapshot_values(snaps, ("running",), "pid")
     per_snap = [vals for _iv, vals in values]
     # nginx: 6 s (+6 s on odd intervals) + 20 s per interval, differenced
@@ -252,24 +253,25 @@ def test_snapshot_values_skip_counts_from_before_the_interval(tmp_path):
             "mode": "delta"}
     row = {"type": "task", "ts": 2 * s, "pid": 1, "tid": 1, "comm": "x", "start_ts": 0, "running_ns": 5 * s}
     ok = dict(row, tid=2, running_ns=s // 2)
-    values, _ = hm.snapshot_values([hm.Snapshot("a", meta, [row, ok], True)], ("running",), "tid")
+    values, _ = hm.snapshot_values([snapfiles.Snapshot("a", meta, [row, ok], {})], ("running",), "tid")
     assert values[0][1] == {2: s // 2}  # 5 s of running in a 1 s interval cannot be right
 
 
 def test_snapshot_bad_rows_are_skipped(tmp_path):
     d = tmp_path / "s"
     d.mkdir()
-    lines = [{"type": "meta", "schema": 1, "ts": 10, "mode": "delta"},
-             {"type": "task", "ts": 10, "pid": "x", "tid": 1},
-             {"type": "task", "ts": 10, "pid": 1, "tid": 1, "running_ns": -5},
-             {"type": "task", "ts": 10, "pid": 1, "tid": 1, "running_ns": 5}]
+    lines = [{"type": "meta", "schema": 1, "source": "snap", "ts": 10, "mode": "delta",
+              "interval_start_ts": 5, "interval_end_ts": 10},
+             {"type": "task", "ts": 10, "pid": "x", "tid": 1, "start_ts": 0},
+             {"type": "task", "ts": 10, "pid": 1, "tid": 1, "start_ts": 0, "running_ns": -5},
+             {"type": "task", "ts": 10, "pid": 1, "tid": 1, "start_ts": 0, "running_ns": 5}]
     (d / "pstate-snap-20250101T120000.000000Z-000000.jsonl").write_text(
         "\n".join(json.dumps(x) for x in lines) + "\n")
     (d / ".pstate-snap-20250101T120100.000000Z-000001.jsonl").write_text("hidden\n")
     stats = ReadStats()
-    snaps = hm.read_snapshot_dir(str(d), stats)
-    assert len(snaps) == 1 and len(snaps[0].tasks) == 1 and not snaps[0].complete
-    assert stats.skipped == {"bad task record": 2}
+    snaps = snapfiles.read_dir(str(d), stats)
+    assert len(snaps) == 1 and len(snaps[0].rows) == 1 and snaps[0].end is None
+    assert stats.skipped == {'task row with a bad or missing "pid"': 1, 'task row with a bad "running_ns"': 1}
 
 
 def test_snapshot_runs_are_not_differenced_across():
@@ -280,7 +282,7 @@ def test_snapshot_runs_are_not_differenced_across():
                 "mode": mode, "run_id": run, "boot_id": boot, "seq": seq}
         row = {"type": "task", "ts": end, "pid": 1, "tid": 1, "comm": "x", "start_ts": start,
                "running_ns": running}
-        return hm.Snapshot(f"s{seq}", meta, [row], True)
+        return snapfiles.Snapshot(f"s{seq}", meta, [row], {})
 
     snaps = [
         snap("r1", "b1", 0, 10 * s, 1, 4 * s),

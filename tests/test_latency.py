@@ -142,3 +142,17 @@ def test_render_log2():
     ]
     assert all(len(x) <= 80 for x in lines)
     assert render_log2(LogHist()) == []
+
+
+def test_the_native_reader_uses_the_same_buckets():
+    """One bucket formula: _digest.c takes its sub-bucket bits from one
+    define, exported so that this test holds it to latency.SUB_BITS; the
+    Aggregator's inlined copy is checked by the stats tests (native == pure)."""
+    import pytest
+
+    from pstate import latency, native
+
+    mod = native.load("_digest")
+    if mod is None:
+        pytest.skip("pstate._digest not built or PSTATE_PURE set")
+    assert mod.BUCKET_SUB_BITS == latency.SUB_BITS

@@ -60,11 +60,7 @@ COMMANDS = {
 
 # (command, corpus file) pairs that crash today, kept visible as expected
 # failures until the command is fixed (then they pass and can be removed).
-_REPLAY_TOKENS = ("replay --no-wait: the quick path checks framing, UTF-8, NUL and line length, not tokens: "
-                  "a well-framed event line holding NaN, Infinity or 1e400 is written unparsed")
-KNOWN_CRASHES = {
-    ("replay", "huge-numbers.jsonl"): _REPLAY_TOKENS,
-}
+KNOWN_CRASHES: dict = {}
 
 
 # --- running a command --------------------------------------------------------
@@ -250,9 +246,13 @@ def test_truncated_recording_through_the_real_commands(tmp_path, cmd):
         path.write_bytes(data[:cut])
         args = ["stats", "--format", "json"] if cmd == "stats" else COMMANDS[cmd]
         r = run_process([*args, str(path)])
-        assert_clean(r, allowed=(0,))
         complete = data[:cut].count(b"\n")
         whole = data[cut:cut + 1] == b"\n"  # the cut only removed the final newline
+        if not complete and not whole:  # not one valid record in non-empty input: 65 (issue 22)
+            assert_clean(r, allowed=(65,))
+            assert "error: not one valid record in the input" in r.err, r.err
+        else:
+            assert_clean(r, allowed=(0,))
         boundary = cut == 0 or data[cut - 1:cut] == b"\n"
         if boundary or whole:
             assert "truncated" not in r.err, (cut, r.err)
@@ -338,9 +338,10 @@ def _run_measured(argv: list[str], stdin, timeout: float = 60) -> Run:
         return Run(proc.returncode, out.read(), err.read().decode("utf-8", "replace"), int(rss.read() or 0))
 
 
-def _check_long_line_skipped(cmd: str, r: Run, where: str):
+def _check_long_line_skipped(cmd: str, r: Run, where: str, why: str | None = None):
     assert_clean(r, allowed=(0,))
-    assert f"skipped 1 line: line longer than 1048576 bytes (first at {where}:1)" in r.err, r.err
+    why = why or f"skipped 1 line: line longer than 1048576 bytes (first at {where}:1)"
+    assert why in r.err, r.err
     assert r.maxrss_kb * 1024 < 200 * MB, f"peak RSS {r.maxrss_kb} KB"
     if cmd == "read_records":
         assert r.out == b"2\n"
@@ -376,7 +377,9 @@ def test_long_single_line_in_a_sparse_file(tmp_path, cmd):
         f.write(b"\n" + _tail_lines().encode())
     r = _run_measured(_reader_cmd(cmd) + [str(path)], subprocess.DEVNULL)
     print(f"{cmd}: 256 MiB sparse file, peak RSS {r.maxrss_kb / 1024:.1f} MB")
-    _check_long_line_skipped(cmd, r, str(path))
+    # A file that starts with a hole reads as one cut while being written
+    # (copytruncate): the NUL bytes are counted and reported, never held.
+    _check_long_line_skipped(cmd, r, str(path), why=f"{path} starts with {256 << 20} NUL bytes")
 
 
 def test_orjson_is_new_enough_for_deep_nesting():
@@ -529,7 +532,9 @@ def test_any_field_any_value_is_a_skip_or_a_clean_error(tmp_path, line):
     assert recs[0] == BASES["meta"] and recs[-1] == BASES["state"]
     assert stats.lines == 3 and stats.records + stats.n_skipped == 3
     try:
-        assert len(list(read_records([str(path)], ReadStats(), strict=True))) == 3
+        st_strict = ReadStats()
+        n = len(list(read_records([str(path)], st_strict, strict=True)))
+        assert n + sum(st_strict.unknown.values()) == 3  # an unknown type is counted, not an error
     except PstateError as e:
         assert e.exit_code == 65
 

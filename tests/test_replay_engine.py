@@ -288,19 +288,19 @@ def test_quick_path_passes_only_lines_a_reader_parses(monkeypatch, bad, why):
         assert f"skipped 1 line: {why} (first at <stdin>:3001)" in err
 
 
-def test_quick_path_checks_framing_not_content():
-    # A well-framed line with a bad value passes the quick path unparsed (readers
-    # downstream validate it); every other mode, and --strict, parses each line.
+def test_quick_path_passes_no_line_the_reader_rejects():
+    # A well-framed line with a bad value is skipped and counted by --no-wait
+    # too, as by every other mode (and is an error with --strict): replay
+    # passes only lines stats would read.
     bad = b'{"type":"state","ts":"late","cpu":0,"pid":1,"tid":1,"comm":"x","from":"a","to":"b","dur_ns":1}\n'
     lines = big_recording(2000).split(b"\n")
     lines.insert(1000, bad.rstrip(b"\n"))
     data = b"\n".join(lines)
-    code, out, err = run_cli(["--no-wait"], data)
-    assert (code, err) == (0, "")
-    assert bad in out
-    code, out, err = run_cli(["--speed", "1e9"], data)
-    assert bad not in out
-    assert err == 'pstate replay: warning: skipped 1 line: bad or missing "ts" (first at <stdin>:1001)\n'
+    warning = 'pstate replay: warning: skipped 1 line: bad or missing "ts" (first at <stdin>:1001)\n'
+    for args in (["--no-wait"], ["--speed", "1e9"]):
+        code, out, err = run_cli(args, data)
+        assert bad not in out and (code, err) == (0, warning)
+        assert json.loads(out.splitlines()[-1])["replay_skipped"] == 1
     code, out, err = run_cli(["--no-wait", "--strict"], data)
     assert (code, err) == (65, 'Error: <stdin>:1001: bad or missing "ts"\n')
 
@@ -366,10 +366,7 @@ def test_integer_policy_in_every_mode(v, ok):
         if ok:
             assert (code, err) == (0, ""), args
             assert end["ts"] == v
-        elif args == ["--no-wait"]:
-            # the quick path checks framing, not values: the line passes, the trailer stays valid
-            assert (code, err) == (0, "") and rec in out and end["ts"] == 1000
-        else:
+        else:  # every mode, the quick path too, checks values as the reader does
             assert code == (65 if "--strict" in args else 0), args
             assert 'bad or missing "ts"' in err and rec not in out
 
@@ -420,3 +417,33 @@ def test_window_bounds_far_outside_the_recording_are_written_in_range(args):
     assert code == 0, err
     meta = json.loads(out.splitlines()[0])
     assert 0 <= meta.get("replay_begin_ts", 0) <= 2**63 and 0 <= meta.get("replay_end_ts", 0) <= 2**63
+
+
+def test_a_huge_jump_in_ts_is_shortened_and_said():
+    now = [0]
+    slept = []
+
+    def sleep(secs):
+        slept.append(secs)
+        now[0] += int(secs * 1e9)
+
+    capped = []
+    p = Pacer(2.0, clock=lambda: now[0], sleep=sleep, on_cap=lambda ts, gap: capped.append((ts, gap)))
+    p.wait(1000)
+    p.wait(1000 + S)  # 1 s of recorded time: 0.5 s at speed 2
+    p.wait((1 << 63) - 1)  # valid, and centuries ahead: 60 s of recorded time at most
+    p.wait((1 << 63) - 1 + 0)
+    assert slept == [pytest.approx(0.5), pytest.approx(30.0)]
+    assert capped == [((1 << 63) - 1, (1 << 63) - 1 - 1000 - S)]
+    p.wait((1 << 63) - 1)  # the timeline continues from where it was capped
+    assert len(slept) == 2
+
+
+def test_replay_says_when_it_shortens_a_gap(tmp_path):
+    meta = b'{"type":"meta","schema":1,"source":"record","ts":1000}\n'
+    far = EV.replace(b'"ts":1,', b'"ts":%d,' % ((1 << 63) - 1))
+    path = tmp_path / "gap.jsonl"
+    path.write_bytes(meta + EV.replace(b'"ts":1,', b'"ts":1000,') + far)
+    r = CliRunner().invoke(pstate_cli, ["replay", "--speed", "1e6", str(path)], prog_name="pstate")
+    assert r.exit_code == 0 and far in r.stdout_bytes
+    assert f"pstate replay: note: {path} jumps " in r.stderr and "longer gaps are shortened" in r.stderr

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import LineWriter, ReadStats, _LineReader, check_record, iter_lines, open_input, read_records
+from pstate.reader import StreamReader
+from pstate.streamio import LineWriter, ReadStats, check_record, open_input, read_records
 
 META = b'{"type":"meta","schema":1,"source":"record","tool":"pstate","version":"0.1.0","clock":"monotonic","ts":1}\n'
 STATE = (b'{"type":"state","ts":%d,"cpu":0,"pid":10,"tid":11,"comm":"a","from":"running","to":"sleeping",'
@@ -102,11 +103,15 @@ def test_bad_lines_are_skipped_and_counted(tmp_path, line, reason):
     assert e.value.exit_code == ExitCode.DATAERR and e.value.message == f"{p}:2: {reason}"
 
 
-def test_unknown_types_fields_and_states_pass_through(tmp_path):
+def test_unknown_types_are_counted_unknown_fields_and_states_pass_through(tmp_path):
+    """pstate-events(5): a record type this pstate does not know is skipped
+    quietly and counted, never a bad line; new fields and states are kept."""
     future = b'{"type":"hint","ts":1,"x":[1]}\n'
     odd = b'{"type":"state","ts":1,"cpu":0,"pid":1,"tid":1,"from":"state_Q","to":"levitating","new_field":{}}\n'
-    recs, st = read(write(tmp_path, META + future + odd))
-    assert [r["type"] for r in recs] == ["meta", "hint", "state"] and st.n_skipped == 0
+    note = b'{"type":"cgroup","ts":1,"id":7,"path":"/a"}\n'
+    recs, st = read(write(tmp_path, META + future + odd + note + future))
+    assert [r["type"] for r in recs] == ["meta", "state", "cgroup"] and st.n_skipped == 0
+    assert recs[1]["new_field"] == {} and st.unknown == {"hint": 2} and st.records == 5
 
 
 def test_truncated_tail_is_reported(tmp_path):
@@ -142,7 +147,7 @@ def test_over_long_line_is_discarded_without_buffering(tmp_path):
     assert st.lines == 4
 
 
-def test_iter_lines_reads_in_bounded_pieces():
+def test_read_records_reads_in_bounded_pieces(tmp_path):
     class Spy(io.BytesIO):
         sizes = []
 
@@ -150,15 +155,24 @@ def test_iter_lines_reads_in_bounded_pieces():
             Spy.sizes.append(size)
             return super().read1(size)
 
-    fp = Spy(b"a" * 1_000_000 + b"\nok\n")
+    p = write(tmp_path, b"a" * 1_000_000 + b"\n" + META)
     st_ = ReadStats()
-    assert list(iter_lines(fp, "spy", st_, max_line=1000)) == [(b"ok\n", 2)]
+    real_open = streamio_open = __import__("pstate.reader", fromlist=["open_input"]).open_input
+    import pstate.reader as reader_mod
+
+    reader_mod.open_input = lambda path: Spy(open(path, "rb").read())
+    try:
+        recs = list(read_records([p], st_, max_line=1000))
+    finally:
+        reader_mod.open_input = real_open
+    assert [r["type"] for r in recs] == ["meta"]
     assert Spy.sizes and all(0 < n <= 1 << 16 for n in Spy.sizes)
     assert st_.skipped == {"line longer than 1000 bytes": 1}
+    del streamio_open
 
 
 def test_line_of_exactly_the_limit_is_kept(tmp_path):
-    line = b'{"type":"x","p":"' + b"a" * (1000 - 20) + b'"}\n'
+    line = b'{"type":"end","p":"' + b"a" * (1000 - 22) + b'"}\n'
     assert len(line) == 1000
     recs, st = read(write(tmp_path, line + line[:-1] + b"aa\n"), max_line=998)
     assert recs == [] and st.skipped == {"line longer than 998 bytes": 2}
@@ -281,46 +295,38 @@ def test_line_writer_round_trip(tmp_path):
     assert [orjson.loads(x) for x in out.read_bytes().splitlines()] == recs
 
 
-# --- the line reader under iter_lines ----------------------------------------
+# --- the line splitter of reader.StreamReader ----------------------------------
 
 
-class Trickle(io.RawIOBase):
-    """A pipe-like file that returns at most `piece` bytes per read."""
+class Lines:
+    """A sink for input of which no line is a record."""
 
-    def __init__(self, data: bytes, piece: int):
-        self.data, self.pos, self.piece = data, 0, piece
+    def rows(self, rows):
+        raise AssertionError("no state records here")
 
-    def readable(self):
-        return True
-
-    def readinto(self, b):
-        n = min(len(b), self.piece, len(self.data) - self.pos)
-        b[:n] = self.data[self.pos:self.pos + n]
-        self.pos += n
-        return n
+    def record(self, rec, weight):
+        raise AssertionError("strings are no records")
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.binary(max_size=300).map(lambda b: b.replace(b"x", b"\n")),
-       limit=st.integers(1, 40), chunk=st.integers(1, 50), piece=st.integers(1, 60),
-       buffered=st.booleans())
-def test_line_reader_splits_like_readline(data, limit, chunk, piece, buffered):
-    raw = Trickle(data, piece)
-    fp = io.BufferedReader(raw, buffer_size=8) if buffered else raw
-    reader = _LineReader(fp, chunk=chunk)
-    ref = io.BytesIO(data)
-    while True:
-        want = ref.readline(limit)
-        assert reader.readline(limit) == want
-        if not want:
-            break
-
-
-def test_line_reader_keeps_bytes_the_file_object_had_buffered():
-    fp = io.BufferedReader(io.BytesIO(b"first\nsecond\nthird"), buffer_size=4)
-    assert fp.peek(1)  # the file object now holds bytes in its own buffer
+@given(data=st.text(alphabet="ab \n", max_size=300).map(str.encode),
+       limit=st.integers(1, 40), chunk=st.integers(1, 50))
+def test_line_splitter_counts_lines_like_splitlines(data, limit, chunk):
+    """However the input is cut into chunks, the lines, the over-long ones
+    and the truncated tail come out as a split at newlines makes them."""
     st_ = ReadStats()
-    assert [line for line, _ in iter_lines(fp, "x", st_)] == [b"first\n", b"second\n", b"third"]
+    rd = StreamReader(Lines(), st_, max_line=limit)
+    rd.begin("x", at_start=False)
+    for i in range(0, len(data), chunk):
+        rd.feed(data[i:i + chunk])
+    rd.end()
+    parts = data.split(b"\n")
+    tail = parts.pop()
+    want_long = sum(1 for p in parts + [tail] if len(p) > limit)
+    assert st_.lines == len(parts) + (1 if tail else 0)
+    assert st_.skipped.get(f"line longer than {limit} bytes", 0) == want_long
+    assert st_.skipped.get("not valid JSON", 0) == sum(1 for p in parts if p.strip() and len(p) <= limit)
+    assert (st_.truncated_tail is not None) == (0 < len(tail) <= limit)
 
 
 def test_a_cut_in_an_earlier_file_stays_reported(tmp_path):

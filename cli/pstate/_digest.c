@@ -1,21 +1,24 @@
 /*
  * The inner loop of `pstate stats`: parse, check and aggregate state records.
  *
- * Digester(agg).digest(buf, pos, end, max_line) walks the lines of
- * buf[pos:end] (cut at '\n' as bytes.split cuts them) and digests every line
- * that is a plainly written state record the way tsa.LineDigester's Python
- * loop does. It stops at the first line it is not sure about and returns
- * where that line starts; the caller hands that line to the careful Python
- * path (orjson + streamio.check_record) and calls again after it. So whatever
- * this file accepts it must read exactly as orjson would; anything unusual
+ * Digester(by, state_id, comm_id).digest(buf, pos, end, max_line, clip)
+ * walks the lines of buf[pos:end] (cut at '\n' as bytes.split cuts them) and
+ * reads every line that is a plainly written state record. It stops at the
+ * first line it is not sure about and returns where that line starts; the
+ * caller (reader.StreamReader) hands that line to the careful Python path
+ * (orjson + streamio.check_record) and calls again after it. So whatever this
+ * file accepts it must read exactly as orjson would; anything unusual
  * (escapes, non-ASCII, floats, nesting, repeated keys, other record types,
  * huge numbers) is left to Python rather than handled twice.
  *
- * Speed comes from touching few Python objects: during one call, tasks and
- * cells are summed in C tables and written to the Aggregator's dicts once,
- * at the end of the call, in the order they were first seen (so the dicts
- * come out as the Python loop would fill them). Latency bucket counts stay
- * here longer, in one compact table, until flush() (Aggregator.sync).
+ * The interface is public and documented (tsa.Aggregator.add_digested is its
+ * only consumer): the Digester sums the records it reads per task and per
+ * cell in its own tables, and take() hands the sums out as lists of plain
+ * tuples, in the order each task and cell was first seen, and forgets them;
+ * latency bucket counts are held longer, in one compact table, until
+ * take(flush=True). Nothing here reads or writes a Python object's
+ * attributes: state and comm ids come from the two callables given at
+ * construction (the Aggregator's public state_id and comm_id).
  *
  * parse_states(buf, pos, end, max_line, k, n), for `pstate heat --live`, uses
  * the same reader and protocol but only returns the plain state records as
@@ -35,14 +38,11 @@
 #define ACC_MIN_CAP 1024
 #define HIST_MIN_CAP 4096
 #define HIST_MAX_USED (1 << 20) /* then flushed: bounds the table at 16 MiB */
-
-/* cell list slots, task list slots: as in tsa.py */
-enum { C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN };
-enum { T_PID, T_COMM, T_LAST_TS, T_LAST_TO, T_FIRST_TS, T_HEAD_NULL, T_FIRST_G, T_SEEN_AT, T_KNOWN };
+/* The log-linear latency buckets of latency.py (SUB_BITS): exported as
+ * BUCKET_SUB_BITS, and tests/test_latency.py holds the two equal. */
+#define BUCKET_SUB_BITS 5
 
 typedef __int128 i128;
-
-static PyObject *no_min; /* 1 << 64: above any dur_ns (tsa._NO_MIN) */
 
 typedef struct {
     Py_ssize_t len;
@@ -109,9 +109,9 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *agg;
-    PyObject *state_ids; /* agg.state_ids: it only grows, ids never change */
-    PyObject *comm_ids;
+    PyObject *state_id; /* callable: state name -> id (ids never change) */
+    PyObject *comm_id;  /* callable: comm -> group id (by comm) */
+    long long events;   /* records read since the last take() */
     int by; /* 0 pid, 1 tid, 2 comm */
     int n_names;
     name_entry names[NAME_CACHE];
@@ -385,7 +385,23 @@ after_value:
     return c.p == c.e && (seen & K_REQUIRED) == K_REQUIRED;
 }
 
-/* --- small helpers on Python ints in lists -------------------------------- */
+/* The line of buf that starts at pos (lines cut at '\n' as bytes.split cuts
+ * buf[:end]): 1 when it is a plain state record of at most max_line bytes,
+ * read into *r, with *next where the line after it starts (end + 1 after the
+ * last one). */
+static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_line, state_rec *r,
+                             Py_ssize_t *next)
+{
+    const char *p = buf + pos;
+    const char *nl = memchr(p, '\n', (size_t)(end - pos));
+    const char *e = nl ? nl : buf + end;
+    if (e - p > max_line || !parse_state(p, e, r))
+        return 0;
+    *next = (e - buf) + 1;
+    return 1;
+}
+
+/* --- ints beyond 64 bits ------------------------------------------------------ */
 
 static PyObject *long_from_i128(i128 v)
 {
@@ -402,54 +418,6 @@ static PyObject *long_from_i128(i128 v)
     Py_XDECREF(sh);
     Py_XDECREF(shifted);
     return out;
-}
-
-/* list[i] += delta, exact for any int already there. */
-static int list_add(PyObject *list, Py_ssize_t i, i128 delta)
-{
-    PyObject *cur = PyList_GET_ITEM(list, i);
-    PyObject *now = NULL;
-    int overflow = 0;
-    long long v = PyLong_Check(cur) ? PyLong_AsLongLongAndOverflow(cur, &overflow) : 0;
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    if (PyLong_Check(cur) && !overflow) {
-        now = long_from_i128((i128)v + delta);
-    } else {
-        PyObject *d = long_from_i128(delta);
-        now = d ? PyNumber_Add(cur, d) : NULL;
-        Py_XDECREF(d);
-    }
-    if (!now)
-        return -1;
-    PyList_SetItem(list, i, now); /* steals now, drops cur */
-    return 0;
-}
-
-static int list_set_ll(PyObject *list, Py_ssize_t i, long long v)
-{
-    PyObject *o = PyLong_FromLongLong(v);
-    if (!o)
-        return -1;
-    PyList_SetItem(list, i, o);
-    return 0;
-}
-
-static void list_set_obj(PyObject *list, Py_ssize_t i, PyObject *o)
-{
-    Py_INCREF(o);
-    PyList_SetItem(list, i, o);
-}
-
-/* Compare the int in list[i] with v: *res < 0, 0, > 0. Too big for int64: larger. */
-static int list_cmp(PyObject *list, Py_ssize_t i, long long v, int *res)
-{
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(list, i), &overflow);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *res = overflow ? overflow : (x < v ? -1 : (x > v ? 1 : 0));
-    return 0;
 }
 
 /* --- names, comms and groups ----------------------------------------------- */
@@ -481,7 +449,7 @@ static PyObject *name_str(name_entry *names, int *count, const char *s, Py_ssize
     return str;
 }
 
-/* The state name (a new reference) and id, through a cache in front of agg.state_id. */
+/* The state name (a new reference) and id, through a cache in front of the state_id callable. */
 static int state_of(Digester *self, const char *s, Py_ssize_t n, PyObject **name, long long *id)
 {
     name_entry *ne;
@@ -493,10 +461,8 @@ static int state_of(Digester *self, const char *s, Py_ssize_t n, PyObject **name
         *id = ne->id;
         return 0;
     }
-    PyObject *sid = PyDict_GetItemWithError(self->state_ids, str);
-    if (sid)
-        Py_INCREF(sid);
-    else if (PyErr_Occurred() || !(sid = PyObject_CallMethod(self->agg, "state_id", "O", str))) {
+    PyObject *sid = PyObject_CallOneArg(self->state_id, str);
+    if (!sid) {
         Py_DECREF(str);
         return -1;
     }
@@ -549,7 +515,7 @@ static PyObject *comm_str(comm_entry *table, const state_rec *r, comm_entry **en
     return ce->comm;
 }
 
-/* The group of a record by comm: agg.comm_ids.get(comm) or agg.comm_id(comm). */
+/* The group of a record by comm, through the comm cache in front of the comm_id callable. */
 static int comm_group(Digester *self, PyObject *comm, comm_entry *ce, long long *g)
 {
     PyObject *gid;
@@ -557,10 +523,7 @@ static int comm_group(Digester *self, PyObject *comm, comm_entry *ce, long long 
         gid = ce->gid;
         Py_INCREF(gid);
     } else {
-        gid = PyDict_GetItemWithError(self->comm_ids, comm);
-        if (gid)
-            Py_INCREF(gid);
-        else if (PyErr_Occurred() || !(gid = PyObject_CallMethod(self->agg, "comm_id", "O", comm)))
+        if (!(gid = PyObject_CallOneArg(self->comm_id, comm)))
             return -1;
         if (ce) {
             Py_INCREF(gid);
@@ -790,69 +753,58 @@ static inline int hist_settle(Digester *self)
     return hist_add(self, self->pending);
 }
 
-/* Add the waiting bucket counts to agg.cells[cell][C_HIST]; empty the table
- * and forget the cell numbers. Cells are written at the end of every call,
- * so they exist by now. */
-static int hist_flush(Digester *self)
+/* The waiting bucket counts as [(cell key, {bucket: count})], one entry per
+ * cell; the table is emptied and the cell numbers are forgotten. */
+static PyObject *hist_flush(Digester *self)
 {
     self->hist_flush_due = 0;
-    if (!self->hist_used)
-        goto forget;
-    PyObject *cells = PyObject_GetAttrString(self->agg, "cells");
-    if (!cells)
-        return -1;
-    int rc = -1;
-    if (!PyDict_Check(cells)) {
-        PyErr_SetString(PyExc_TypeError, "agg.cells must be a dict");
-        goto out;
+    PyObject *out = PyList_New(0);
+    PyObject **per_cell = self->nos_used ? PyMem_Calloc((size_t)self->nos_used, sizeof(PyObject *)) : NULL;
+    if (!out || (self->nos_used && !per_cell)) {
+        Py_XDECREF(out);
+        return PyErr_NoMemory();
     }
-    for (Py_ssize_t k = 0; k < self->hist_cap; k++) {
+    for (Py_ssize_t k = 0; self->hist_used && k < self->hist_cap; k++) {
         hist_slot *e = &self->hist[k];
         if (e->key == HIST_EMPTY)
             continue;
-        PyObject *key = PyLong_FromLongLong(self->cell_keys[e->key >> HIST_IDX_BITS]);
-        if (!key)
-            goto out;
-        PyObject *cell = PyDict_GetItemWithError(cells, key);
-        Py_DECREF(key);
-        if (!cell || !PyList_CheckExact(cell) || PyList_GET_SIZE(cell) < 6 ||
-            !PyDict_Check(PyList_GET_ITEM(cell, C_HIST))) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_RuntimeError, "bucket counts for a cell that is gone");
-            goto out;
+        uint32_t no = e->key >> HIST_IDX_BITS;
+        PyObject *d = per_cell[no];
+        if (!d) {
+            PyObject *key = PyLong_FromLongLong(self->cell_keys[no]);
+            d = per_cell[no] = PyDict_New();
+            PyObject *pair = (key && d) ? PyTuple_Pack(2, key, d) : NULL;
+            Py_XDECREF(key);
+            if (!pair || PyList_Append(out, pair) < 0) {
+                Py_XDECREF(pair);
+                goto fail;
+            }
+            Py_DECREF(pair);
         }
-        PyObject *hist = PyList_GET_ITEM(cell, C_HIST);
-        PyObject *ik = PyLong_FromLong((long)(e->key & ((1u << HIST_IDX_BITS) - 1)));
-        if (!ik)
-            goto out;
-        PyObject *cur = PyDict_GetItemWithError(hist, ik);
-        PyObject *now = NULL;
-        if (cur) {
-            PyObject *n = PyLong_FromUnsignedLong(e->count);
-            now = n ? PyNumber_Add(cur, n) : NULL;
-            Py_XDECREF(n);
-        } else if (!PyErr_Occurred()) {
-            now = PyLong_FromUnsignedLong(e->count);
-        }
-        int bad = !now || PyDict_SetItem(hist, ik, now) < 0;
-        Py_XDECREF(now);
-        Py_DECREF(ik);
+        PyObject *idx = PyLong_FromLong((long)(e->key & ((1u << HIST_IDX_BITS) - 1)));
+        PyObject *n = PyLong_FromUnsignedLong(e->count);
+        int bad = !idx || !n || PyDict_SetItem(d, idx, n) < 0;
+        Py_XDECREF(idx);
+        Py_XDECREF(n);
         if (bad)
-            goto out;
+            goto fail;
         e->key = HIST_EMPTY;
         self->hist_used--;
     }
-    rc = 0;
-out:
-    Py_DECREF(cells);
-    if (rc < 0)
-        return rc;
-forget:
-    /* Numbering restarts: flushes happen between calls, when no cell_acc is live. */
+    for (Py_ssize_t i = 0; i < self->nos_used; i++)
+        Py_XDECREF(per_cell[i]); /* the list holds them */
+    PyMem_Free(per_cell);
+    /* Numbering restarts: the cells they numbered were handed out with them. */
     if (self->cell_nos)
         memset(self->cell_nos, 0, (size_t)self->nos_cap * sizeof(cell_no_slot));
     self->nos_used = 0;
-    return 0;
+    return out;
+fail:
+    for (Py_ssize_t i = 0; i < self->nos_used; i++)
+        Py_XDECREF(per_cell[i]);
+    PyMem_Free(per_cell);
+    Py_DECREF(out);
+    return NULL;
 }
 
 /* --- one record, and the write-back at the end of a call ------------------ */
@@ -867,6 +819,8 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
 
     if (r->pid >= GROUP_LIMIT || r->tid >= GROUP_LIMIT)
         return 1; /* the careful path does big ints */
+    if (clip && r->has_dur && r->dur > r->ts - clip_v)
+        return 1; /* part of dur_ns lies before the interval: the careful path clips it */
     if (state_of(self, r->from, r->from_n, &frm, &fi) < 0 || state_of(self, r->to, r->to_n, &to, &ti) < 0)
         goto out;
     if (!(comm = comm_str(self->comms, r, &ce)))
@@ -920,23 +874,12 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
     if (ca->n - ca->nnull == 1 || d < ca->min)
         ca->min = d;
     ca->sum += d;
-    /* latency.bucket_index: log-linear, 32 buckets per power of two */
-    int s = (d ? 64 - __builtin_clzll((unsigned long long)d) : 0) - 6; /* bit_length - 6 */
-    long long idx = s > 0 ? (((long long)s << 5) + (d >> s)) : d;
+    /* latency.bucket_index: log-linear, 2^BUCKET_SUB_BITS buckets per power of two */
+    int s = (d ? 64 - __builtin_clzll((unsigned long long)d) : 0) - (BUCKET_SUB_BITS + 1);
+    long long idx = s > 0 ? (((long long)s << BUCKET_SUB_BITS) + (d >> s)) : d;
     if (hist_defer(self, ca->no, idx) < 0)
         goto out;
 
-    if (clip && d > r->ts - clip_v) {
-        /* Part of d lies before the interval: agg._clip books it, known loses it. */
-        PyObject *cut = PyObject_CallMethod(self->agg, "_clip", "LOLL", g, frm, d, r->ts);
-        if (!cut)
-            goto out;
-        long long c = PyLong_AsLongLong(cut);
-        Py_DECREF(cut);
-        if (c == -1 && PyErr_Occurred())
-            goto out;
-        ta->known -= c;
-    }
     rc = 0;
 out:
     Py_XDECREF(frm);
@@ -945,88 +888,41 @@ out:
     return rc;
 }
 
-static int write_tasks(Digester *self, PyObject *tasks, PyObject *clip)
+/* The tasks since the last take: (tid, pid, comm, last_ts, to, first_ts,
+ * head_null, first_group, known). */
+static PyObject *task_row(acc_head *h)
 {
-    acc_table *t = &self->tasks;
-    for (Py_ssize_t k = 0; k < t->used; k++) {
-        task_acc *ta = (task_acc *)SLOT(t, t->order[k]);
-        PyObject *tid = PyLong_FromLongLong(ta->h.key);
-        if (!tid)
-            return -1;
-        PyObject *task = PyDict_GetItemWithError(tasks, tid);
-        if (!task) {
-            PyObject *known = PyErr_Occurred() ? NULL : long_from_i128(ta->known);
-            if (known)
-                task = Py_BuildValue("[LOLOLOLON]", ta->pid, ta->comm, ta->last_ts, ta->to, ta->first_ts,
-                                     ta->head_null ? Py_True : Py_False, ta->g_first,
-                                     clip ? clip : Py_None, known);
-            int bad = !task || PyDict_SetItem(tasks, tid, task) < 0;
-            Py_XDECREF(task);
-            Py_DECREF(tid);
-            if (bad)
-                return -1;
-            continue;
-        }
-        Py_DECREF(tid);
-        if (!PyList_CheckExact(task) || PyList_GET_SIZE(task) < 9) {
-            PyErr_SetString(PyExc_TypeError, "unexpected task entry");
-            return -1;
-        }
-        int same;
-        if (list_cmp(task, T_PID, ta->pid, &same) < 0 || (same && list_set_ll(task, T_PID, ta->pid) < 0))
-            return -1;
-        if (PyList_GET_ITEM(task, T_COMM) != ta->comm)
-            list_set_obj(task, T_COMM, ta->comm);
-        if (list_set_ll(task, T_LAST_TS, ta->last_ts) < 0)
-            return -1;
-        if (PyList_GET_ITEM(task, T_LAST_TO) != ta->to)
-            list_set_obj(task, T_LAST_TO, ta->to);
-        if (ta->known && list_add(task, T_KNOWN, ta->known) < 0)
-            return -1;
-    }
-    return 0;
+    task_acc *ta = (task_acc *)h;
+    PyObject *known = long_from_i128(ta->known);
+    return known ? Py_BuildValue("(LLOLOLOLN)", ta->h.key, ta->pid, ta->comm, ta->last_ts, ta->to, ta->first_ts,
+                                 ta->head_null ? Py_True : Py_False, ta->g_first, known)
+                 : NULL;
 }
 
-static int write_cells(Digester *self, PyObject *cells)
+/* A cell since the last take: (key, n, n_null, sum, max, min); max and min
+ * are 0 when every dur_ns was null. */
+static PyObject *cell_row(acc_head *h)
 {
-    acc_table *t = &self->cells;
-    for (Py_ssize_t k = 0; k < t->used; k++) {
-        cell_acc *ca = (cell_acc *)SLOT(t, t->order[k]);
-        int known = ca->n > ca->nnull;
-        PyObject *key = PyLong_FromLongLong(ca->h.key);
-        if (!key)
-            return -1;
-        PyObject *cell = PyDict_GetItemWithError(cells, key);
-        if (!cell) {
-            PyObject *sum = PyErr_Occurred() ? NULL : long_from_i128(ca->sum);
-            PyObject *vmin = sum ? (known ? PyLong_FromLongLong(ca->min) : (Py_INCREF(no_min), no_min)) : NULL;
-            if (vmin)
-                cell = Py_BuildValue("[LLNL{}N]", ca->n, ca->nnull, sum, known ? ca->max : 0LL, vmin);
-            else
-                Py_XDECREF(sum);
-            int bad = !cell || PyDict_SetItem(cells, key, cell) < 0;
-            Py_XDECREF(cell);
-            Py_DECREF(key);
-            if (bad)
-                return -1;
-            continue;
-        }
-        Py_DECREF(key);
-        if (!PyList_CheckExact(cell) || PyList_GET_SIZE(cell) < 6) {
-            PyErr_SetString(PyExc_TypeError, "unexpected cell entry");
-            return -1;
-        }
-        if (list_add(cell, C_N, ca->n) < 0 || (ca->nnull && list_add(cell, C_NULL, ca->nnull) < 0))
-            return -1;
-        if (!known)
-            continue;
-        int cmp;
-        if (list_add(cell, C_SUM, ca->sum) < 0 || list_cmp(cell, C_MAX, ca->max, &cmp) < 0 ||
-            (cmp < 0 && list_set_ll(cell, C_MAX, ca->max) < 0) || list_cmp(cell, C_MIN, ca->min, &cmp) < 0 ||
-            (cmp > 0 && list_set_ll(cell, C_MIN, ca->min) < 0))
-            return -1;
+    cell_acc *ca = (cell_acc *)h;
+    int known = ca->n > ca->nnull;
+    PyObject *sum = long_from_i128(ca->sum);
+    return sum ? Py_BuildValue("(LLLNLL)", ca->h.key, ca->n, ca->nnull, sum, known ? ca->max : 0LL,
+                               known ? ca->min : 0LL)
+               : NULL;
+}
+
+/* The rows of a table's live slots, in the order they were first touched. */
+static PyObject *acc_rows(acc_table *t, PyObject *(*row)(acc_head *))
+{
+    PyObject *out = PyList_New(t->used);
+    for (Py_ssize_t k = 0; out && k < t->used; k++) {
+        PyObject *r = row(SLOT(t, t->order[k]));
+        if (!r)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, r);
     }
-    return 0;
+    return out;
 }
 
 /* --- the Python type ------------------------------------------------------ */
@@ -1046,53 +942,42 @@ static void Digester_clear_caches(Digester *self)
 
 static int Digester_init(Digester *self, PyObject *args, PyObject *kw)
 {
-    PyObject *agg;
-    if (self->agg) {
-        PyErr_SetString(PyExc_RuntimeError, "Digester is bound to its Aggregator already");
+    const char *by;
+    PyObject *state_id, *comm_id;
+    if (self->state_id) {
+        PyErr_SetString(PyExc_RuntimeError, "Digester is initialised already");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O:Digester", &agg))
+    if (!PyArg_ParseTuple(args, "sOO:Digester", &by, &state_id, &comm_id))
         return -1;
-    PyObject *by = PyObject_GetAttrString(agg, "by");
-    if (!by)
-        return -1;
-    int b = !PyUnicode_Check(by) ? -1
-          : PyUnicode_CompareWithASCIIString(by, "pid") == 0 ? 0
-          : PyUnicode_CompareWithASCIIString(by, "tid") == 0 ? 1
-          : PyUnicode_CompareWithASCIIString(by, "comm") == 0 ? 2 : -1;
-    Py_DECREF(by);
+    int b = strcmp(by, "pid") == 0 ? 0 : strcmp(by, "tid") == 0 ? 1 : strcmp(by, "comm") == 0 ? 2 : -1;
     if (b < 0) {
-        PyErr_SetString(PyExc_ValueError, "agg.by must be pid, tid or comm");
+        PyErr_SetString(PyExc_ValueError, "by must be pid, tid or comm");
         return -1;
     }
-    PyObject *sids = PyObject_GetAttrString(agg, "state_ids");
-    PyObject *cids = sids ? PyObject_GetAttrString(agg, "comm_ids") : NULL;
-    if (!cids || !PyDict_Check(sids) || !PyDict_Check(cids)) {
-        Py_XDECREF(sids);
-        Py_XDECREF(cids);
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "agg.state_ids and agg.comm_ids must be dicts");
+    if (!PyCallable_Check(state_id) || !PyCallable_Check(comm_id)) {
+        PyErr_SetString(PyExc_TypeError, "state_id and comm_id must be callables");
         return -1;
     }
     self->comms = PyMem_Calloc(COMM_CACHE, sizeof(comm_entry));
     if (!self->comms || acc_init(&self->tasks, sizeof(task_acc)) < 0 ||
         acc_init(&self->cells, sizeof(cell_acc)) < 0) {
-        Py_DECREF(sids);
-        Py_DECREF(cids);
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         return -1;
     }
-    Py_INCREF(agg);
-    self->agg = agg;
-    self->state_ids = sids;
-    self->comm_ids = cids;
+    Py_INCREF(state_id);
+    Py_INCREF(comm_id);
+    self->state_id = state_id;
+    self->comm_id = comm_id;
     self->by = b;
     return 0;
 }
 
 static void Digester_dealloc(Digester *self)
 {
+    if (self->tasks.slots)
+        tasks_release(&self->tasks);
     Digester_clear_caches(self);
     PyMem_Free(self->comms);
     acc_free(&self->tasks);
@@ -1100,46 +985,40 @@ static void Digester_dealloc(Digester *self)
     PyMem_Free(self->hist);
     PyMem_Free(self->cell_nos);
     PyMem_Free(self->cell_keys);
-    Py_XDECREF(self->agg);
-    Py_XDECREF(self->state_ids);
-    Py_XDECREF(self->comm_ids);
+    Py_XDECREF(self->state_id);
+    Py_XDECREF(self->comm_id);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 PyDoc_STRVAR(digest_doc,
-"digest(buf, pos, end, max_line) -> (stop, lines, events)\n\n"
-"Digest the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts them)\n"
-"into the Aggregator until one needs the careful path (or is longer than\n"
-"max_line). stop: where that line starts, end + 1 when all were digested;\n"
-"lines: lines consumed; events: records digested.");
+"digest(buf, pos, end, max_line, clip=None) -> (stop, lines, due)\n\n"
+"Read the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts them)\n"
+"while each is a plainly written state record of at most max_line bytes\n"
+"(and, with clip, the interval start, none has a dur_ns reaching back\n"
+"before clip), and sum them up here. stop: where the first other line\n"
+"starts, end + 1 when there was none; lines: the records read; due: call\n"
+"take(True) now (the bucket table is full).");
 
 static PyObject *Digester_digest(Digester *self, PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t pos, end, max_line;
-    if (!self->agg) {
+    PyObject *clip = Py_None;
+    if (!self->state_id) {
         PyErr_SetString(PyExc_RuntimeError, "Digester not initialised");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*nnn:digest", &view, &pos, &end, &max_line))
+    if (!PyArg_ParseTuple(args, "y*nnn|O:digest", &view, &pos, &end, &max_line, &clip))
         return NULL;
-    if (pos < 0 || end > view.len || pos > end + 1) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "bad range");
-        return NULL;
-    }
-    PyObject *tasks = PyObject_GetAttrString(self->agg, "tasks");
-    PyObject *cells = tasks ? PyObject_GetAttrString(self->agg, "cells") : NULL;
-    PyObject *clip = cells ? PyObject_GetAttrString(self->agg, "clip_ts") : NULL;
     PyObject *result = NULL;
     Py_ssize_t lines = 0;
     long long clip_v = 0;
-    acc_begin(&self->tasks);
-    acc_begin(&self->cells);
-    if (!clip)
+    if (pos < 0 || end > view.len || pos > end + 1) {
+        PyErr_SetString(PyExc_ValueError, "bad range");
         goto done;
-    if (!PyDict_Check(tasks) || !PyDict_Check(cells) || (clip != Py_None && !PyLong_Check(clip))) {
-        PyErr_SetString(PyExc_TypeError, "unexpected Aggregator state");
+    }
+    if (clip != Py_None && !PyLong_Check(clip)) {
+        PyErr_SetString(PyExc_TypeError, "clip must be None or an int");
         goto done;
     }
     if (clip != Py_None) {
@@ -1147,58 +1026,80 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
         clip_v = PyLong_AsLongLongAndOverflow(clip, &overflow);
         if (overflow || clip_v < 0) {
             /* outside the range of valid ts: the careful path for everything */
-            result = Py_BuildValue("nnn", pos, (Py_ssize_t)0, (Py_ssize_t)0);
+            result = Py_BuildValue("nnO", pos, (Py_ssize_t)0, Py_False);
             goto done;
         }
     }
-    if (self->hist_flush_due && hist_flush(self) < 0)
-        goto done;
     const char *buf = view.buf;
     PyObject *clip_or_null = clip == Py_None ? NULL : clip;
     /* Segments as bytes.split(b"\n") makes them: the last one ends at end. */
-    while (pos <= end) {
-        const char *p = buf + pos;
-        const char *nl = memchr(p, '\n', (size_t)(end - pos));
-        const char *e = nl ? nl : buf + end;
+    while (pos <= end && !self->hist_flush_due) {
         state_rec r;
-        if (e - p > max_line || !parse_state(p, e, &r) || self->nos_used >= MAX_CELL_NOS)
-            break; /* (too many cells in one call: the rest after a flush) */
+        Py_ssize_t next;
+        if (!next_state(buf, pos, end, max_line, &r, &next))
+            break;
         int rc = digest_one(self, &r, clip_or_null, clip_v);
         if (rc < 0)
             goto done;
         if (rc > 0)
             break;
         lines++;
-        pos = (e - buf) + 1; /* end + 1 after the last segment */
+        pos = next;
+        if (self->nos_used >= MAX_CELL_NOS / 2)
+            self->hist_flush_due = 1;
     }
-    if (hist_settle(self) < 0 || write_tasks(self, tasks, clip_or_null) < 0 || write_cells(self, cells) < 0)
+    if (hist_settle(self) < 0)
         goto done;
-    if (self->nos_used >= MAX_CELL_NOS / 2)
-        self->hist_flush_due = 1;
-    if (self->hist_flush_due && hist_flush(self) < 0)
-        goto done;
-    result = Py_BuildValue("nnn", pos, lines, lines);
+    self->events += lines;
+    result = Py_BuildValue("nnO", pos, lines, self->hist_flush_due ? Py_True : Py_False);
 done:
     self->has_pending = 0; /* (only left set by an error) */
-    tasks_release(&self->tasks);
     PyBuffer_Release(&view);
-    Py_XDECREF(tasks);
-    Py_XDECREF(cells);
-    Py_XDECREF(clip);
     return result;
 }
 
-static PyObject *Digester_flush(Digester *self, PyObject *unused)
+PyDoc_STRVAR(take_doc,
+"take(flush=False) -> (events, tasks, cells, buckets)\n\n"
+"What the records read since the last take sum up to, which is then\n"
+"forgotten here: events: their number; tasks: [(tid, pid, comm, last_ts,\n"
+"to, first_ts, head_null, first_group, known)] and cells: [(key, n,\n"
+"n_null, sum, max, min)], per task and per cell in the order each was\n"
+"first seen (key: group << 16 | from-id << 8 | to-id; max, min: 0 when\n"
+"every dur_ns was null; known: the dur_ns summed). buckets: with flush\n"
+"(or when due), [(key, {bucket: count})] the latency bucket counts held\n"
+"back since the last flush, else [].");
+
+static PyObject *Digester_take(Digester *self, PyObject *args)
 {
-    if (self->agg && hist_flush(self) < 0)
+    int flush = 0;
+    if (!self->state_id) {
+        PyErr_SetString(PyExc_RuntimeError, "Digester not initialised");
         return NULL;
-    Py_RETURN_NONE;
+    }
+    if (!PyArg_ParseTuple(args, "|p:take", &flush))
+        return NULL;
+    PyObject *tasks = acc_rows(&self->tasks, task_row);
+    PyObject *cells = tasks ? acc_rows(&self->cells, cell_row) : NULL;
+    PyObject *buckets = NULL, *result = NULL;
+    if (!cells)
+        goto done;
+    tasks_release(&self->tasks);
+    acc_begin(&self->tasks);
+    acc_begin(&self->cells);
+    buckets = (flush || self->hist_flush_due) ? hist_flush(self) : PyList_New(0);
+    if (buckets)
+        result = Py_BuildValue("LOOO", self->events, tasks, cells, buckets);
+    self->events = 0;
+done:
+    Py_XDECREF(tasks);
+    Py_XDECREF(cells);
+    Py_XDECREF(buckets);
+    return result;
 }
 
 static PyMethodDef Digester_methods[] = {
     {"digest", (PyCFunction)Digester_digest, METH_VARARGS, digest_doc},
-    {"flush", (PyCFunction)Digester_flush, METH_NOARGS,
-     "flush()\n\nAdd the latency bucket counts held here to the Aggregator's cells."},
+    {"take", (PyCFunction)Digester_take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1207,7 +1108,8 @@ static PyTypeObject DigesterType = {
     .tp_name = "pstate._digest.Digester",
     .tp_basicsize = sizeof(Digester),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Digester(agg): the native loop of tsa.LineDigester for one Aggregator",
+    .tp_doc = "Digester(by, state_id, comm_id): the native reader and summer of plain state records\n"
+              "(see tsa.Aggregator.add_digested)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Digester_init,
     .tp_dealloc = (destructor)Digester_dealloc,
@@ -1374,8 +1276,40 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(plain_states_doc,
+"plain_states(buf, pos, end, max_line) -> (stop, lines)\n\n"
+"How many of the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts\n"
+"them), from the first, are plainly written state records that the reader\n"
+"accepts (what parse_states would return, without building it). stop:\n"
+"where the first other line starts, end + 1 when there was none. For\n"
+"replay, which copies such lines unparsed.");
+
+static PyObject *plain_states(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end, max_line;
+    if (!PyArg_ParseTuple(args, "y*nnn:plain_states", &view, &pos, &end, &max_line))
+        return NULL;
+    if (pos < 0 || end > view.len || pos > end + 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "bad range");
+        return NULL;
+    }
+    const char *buf = view.buf;
+    Py_ssize_t lines = 0;
+    state_rec r;
+    Py_ssize_t next;
+    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next)) {
+        lines++;
+        pos = next;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("nn", pos, lines);
+}
+
 static PyMethodDef module_methods[] = {
     {"parse_states", parse_states, METH_VARARGS, parse_states_doc},
+    {"plain_states", plain_states, METH_VARARGS, plain_states_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1393,17 +1327,13 @@ PyMODINIT_FUNC PyInit__digest(void)
         return NULL;
     for (int ch = 0; ch < 256; ch++)
         str_stop[ch] = ch < 0x20 || ch >= 0x80 || ch == '"' || ch == '\\';
-    if (!no_min) {
-        PyObject *one = PyLong_FromLong(1), *sh = PyLong_FromLong(64);
-        no_min = (one && sh) ? PyNumber_Lshift(one, sh) : NULL;
-        Py_XDECREF(one);
-        Py_XDECREF(sh);
-        if (!no_min)
-            return NULL;
-    }
     PyObject *m = PyModule_Create(&digest_module);
     if (!m)
         return NULL;
+    if (PyModule_AddIntConstant(m, "BUCKET_SUB_BITS", BUCKET_SUB_BITS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&DigesterType);
     if (PyModule_AddObject(m, "Digester", (PyObject *)&DigesterType) < 0) {
         Py_DECREF(&DigesterType);

@@ -470,6 +470,7 @@ def events_page() -> str:
              section("NAME"), f"pstate\\-events \\- {esc(prose['summary'])}",
              section("SYNOPSIS"), *verbatim(prose["synopsis"].strip("\n").split("\n")),
              section("DESCRIPTION"), *blocks(prose["description"]),
+             section("READING"), *blocks(prose["reading"]),
              section("RECORDS"), *blocks(prose["records"]),
              ".PP", "Every record has these fields:", *schema_fields(schema.COMMON_FIELDS)]
     for rtype, (desc, fields) in schema.RECORDS.items():

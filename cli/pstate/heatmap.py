@@ -23,14 +23,12 @@ Columns are absolute bucket numbers counted from an origin: column c covers
 
 from __future__ import annotations
 
-import os
-import re
 from array import array
 from dataclasses import dataclass, field
 
-from pstate import schema
+from pstate import schema, snapfiles
 from pstate.filters import Filter
-from pstate.streamio import MAX_INT, ReadStats, read_records
+from pstate.streamio import MAX_INT
 
 # --- state vocabulary as indices --------------------------------------------
 
@@ -716,58 +714,8 @@ def latency_rows(cols: dict, c0: int, ncols: int, max_rows: int):
 
 # --- snapshots -----------------------------------------------------------------
 
-SNAP_RE = re.compile(r"^pstate-snap-\d{8}T\d{6}(?:\.\d+)?Z-\d{6}\.jsonl$")
-STATE_FIELDS = tuple(f"{name}_ns" for name in schema.STATES if name not in (schema.REAPED,))
-
-
-@dataclass
-class Snapshot:
-    name: str
-    meta: dict
-    tasks: list
-    complete: bool  # an end record was seen
-
-
-def list_snapshots(directory: str) -> list[str]:
-    """Snapshot files of a directory, oldest first (names sort by time)."""
-    try:
-        names = os.listdir(directory)
-    except OSError as e:
-        from pstate.exitcodes import ExitCode, PstateError
-
-        raise PstateError(f"cannot read {directory}: {e.strerror}", ExitCode.NOINPUT) from None
-    return sorted(n for n in names if SNAP_RE.match(n))
-
-
-def read_snapshot_dir(directory: str, stats: ReadStats, strict: bool = False) -> list[Snapshot]:
-    out = []
-    for name in list_snapshots(directory):
-        meta, tasks, done = None, [], False
-        for rec in read_records([os.path.join(directory, name)], stats, strict=strict):
-            t = rec["type"]
-            if t == "meta" and meta is None:
-                meta = rec
-            elif t == "task":
-                if _valid_task(rec):
-                    tasks.append(rec)
-                else:
-                    stats.skip("bad task record", f"{name}")
-            elif t == "end":
-                done = True
-        if meta is not None:
-            out.append(Snapshot(name, meta, tasks, done))
-    return out
-
-
-def _valid_task(rec: dict) -> bool:
-    for f in ("pid", "tid", "ts"):
-        if not _valid_int(rec.get(f)):
-            return False
-    for f in STATE_FIELDS:
-        v = rec.get(f, 0)
-        if type(v) is not int or v < 0:
-            return False
-    return True
+# Snapshot files are read by snapfiles (read_dir); the state counters of a row.
+STATE_FIELDS = tuple(f"{name}_ns" for name in snapfiles.STATE_FIELDS)
 
 
 def _run_of(meta: dict) -> tuple:
@@ -788,7 +736,7 @@ def _interval_of(meta: dict, prev: dict | None):
     return a, b
 
 
-def snapshot_values(snaps: list[Snapshot], states: tuple[str, ...], by: str = "pid"):
+def snapshot_values(snaps: list[snapfiles.Snapshot], states: tuple[str, ...], by: str = "pid"):
     """Per snapshot: (interval (start, end) or None, {key: ns in states}),
     plus labels {key: comm}.
 
@@ -814,7 +762,7 @@ def snapshot_values(snaps: list[Snapshot], states: tuple[str, ...], by: str = "p
         prev_rows = prev[1] if prev is not None else {}
         vals: dict = {}
         rows: dict = {}
-        for t in snap.tasks:
+        for t in snap.rows:
             ident = (t["pid"], t["tid"], t.get("start_ts"))
             rows[ident] = t
             comm = t.get("comm") if isinstance(t.get("comm"), str) else "?"

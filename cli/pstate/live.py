@@ -28,7 +28,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import orjson
 
 from pstate import heatmap as hm
 from pstate import native
@@ -37,17 +36,14 @@ from pstate import heatrender as hr
 from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.streamio import BOM, MAX_INT, MAX_LINE, ReadStats, check_record
+from pstate.reader import StreamReader
+from pstate.streamio import MAX_LINE, ReadStats
 
 CHUNK = 1 << 17
-# Transitions into these states are the bulk of a stream; they may be skipped.
-_TO = b'"to":"'
-_FREQUENT = frozenset({b"run", b"sle", b"pre"})  # running, runnable, sleeping, preempted
 ALT_ON, ALT_OFF = "\x1b[?1049h", "\x1b[?1049l"
 CUR_HIDE, CUR_SHOW = "\x1b[?25l", "\x1b[?25h"
 HOME, CLEAR_EOL, CLEAR_EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 MAX_SAMPLE = 1 << 12
-_NOT_JSON = object()  # a line orjson rejects
 # The native reader of plain state records (None when not built or
 # PSTATE_PURE=1; tests switch it).
 _parse_states = getattr(native.load("_digest"), "parse_states", None)
@@ -95,155 +91,57 @@ class _Stop(Exception):
 
 
 class Feeder:
-    """Splits input bytes into lines, decimates, parses and feeds a Window.
-
-    Plain state records (the bulk) go to the model in batches of tuples
-    (Window.states); they are read by pstate._digest.parse_states when it
-    is built, else by orjson here, with the same results. Any other line
-    takes the careful way, one at a time, in order."""
+    """Feeds a Window from input bytes through the one reader
+    (reader.StreamReader and its rules). Plain state records (the bulk) go
+    to the model in batches of state rows (Window.states), read by
+    pstate._digest.parse_states when it is built, else by the careful path,
+    with the same results; other records one at a time, in order. k > 1:
+    sampling, as StreamReader.k."""
 
     def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool):
         self.model = model
         self.stats = stats
         self.name = name
-        self.strict = strict
-        self.tail = b""
-        self.discarding = False  # inside an over-long line
-        self.at_start = True  # a byte order mark may come first
         self.total = 0  # bytes received
-        self.k = 1
-        self.n = 0  # lines seen
-        self.parsed = 0
+        self.parsed = 0  # records read (sampled-over lines are not)
+        fast = None
+        if _parse_states is not None:
+            parse = _parse_states
+            max_line = MAX_LINE
+
+            def fast(buf, pos, end, n):
+                stop, lines, rows = parse(buf, pos, end, max_line, self.reader.k, n)
+                if rows:
+                    self._rows(rows, False)
+                return stop, lines, len(rows)
+
+        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, fast=fast)
+        self.reader.begin(name)
+
+    k = property(lambda self: self.reader.k, lambda self, v: setattr(self.reader, "k", v))
+    n = property(lambda self: self.reader.lineno)  # lines seen
+    tail = property(lambda self: self.reader.pending)
+    discarding = property(lambda self: self.reader.discarding)
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
-        if self.tail:
-            data = self.tail + data
-        if self.at_start:
-            if len(data) < 3 and BOM.startswith(data):
-                self.tail = data  # too early to tell
-                return
-            self.at_start = False
-            if data.startswith(BOM):
-                data = data[3:]
-        if _parse_states is not None:
-            self._feed_native(data)
-            return
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        if self.discarding:
-            if lines:
-                lines[0] = b""  # the rest of the over-long line
-                self.discarding = False
-            else:
-                tail = b""
-        if len(tail) > MAX_LINE:
-            self.stats.skip(f"line longer than {MAX_LINE} bytes", f"{self.name}:{self.n + len(lines) + 1}")
-            tail = b""
-            self.discarding = True
-        self.tail = tail
-        k = self.k
-        n = self.n
-        loads = orjson.loads
-        filt = self.model.filt
-        rows: list = []
-        add = rows.append
-        parsed = 0
-        for line in lines:
-            n += 1
-            weight = 1
-            if k > 1:
-                p = line.find(_TO)
-                if p >= 0 and line[p + 6:p + 9] in _FREQUENT:
-                    if n % k:
-                        continue
-                    weight = k
-            if not line:
-                continue
-            try:
-                rec = loads(line)
-            except orjson.JSONDecodeError:
-                if not line.strip():
-                    continue
-                rec = _NOT_JSON
-            if type(rec) is dict and rec.get("type") == "state":
-                # The same checks as streamio.check_record, inline for speed;
-                # a record that fails them goes the slow way for its reason.
-                ts = rec.get("ts")
-                pid = rec.get("pid")
-                tid = rec.get("tid")
-                cpu = rec.get("cpu")
-                frm = rec.get("from")
-                to = rec.get("to")
-                dur = rec.get("dur_ns")
-                comm = rec.get("comm")
-                if (type(ts) is int and type(pid) is int and type(tid) is int and type(cpu) is int
-                        and type(frm) is str and type(to) is str
-                        and (dur is None or (type(dur) is int and 0 <= dur < MAX_INT))
-                        and (comm is None or type(comm) is str)
-                        and 0 <= ts < MAX_INT and 0 <= pid < MAX_INT and 0 <= tid < MAX_INT
-                        and 0 <= cpu < MAX_INT):
-                    parsed += 1
-                    if filt is None or filt.match(rec):
-                        add((ts, pid, tid, comm, frm, to, dur, cpu, weight))
-                    continue
-            if rows:
-                self._rows(rows, True)
-                rows.clear()
-            parsed += self._careful(rec, n, weight)
-        if rows:
-            self._rows(rows, True)
-        self._count(n, parsed)
+        before = self.stats.records
+        self.reader.feed(data)
+        self.parsed += self.stats.records - before
 
-    def _feed_native(self, data: bytes) -> None:
-        """feed() for the lines of data, plain state records read in C."""
-        cut = data.rfind(b"\n")
-        tail = data[cut + 1:]
-        start = 0
-        n = self.n
-        if self.discarding:
-            if cut >= 0:
-                start = data.find(b"\n") + 1  # the rest of the over-long line
-                n += 1  # counts as the (empty) line it ends
-                self.discarding = False
-            else:
-                tail = b""
-        if len(tail) > MAX_LINE:
-            nl = data.count(b"\n")
-            self.stats.skip(f"line longer than {MAX_LINE} bytes", f"{self.name}:{self.n + nl + 1}")
-            tail = b""
-            self.discarding = True
-        self.tail = tail
-        parsed = 0
-        if cut >= start:
-            # The lines of data[start:cut] (cut at "\n" as bytes.split cuts them).
-            parse = _parse_states
-            k = self.k
-            pos, end = start, cut
-            while True:
-                pos, lines, rows = parse(data, pos, end, MAX_LINE, k, n)
-                n += lines
-                if rows:
-                    parsed += len(rows)
-                    self._rows(rows, False)
-                if pos > end:
-                    break
-                nl = data.find(b"\n", pos, end)
-                stop = end if nl < 0 else nl
-                n += 1
-                parsed += self._line(data[pos:stop], n, k)
-                pos = stop + 1
-        self._count(n, parsed)
+    def finish(self) -> None:
+        """End of input: a last line without a newline is a record or the
+        truncated final record, as for every reader."""
+        before = self.stats.records
+        self.reader.end()
+        self.parsed += self.stats.records - before
 
-    def _count(self, n: int, parsed: int) -> None:
-        self.stats.lines += n - self.n
-        self.stats.records += parsed
-        self.parsed += parsed
-        self.n = n
+    def rows(self, rows: list) -> None:
+        self._rows(rows, False)
 
     def _rows(self, rows: list, filtered: bool) -> None:
-        """Plain state records as (ts, pid, tid, comm, from, to, dur_ns, cpu,
-        weight) to the model, through the task filter unless filtered."""
+        """State rows (reader.ROW_FIELDS) to the model, through the task
+        filter unless filtered."""
         model = self.model
         filt = model.filt
         if filt is None:
@@ -254,70 +152,9 @@ class Feeder:
             rows = [r for r in rows if match(r[1], r[2], r[3], r[7], r[4], r[5], r[6])]
         model.states(rows, False)
 
-    def _line(self, line: bytes, n: int, k: int) -> int:
-        """One line the native reader left (line number n), as feed() takes
-        it; returns the records parsed (0 or 1)."""
-        weight = 1
-        if k > 1:
-            p = line.find(_TO)
-            if p >= 0 and line[p + 6:p + 9] in _FREQUENT:
-                if n % k:
-                    return 0
-                weight = k
-        if not line:
-            return 0
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if not line.strip():
-                return 0
-            rec = _NOT_JSON
-        if type(rec) is dict and rec.get("type") == "state" and check_record(rec) is None:
-            # a usable state record after all (a spelling the native reader leaves)
-            filt = self.model.filt
-            if filt is None or filt.match(rec):
-                self._rows([(rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"],
-                             rec.get("dur_ns"), rec["cpu"], weight)], True)
-            return 1
-        return self._careful(rec, n, weight)
-
-    def _careful(self, rec, n: int, weight: int) -> int:
-        """A line that is not a plain state record: skipped with its reason,
-        or noted and fed to the model; returns the records parsed (0 or 1)."""
-        if rec is _NOT_JSON:
-            self._bad("not valid JSON", n)
-            return 0
-        why = check_record(rec)
-        if why:
-            self._bad(why, n)
-            return 0
-        if self.stats.note(rec, self.name) != "loss":
+    def record(self, rec: dict, weight: int) -> None:
+        if rec["type"] != "loss":  # (loss records are counted in the ReadStats)
             self.model.feed(rec, weight)
-        return 1
-
-    def finish(self) -> None:
-        """End of input: a last line without a newline may be a record, or
-        the truncated final record, reported as streamio does."""
-        if self.tail and not self.discarding:
-            tail, self.tail = self.tail, b""
-            if tail.strip() and not self.at_start:
-                try:
-                    orjson.loads(tail)
-                except orjson.JSONDecodeError:
-                    n = self.n + 1
-                    if self.strict:
-                        raise PstateError(f"{self.name}:{n}: truncated record", ExitCode.DATAERR) from None
-                    self.stats.truncated_tail = f"{self.name}: byte {self.total - len(tail)}, line {n}"
-                    self.stats.lines += 1
-                    self.n = n
-                    return
-            self.feed(tail + b"\n")
-
-    def _bad(self, why: str, n: int) -> None:
-        where = f"{self.name}:{n}"
-        if self.strict:
-            raise PstateError(f"{where}: {why}", ExitCode.DATAERR)
-        self.stats.skip(why, where)
 
 
 class Dashboard:

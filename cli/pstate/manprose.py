@@ -470,12 +470,52 @@ EVENTS = {
         Readers skip and count lines they cannot parse, report a stream whose
         end record is missing as truncated, and refuse a stream of a newer
         schema. New fields may be added to any record without a new schema
-        version: readers must ignore fields they do not know.
+        version: readers must ignore fields they do not know. READING below
+        gives the rules every pstate reader applies.
 
         All ts fields are CLOCK_MONOTONIC nanoseconds, comparable only within
         one boot (the boot_id field of the meta record). The wall-clock time
         of a ts t is wall_ns + (t - ts), with wall_ns and ts from the meta
         record. Durations are integer nanoseconds.
+        """,
+    "reading": f"""
+        stats, heat and replay read a stream with one reader and one set of
+        rules; its fast (native) and careful (Python) paths give the same
+        results.
+
+        A UTF-8 byte order mark at the start of a file or a stream is dropped.
+        A line longer than 1 MiB is skipped and counted. A blank line is
+        neither a record nor an error. A line that is not a JSON object with a
+        string type, or whose fields break the rules of its record type (ts,
+        cpu, pid, tid, dur_ns and count are integers from 0 to 2^63 - 1), is
+        skipped and counted under its reason; with `--strict` it ends the run
+        with exit code 65. A last line without a newline is read when it is a
+        complete record, else reported as a truncated final record. A meta
+        record of a schema newer than {schema.SCHEMA_VERSION} ends the run
+        with exit code 65.
+
+        Input that is not empty but holds not one valid record (not a pstate
+        recording at all) exits with 65 even without `--strict`; empty input
+        (no bytes, or blank lines only) exits with 0. NUL bytes at the start
+        of a file, as log rotation with copytruncate leaves them, are
+        reported as a file cut while being written, and the records after
+        them are read. A meta record of the same boot as one read before,
+        whose time falls inside that recording (`cat rec rec | pstate
+        stats`), is reported: its events would count twice. Paced replay
+        waits at most 60 s of recorded time between two records, and says so
+        when it shortens a gap.
+
+        Record types. Events are the state and lifecycle records ({", ".join(schema.EVENT_TYPES)}): only they
+        count in the end record's events, so that events plus the lost
+        counts equal kernel_events. The other types this pstate knows are
+        meta, loss, rate and end, the task rows of snapshots, and the
+        annotation records {", ".join(schema.ANNOTATION_TYPES)}, which describe what events refer
+        to and are no events. A record of a type a reader does not know is
+        skipped quietly and counted (stats --format json shows it under
+        input.unknown), never reported as a bad line; replay copies it
+        unchanged. Adding a record type or a field is not a schema change:
+        the schema field grows only when a reader that ignored the addition
+        would misread the stream.
         """,
     "records": """
         Fields marked "may be null or absent" are left out or null when they

@@ -5,12 +5,17 @@ Input is untrusted, as in every reader: bad lines are skipped and counted in
 a ReadStats (or, with strict, end the replay), over-long lines are dropped
 without being buffered, a newer schema is refused.
 
-Speed: a line is parsed only when something must be decided about it. With
---no-wait, no filter, no window and no --strict, runs of lines are checked
-with a few byte counts (each line starts like an event record, ends with "}",
-holds no second record start and no NUL, is shorter than 2 KiB, and the run
-is valid UTF-8) and written as they are; only lines that fail the check
-(meta, loss, end, damaged lines) are parsed one by one.
+Speed: a line is parsed into Python objects only when something must be
+decided about it. With --no-wait, no filter, no window and no --strict, runs
+of lines are first checked with a few byte counts (each line starts like an
+event record, ends with "}", holds no second record start and no NUL, is
+shorter than 2 KiB, and the run is valid UTF-8), then read by the native
+reader of plain state records (pstate._digest.plain_states, the parser of
+reader.StreamReader's fast path), and written as they are; every other line
+(meta, loss, end, lifecycle records, unusual spellings, damaged lines) is
+parsed and checked on its own, so replay passes exactly the records the
+reader accepts. Without the native module (PSTATE_PURE=1) every line is
+parsed, with the same result.
 """
 
 from __future__ import annotations
@@ -23,17 +28,22 @@ from typing import Callable, Iterator
 
 import orjson
 
-from pstate import __version__, schema
+from pstate import __version__, native, schema
+from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
 from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, open_input
 from pstate.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
 
+# The native check of plainly written state records (None when not built or
+# PSTATE_PURE=1: then every line is parsed, with the same result).
+_plain_states = getattr(native.load("_digest"), "plain_states", None)
 BLOCK = 1 << 18  # bytes per read
 FAST_MIN = 1 << 12  # runs shorter than this that fail the quick check are parsed line by line
 _PROBE = 1 << 10  # the quick check passes lines shorter than twice this (see event_lines)
 OUT_BATCH = 1 << 16  # bytes of pending output that trigger a write
 SLACK_NS = 1_000_000  # a record due sooner than this is written without sleeping
+MAX_GAP_NS = 60 * 1_000_000_000  # recorded time waited for at most between two records
 
 _EVENT_STARTS = tuple(b'\n{"type":"%s",' % t.encode() for t in schema.EVENT_TYPES)
 _RECORD_START = b'{"type":"'
@@ -82,12 +92,17 @@ class Pacer:
     backwards a little (events of different CPUs) are written at once.
     rebase() starts a new recording: it continues the timeline where it is,
     so the gap (or a clock reset) between two recordings is not waited for.
+    A jump forward of more than max_gap_ns of recorded time (a valid but
+    huge ts) is shortened to max_gap_ns; on_cap(ts, gap_ns) is told.
     """
 
     def __init__(self, speed: float | None, *, clock: Callable[[], int] = time.monotonic_ns,
                  sleep: Callable[[float], None] = time.sleep, before_sleep: Callable[[], None] = lambda: None,
-                 slack_ns: int = SLACK_NS):
+                 slack_ns: int = SLACK_NS, max_gap_ns: int = MAX_GAP_NS,
+                 on_cap: Callable[[int, int], None] = lambda ts, gap: None):
         self.speed = speed
+        self.max_gap_ns = max_gap_ns
+        self.on_cap = on_cap
         self.clock = clock
         self.sleep = sleep
         self.before_sleep = before_sleep
@@ -110,6 +125,10 @@ class Pacer:
         pos = self.base_pos + (ts - self.base_ts)
         if pos <= self.pos:
             return
+        if pos - self.pos > self.max_gap_ns:
+            self.on_cap(ts, pos - self.pos)
+            self.base_pos -= pos - self.pos - self.max_gap_ns
+            pos = self.pos + self.max_gap_ns
         self.pos = pos
         deadline = self.t0 + pos / self.speed
         if deadline - self.clock() > self.slack_ns:
@@ -234,7 +253,8 @@ class Replayer:
         self.stats = stats if stats is not None else ReadStats()
         self.max_line = max_line
         self._sleep_fn = sleep
-        self.pacer = Pacer(speed, clock=clock, sleep=self._sleep, before_sleep=self.flush)
+        self.pacer = Pacer(speed, clock=clock, sleep=self._sleep, before_sleep=self.flush, on_cap=self._gap_capped)
+        self.gaps_capped = 0
         self.paced = speed is not None
         self.windowed = self.window.active
         self.fast = not self.paced and self.filt is None and not self.windowed and not strict
@@ -264,6 +284,12 @@ class Replayer:
         self.mode = "stream"
 
     # --- signals: end at the next safe point ------------------------------
+
+    def _gap_capped(self, ts: int, gap_ns: int) -> None:
+        self.gaps_capped += 1
+        if self.gaps_capped == 1:
+            print(f"pstate replay: note: {self.name} jumps {fmt_ns(gap_ns)} ahead at ts {ts}; waiting "
+                  f"{fmt_ns(MAX_GAP_NS)} of recorded time instead (longer gaps are shortened)", file=sys.stderr)
 
     def on_signal(self, signum, frame) -> None:
         self.stop_reason = "signal"
@@ -371,29 +397,47 @@ class Replayer:
     # --- the quick path ---------------------------------------------------
 
     def _fast_range(self, buf: bytes, s: int, e: int) -> None:
-        n = event_lines(buf, s, e) if self.header else -1
+        n = event_lines(buf, s, e) if self.header and _plain_states is not None else -1
         if n > 0:
-            self._drain()
-            self.writer.raw(memoryview(buf)[s:e], n)
-            self.events += n
-            self.lineno += n
-            self.stats.lines += n
-            self.stats.records += n
-            last = buf.rfind(b"\n", s - 1, e - 1) + 1
-            try:
-                ts = _valid_ts(orjson.loads(buf[last:e]).get("ts"))
-                if ts is not None and (self.last_ts is None or ts > self.last_ts):
-                    self.last_ts = ts
-            except (orjson.JSONDecodeError, AttributeError):
-                pass
+            self._plain_runs(buf, s, e)
             return
-        if e - s > FAST_MIN:
+        if n < 0 and e - s > FAST_MIN and _plain_states is not None:
             mid = buf.find(b"\n", (s + e) // 2, e - 1)
             if mid >= 0:
                 self._fast_range(buf, s, mid + 1)
                 self._fast_range(buf, mid + 1, e)
                 return
         self._lines(buf, s, e, 0)
+
+    def _plain_runs(self, buf: bytes, s: int, e: int) -> None:
+        """Write the well-framed event lines of buf[s:e] unparsed while the
+        native reader finds them plainly written state records the reader
+        accepts (so replay passes only what stats would read); any other
+        line is parsed and checked on its own."""
+        last = e - 1  # the newline of the last line
+        pos = s
+        while pos < e:
+            stop, n = _plain_states(buf, pos, last, self.max_line)
+            if n:
+                end = min(stop, e)
+                self._drain()
+                self.writer.raw(memoryview(buf)[pos:end], n)
+                self.events += n
+                self.lineno += n
+                self.stats.lines += n
+                self.stats.records += n
+                start = buf.rfind(b"\n", pos, end - 1) + 1
+                ts = _valid_ts(orjson.loads(buf[max(start, pos):end]).get("ts"))
+                if ts is not None and (self.last_ts is None or ts > self.last_ts):
+                    self.last_ts = ts
+                pos = end
+            if pos >= e:
+                return
+            nl = buf.find(b"\n", pos, e)
+            self._lines(buf, pos, nl + 1, 0)
+            pos = nl + 1
+            if self.stop_reason:
+                raise Stop()
 
     # --- line by line -----------------------------------------------------
 

@@ -205,6 +205,15 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
 }
 
 EVENT_TYPES = ("state", "fork", "exec", "exit")
+# Records that describe what events refer to (a cgroup, a process, a stack, a
+# trigger) rather than being events: they do not count in the end record's
+# events (events + lost = kernel_events), and readers that do not use them
+# pass over them. Adding one, or a field, is additive: no new SCHEMA_VERSION.
+ANNOTATION_TYPES = ("cgroup", "process", "stack", "trigger")
+# Every record type this pstate knows; readers skip any other type quietly
+# and count it (ReadStats.unknown), never as a bad line. "task" is the row
+# of a snapshot file (snapfiles.py).
+KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", "task", *ANNOTATION_TYPES))
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
 
 

@@ -191,11 +191,16 @@ def _check_meta(meta: dict, name: str) -> None:
             raise PstateError(f"{name}: snapshot header without a valid {f}", ExitCode.DATAERR)
 
 
-def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | None = None) -> Snapshot | None:
-    """One snapshot file, or None when it is unusable (why: appended to problems).
+def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | None = None, *,
+                  strict: bool = False, keep_incomplete: bool = False) -> Snapshot | None:
+    """One snapshot file (its meta, task rows and end), or None when it is
+    unusable (why: appended to problems). The one snapshot reader: stats,
+    heat and replay take snapshot files through it (or list_dir).
 
-    Malformed rows are skipped and counted in stats; a snapshot without its
-    end trailer, or with fewer rows than the trailer announces, is left out.
+    Malformed rows are skipped and counted in stats (strict: the first one
+    is an error); a snapshot without its end trailer, or with fewer rows
+    than the trailer announces, is left out unless keep_incomplete (its end
+    is then None when there was none).
     """
     stats = stats if stats is not None else ReadStats()
     problems = problems if problems is not None else []
@@ -203,7 +208,7 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     rows = []
     end = None
     bad = 0
-    for rec in read_records([path], stats):
+    for rec in read_records([path], stats, strict=strict):
         t = rec["type"]
         if t == "meta":
             if meta is not None:
@@ -214,6 +219,8 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
         elif t == "task":
             why = check_task(rec)
             if why:
+                if strict:
+                    raise PstateError(f"{path}: {why}", ExitCode.DATAERR)
                 stats.skip(why, path)
                 bad += 1
                 continue
@@ -225,9 +232,23 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
         return None
     announced = end.get("tasks") if end is not None else None
     if end is None or (type(announced) is int and len(rows) + bad < announced):
+        if keep_incomplete:
+            return Snapshot(path, meta, rows, None)
         problems.append(f"{path}: incomplete snapshot (no end record, or fewer rows than it announces); not used")
         return None
     return Snapshot(path, meta, rows, end)
+
+
+def read_dir(path: str, stats: ReadStats | None = None, problems: list | None = None, *,
+             strict: bool = False) -> list[Snapshot]:
+    """The snapshots of a directory in list_dir's order, incomplete ones
+    included (end None): heat draws what there is."""
+    out = []
+    for p in list_dir(path):
+        s = read_snapshot(p, stats, problems, strict=strict, keep_incomplete=True)
+        if s is not None:
+            out.append(s)
+    return out
 
 
 def list_dir(path: str) -> list[str]:

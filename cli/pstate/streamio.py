@@ -1,8 +1,11 @@
-"""Reading and writing pstate JSON-lines streams.
+"""Reading and writing pstate JSON-lines streams: what a reader saw
+(ReadStats), the check of one record (check_record), opening inputs, and the
+writer.
 
 Readers treat input as untrusted: a malformed, over-long or wrongly typed line
 is skipped and counted, never a traceback; a truncated last line is reported;
 a stream of a newer schema is refused. Memory is bounded by the line limit.
+The one reader that applies these rules is reader.StreamReader.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.outfiles import OutputFile, open_output, still_at_path
 
 MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
-_CHUNK = 1 << 16
 
 _INT_FIELDS = ("ts", "cpu", "pid", "tid")
 # Integers in ts, cpu, pid, tid, dur_ns and count must be 0 <= v < 2**63: every
@@ -42,6 +44,10 @@ class ReadStats:
     metas: list = field(default_factory=list)
     loss: dict = field(default_factory=dict)  # reason -> count, from in-band loss records
     ends: list = field(default_factory=list)
+    unknown: dict = field(default_factory=dict)  # record type -> count, of types this pstate does not know
+    nul_starts: list = field(default_factory=list)  # (source, NUL bytes) of sources that start with NULs
+    overlaps: list = field(default_factory=list)  # "where": meta records of a recording read already
+    _spans: list = field(default_factory=list, repr=False, compare=False)  # [boot_id, meta ts, end ts] each
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -60,12 +66,28 @@ class ReadStats:
         if t == "meta":
             check_schema(rec, name)
             self.metas.append(rec)
+            self._overlap(rec, name)
         elif t == "loss":
             r = rec["reason"]
             self.loss[r] = self.loss.get(r, 0) + rec["count"]
         elif t == "end":
             self.ends.append(rec)
+            ts = rec.get("ts")
+            if self._spans and type(ts) is int and self._spans[-1][2] is None:
+                self._spans[-1][2] = ts
         return t
+
+    def _overlap(self, meta: dict, name: str) -> None:
+        """A meta record of the same boot whose time falls inside a recording
+        read before (`cat rec rec | pstate stats`): its events would count twice."""
+        boot, ts = meta.get("boot_id"), meta.get("ts")
+        if type(boot) is not str or type(ts) is not int:
+            return
+        for b, start, end in self._spans:
+            if b == boot and start <= ts <= (end if end is not None else start):
+                self.overlaps.append(name)
+                break
+        self._spans.append([boot, ts, None])
 
     @property
     def lost(self) -> int:
@@ -77,7 +99,20 @@ class ReadStats:
             out.append(f"skipped {n} line{'s' if n != 1 else ''}: {reason} (first at {self.first_bad[reason]})")
         if self.truncated_tail:
             out.append(f"truncated final record at {self.truncated_tail}")
+        if self.overlaps:
+            out.append(f"{self.overlaps[0]}: a recording of the same boot overlaps one read before it "
+                       "(the same recording twice?); its events count twice: give each recording once")
+        for name, n in self.nul_starts:
+            out.append(f"{name} starts with {n} NUL bytes{'' if self.metas else ' and has no meta record'}: "
+                       "it was cut while being written (log rotation with copytruncate?); "
+                       "the records after them were read")
         return out
+
+    @property
+    def no_record(self) -> bool:
+        """Input that is not empty yet holds not one usable record (blank
+        lines alone are empty input)."""
+        return not self.records and bool(self.skipped or self.truncated_tail or self.nul_starts)
 
     def report(self, prog: str, err: IO[str] | None = None, strict: bool = False) -> int:
         """Print skipped/truncated input on stderr; return the exit code it deserves."""
@@ -87,6 +122,10 @@ class ReadStats:
             print(f"{prog}: warning: {p}", file=err)
         if self.lost:
             print(f"{prog}: warning: the input reports {self.lost} lost events; results are incomplete", file=err)
+        if self.no_record:
+            print(f"{prog}: error: not one valid record in the input: is it a recording of pstate record "
+                  "(JSON lines, see pstate-events(5))?", file=err)
+            return int(ExitCode.DATAERR)
         return int(ExitCode.DATAERR) if (strict and problems) else int(ExitCode.OK)
 
 
@@ -108,82 +147,6 @@ def open_input(path: str) -> IO[bytes]:
         return open(path, "rb")
     except OSError as e:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
-
-
-class _LineReader:
-    """readline(limit) over read1() in 64 KiB pieces.
-
-    BufferedReader.readline refills its buffer (4 KiB for a pipe) one small
-    read at a time, so a writer and pstate ping-pong through the pipe at
-    ~100 MB/s; skipping a 2 GB line took 20 s. read1() drains the pipe in big
-    reads and returns bytes the file object had buffered first.
-    """
-
-    def __init__(self, fp: IO[bytes], chunk: int = _CHUNK):
-        self._read = getattr(fp, "read1", None) or fp.read
-        self._chunk = chunk
-        self._buf = b""
-        self._pos = 0
-
-    def readline(self, limit: int) -> bytes:
-        """Up to limit bytes, ending early after a newline; b"" at the end."""
-        buf, pos = self._buf, self._pos
-        nl = buf.find(b"\n", pos, pos + limit)
-        if nl >= 0:  # the common case: a whole line in the buffer
-            self._pos = nl + 1
-            return buf[pos:nl + 1]
-        out = []
-        n = 0
-        while True:
-            buf, pos = self._buf, self._pos
-            stop = min(len(buf), pos + limit - n)
-            nl = buf.find(b"\n", pos, stop)
-            if nl >= 0:
-                stop = nl + 1
-            if stop > pos:
-                out.append(buf[pos:stop])
-                n += stop - pos
-            self._pos = stop
-            if nl >= 0 or n >= limit:
-                break
-            data = self._read(self._chunk)
-            if not data:
-                break
-            self._buf, self._pos = data, 0
-        return out[0] if len(out) == 1 else b"".join(out)
-
-
-def iter_lines(fp: IO[bytes], name: str, stats: ReadStats, max_line: int = MAX_LINE) -> Iterator[tuple[bytes, int]]:
-    """Yield (line, line number) for complete lines; over-long lines are skipped.
-
-    A last line without a newline is yielded too (it may be a complete
-    record); stats.truncated_tail notes it either way.
-    """
-    lineno = 0
-    offset = 0
-    readline = _LineReader(fp).readline
-    while True:
-        line = readline(max_line + 1)
-        if not line:
-            return
-        lineno += 1
-        stats.lines += 1
-        start = offset
-        offset += len(line)
-        if line[-1:] != b"\n":
-            if len(line) > max_line:
-                # Discard the rest of the line without holding it in memory.
-                while True:
-                    chunk = readline(_CHUNK)
-                    if not chunk:
-                        break
-                    offset += len(chunk)
-                    if chunk[-1:] == b"\n":
-                        break
-                stats.skip(f"line longer than {max_line} bytes", f"{name}:{lineno}")
-                continue
-            stats.truncated_tail = f"{name}: byte {start}, line {lineno}"
-        yield line, lineno
 
 
 def _valid_int(v) -> bool:
@@ -223,57 +186,11 @@ def check_record(rec) -> str | None:
     return None  # end, rate and unknown future types pass through
 
 
-def read_records(
-    sources: Iterable[str],
-    stats: ReadStats | None = None,
-    *,
-    max_line: int = MAX_LINE,
-    strict: bool = False,
-    types: frozenset | None = None,
-) -> Iterator[dict]:
-    """Yield valid records from files (or "-" for stdin), in order.
+def read_records(sources: Iterable[str], stats: ReadStats | None = None, **kw) -> Iterator[dict]:
+    """reader.read_records: the usable records of files, in order, as dicts."""
+    from pstate import reader
 
-    meta, loss and end records are also collected into stats. A meta record
-    of a newer schema raises PstateError (exit 65). With strict, the first bad
-    line raises PstateError instead of being skipped.
-    """
-    stats = stats if stats is not None else ReadStats()
-    loads = orjson.loads
-    for src in sources:
-        name = "<stdin>" if src == "-" else src
-        earlier_tail = stats.truncated_tail  # an earlier file's cut stays reported
-        fp = open_input(src)
-        try:
-            for line, lineno in iter_lines(fp, name, stats, max_line):
-                if lineno == 1 and line[:3] == BOM:
-                    line = line[3:]  # written by some editors; the meta line must not be lost
-                if not line.strip():
-                    continue
-                try:
-                    rec = loads(line)
-                except orjson.JSONDecodeError:
-                    why = "truncated record" if line[-1:] != b"\n" else "not valid JSON"
-                    if strict:
-                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR) from None
-                    if line[-1:] != b"\n":
-                        continue  # counted as truncated_tail
-                    stats.skip(why, f"{name}:{lineno}")
-                    continue
-                why = check_record(rec)
-                if why:
-                    if strict:
-                        raise PstateError(f"{name}:{lineno}: {why}", ExitCode.DATAERR)
-                    stats.skip(why, f"{name}:{lineno}")
-                    continue
-                if line[-1:] != b"\n":
-                    stats.truncated_tail = earlier_tail  # the last line was complete after all
-                t = stats.note(rec, name)
-                stats.records += 1
-                if types is None or t in types:
-                    yield rec
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()
+    return reader.read_records(sources, stats, **kw)
 
 
 def check_schema(meta: dict, name: str) -> None:

@@ -120,6 +120,7 @@ def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: b
         "skipped": dict(sorted(st.skipped.items())),
         "skipped_total": st.n_skipped,
         "truncated_tail": st.truncated_tail,
+        "unknown": dict(sorted(st.unknown.items())),  # record types this pstate does not know: skipped
         "lost": dict(sorted(st.loss.items())),
         "lost_total": st.lost,
         "lost_pct": round(s.lost_pct, 3),

@@ -14,13 +14,15 @@ events:
   is in), and for the part of the window before its first transition when
   that transition's start was not seen (reported as unobserved).
 
-summarise() turns that into a Summary for the renderers. Records reach the
-Aggregator either one at a time (add_record, fed by streamio.read_records:
-the careful reference path) or through a LineDigester that parses chunks of
-bytes with the same rules and an inlined loop (the fast path). A large file
-can be cut into parts at line starts, digested by several processes and
-merged in file order (digest_parallel). All give the same numbers; the tests
-hold them to it.
+summarise() turns that into a Summary for the renderers. Input reaches the
+Aggregator through the one reader (reader.StreamReader, wrapped by
+LineDigester): state rows in batches (add_rows), other records one at a time
+(add_record), and, on the fast path, what the native Digester summed up over
+a run of plain state records (add_digested, add_buckets: the documented
+interface of pstate._digest, which never touches the Aggregator itself). A
+large file can be cut into parts at line starts, digested by several
+processes and merged in file order (digest_parallel). All give the same
+numbers; the tests hold them to it.
 
 Accounting: for a task seen through the whole window, running + waiting +
 blocked + ... + unobserved = window, up to lost events; the difference is its
@@ -35,12 +37,12 @@ import signal
 import stat as statmod
 from dataclasses import dataclass, field
 
-import orjson
 
 from pstate import native, schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.latency import LogHist, bucket_index
-from pstate.streamio import MAX_INT, MAX_LINE, ReadStats, check_record, open_input
+from pstate.latency import SUB_BITS, LogHist
+from pstate.reader import LineError, StreamReader, state_row
+from pstate.streamio import MAX_LINE, ReadStats, open_input
 
 BY_KEYS = ("pid", "tid", "comm")
 LIFECYCLE = ("fork", "exec", "exit")
@@ -150,7 +152,8 @@ class Summary:
 
     @property
     def complete(self) -> bool:
-        return not (self.stats.lost or self.stats.n_skipped or self.stats.truncated_tail or self.interrupted)
+        return not (self.stats.lost or self.stats.n_skipped or self.stats.truncated_tail or self.stats.nul_starts
+                    or self.interrupted)
 
     @property
     def lost_pct(self) -> float:
@@ -167,7 +170,7 @@ class Summary:
 # A cell is [count, count with null dur_ns, sum of dur_ns, max dur_ns,
 # {latency bucket: count}, min dur_ns].
 C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN = range(6)
-_NO_MIN = 1 << 64  # above any dur_ns (_digest.c has its own copy)
+_NO_MIN = 1 << 64  # above any dur_ns
 _MAX_STATES = 255
 _OVERFLOW_STATE = "state_?"
 
@@ -205,11 +208,11 @@ class Aggregator:
         self.life_last_ts = 0
         self.events = 0
         self.clip_ts: int | None = None
-        self.flushers: list = []  # native digesters holding bucket counts back (sync)
+        self.flushers: list = []  # callables that add_buckets what native digesters hold back
 
     def sync(self) -> None:
-        """Bring in what native digesters hold back (latency bucket counts):
-        call before reading or replacing the cells."""
+        """Bring in what native digesters hold back (latency bucket counts,
+        through add_buckets): call before reading or replacing the cells."""
         for flush in self.flushers:
             flush()
 
@@ -242,52 +245,125 @@ class Aggregator:
     def group_name(self, g: int):
         return self.comm_names[g] if self.by == "comm" else g
 
-    # The reference path: one validated record at a time.
     def add_record(self, rec: dict) -> None:
+        """One checked record: state and lifecycle records count, others not."""
         t = rec["type"]
         if t == "state":
-            self.add_state(rec)
+            self.add_rows([state_row(rec)])
         elif t in LIFECYCLE:
             self.add_lifecycle(rec)
 
     def add_state(self, rec: dict) -> None:
-        ts = rec["ts"]
-        pid = rec["pid"]
-        tid = rec["tid"]
-        comm = rec.get("comm")
-        frm = rec["from"]
-        to = rec["to"]
-        d = rec.get("dur_ns")
-        self.events += 1
-        g = self.group_of(pid, tid, comm)
-        key = (g << 16) | (self.state_id(frm) << 8) | self.state_id(to)
-        task = self.tasks.get(tid)
-        if task is None:
-            task = self.tasks[tid] = [pid, comm, ts, to, ts, d is None, g, self.clip_ts, d or 0]
-        else:
-            task[T_PID] = pid
-            task[T_COMM] = comm
-            task[T_LAST_TS] = ts
-            task[T_LAST_TO] = to
-            if d:
-                task[T_KNOWN] += d
-        c = self.cells.get(key)
-        if c is None:
-            c = self.cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
-        c[C_N] += 1
-        if d is None:
-            c[C_NULL] += 1
-            return
-        c[C_SUM] += d
-        if d > c[C_MAX]:
-            c[C_MAX] = d
-        if d < c[C_MIN]:
-            c[C_MIN] = d
-        idx = bucket_index(d)
-        hist = c[C_HIST]
-        hist[idx] = hist.get(idx, 0) + 1
-        if self.clip_ts is not None and d > ts - self.clip_ts:
-            task[T_KNOWN] -= self._clip(g, frm, d, ts)
+        self.add_rows([state_row(rec)])
+
+    def add_rows(self, rows) -> None:
+        """State rows (reader.ROW_FIELDS; the weight is not used), in order:
+        the one place a transition is counted in Python."""
+        tasks = self.tasks
+        tasks_get = tasks.get
+        cells = self.cells
+        cells_get = cells.get
+        sid_get = self.state_ids.get
+        state_id = self.state_id
+        comm_get = self.comm_ids.get
+        by_pid = self.by == "pid"
+        by_tid = self.by == "tid"
+        clip = self.clip_ts
+        shift = SUB_BITS + 1
+        n = 0
+        for ts, pid, tid, comm, frm, to, d, _cpu, _w in rows:
+            n += 1
+            fi = sid_get(frm)
+            if fi is None:
+                fi = state_id(frm)
+            ti = sid_get(to)
+            if ti is None:
+                ti = state_id(to)
+            if by_pid:
+                g = pid
+            elif by_tid:
+                g = tid
+            else:
+                g = comm_get(comm)
+                if g is None:
+                    g = self.comm_id(comm)
+            task = tasks_get(tid)
+            if task is None:
+                task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0]
+            else:
+                task[T_PID] = pid
+                task[T_COMM] = comm
+                task[T_LAST_TS] = ts
+                task[T_LAST_TO] = to
+                if d:
+                    task[T_KNOWN] += d
+            key = (g << 16) | (fi << 8) | ti
+            c = cells_get(key)
+            if c is None:
+                c = cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
+            c[C_N] += 1
+            if d is None:
+                c[C_NULL] += 1
+                continue
+            c[C_SUM] += d
+            if d > c[C_MAX]:
+                c[C_MAX] = d
+            if d < c[C_MIN]:
+                c[C_MIN] = d
+            # latency.bucket_index, inlined
+            s = d.bit_length() - shift
+            idx = ((s << SUB_BITS) + (d >> s)) if s > 0 else d
+            hist = c[C_HIST]
+            hist[idx] = hist.get(idx, 0) + 1
+            if clip is not None and d > ts - clip:
+                task[T_KNOWN] -= self._clip(g, frm, d, ts)
+        self.events += n
+
+    def add_digested(self, events: int, tasks: list, cells: list, buckets: list) -> None:
+        """What a native Digester summed up over `events` plain state records
+        (its take()): per task (tid, pid, comm, last_ts, to, first_ts,
+        head_null, first_group, known) and per cell (key, n, n_null, sum,
+        max, min), each in the order first seen, and latency bucket counts
+        per cell (key, {bucket: count}) of cells known by now. The same as
+        add_rows of those records; the bucket counts may come later."""
+        own = self.tasks
+        own_get = own.get
+        clip = self.clip_ts
+        for tid, pid, comm, last_ts, to, first_ts, head_null, g_first, known in tasks:
+            task = own_get(tid)
+            if task is None:
+                own[tid] = [pid, comm, last_ts, to, first_ts, head_null, g_first, clip, known]
+            else:
+                task[T_PID] = pid
+                task[T_COMM] = comm
+                task[T_LAST_TS] = last_ts
+                task[T_LAST_TO] = to
+                task[T_KNOWN] += known
+        own_cells = self.cells
+        cells_get = own_cells.get
+        for key, n, nulls, total, vmax, vmin in cells:
+            c = cells_get(key)
+            if c is None:
+                own_cells[key] = [n, nulls, total, vmax, {}, vmin if n > nulls else _NO_MIN]
+                continue
+            c[C_N] += n
+            if nulls:
+                c[C_NULL] += nulls
+            if n > nulls:
+                c[C_SUM] += total
+                if vmax > c[C_MAX]:
+                    c[C_MAX] = vmax
+                if vmin < c[C_MIN]:
+                    c[C_MIN] = vmin
+        for key, counts in buckets:
+            c = own_cells[key]
+            hist = c[C_HIST]
+            if not hist:
+                c[C_HIST] = counts
+                continue
+            for idx, k in counts.items():
+                hist[idx] = hist.get(idx, 0) + k
+        self.events += events
 
     def _clip(self, g: int, frm: str, d: int, ts: int) -> int:
         """The part of d before the interval start: counted already."""
@@ -325,12 +401,14 @@ class Aggregator:
             t[T_KNOWN] = 0
 
     def last_ts(self) -> int | None:
+        self.sync()
         ts = max((t[T_LAST_TS] for t in self.tasks.values()), default=None)
         if self.life_last_ts and (ts is None or self.life_last_ts > ts):
             ts = self.life_last_ts
         return ts
 
     def first_ts(self) -> int | None:
+        self.sync()
         return min((t[T_FIRST_TS] for t in self.tasks.values()), default=None)
 
     def absorb(self, later: "Aggregator") -> None:
@@ -487,266 +565,72 @@ def _sort_key(k):
     return (0, k, "") if isinstance(k, int) else (1, 0, str(k))
 
 
-# --- the fast path: chunks of bytes in, records digested in an inlined loop ----
-
-
-class LineError(PstateError):
-    """A bad line under --strict, with its place kept apart so that a part of
-    a file digested on its own can be renumbered."""
-
-    def __init__(self, name: str, lineno: int, why: str):
-        super().__init__(f"{name}:{lineno}: {why}", ExitCode.DATAERR)
-        self.name, self.lineno, self.why = name, lineno, why
+# --- from bytes to the Aggregator -----------------------------------------------
 
 
 class LineDigester:
-    """Splits byte chunks into lines and digests them into an Aggregator.
+    """Digests byte chunks into an Aggregator through the one reader
+    (reader.StreamReader and its rules): plain state records summed up by
+    the native Digester when it is built (else, and for any line it leaves,
+    the careful path's state rows, add_rows), other records one at a time.
+    begin(name), feed(data), end() as for StreamReader."""
 
-    The rules are streamio.read_records' exactly: every line is counted;
-    lines longer than max_line are skipped without being held; blank lines
-    are ignored; a line that is not JSON or not a valid record is skipped and
-    counted (or, with strict, raises); a last line without a newline is
-    reported as a truncated tail unless it parses into a valid record; meta,
-    loss and end records go to the ReadStats; a newer schema raises.
-    """
-
-    def __init__(self, agg: Aggregator, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE):
+    def __init__(self, agg: Aggregator, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE,
+                 use_native: bool = True):
         self.agg = agg
         self.stats = stats
-        self.strict = strict
-        self.max_line = max_line
-        self.name = "<stdin>"
-        self._native = None
-        if _digest is not None:
-            native_dig = _digest.Digester(agg)
-            self._native = native_dig.digest
-            agg.flushers.append(native_dig.flush)
-        self._reset()
+        self._take = None  # the native Digester's take, while it holds sums back
+        fast = None
+        if use_native and _digest is not None:
+            dig = _digest.Digester(agg.by, agg.state_id, agg.comm_id)
+            digest = dig.digest
+            take = dig.take
 
-    def _reset(self) -> None:
-        self.lineno = 0
-        self.offset = 0  # bytes consumed before self.pending
-        self.pending = b""
-        self.discarding = False  # inside an over-long line
+            def settle(flush: bool = False) -> None:
+                self._take = None
+                agg.add_digested(*take(flush))
 
-    def begin(self, name: str) -> None:
-        self.name = name
-        self._reset()
+            def fast(buf, pos, end, _n):
+                stop, n, due = digest(buf, pos, end, max_line, agg.clip_ts)
+                if n:
+                    self._take = settle
+                if due:
+                    settle(True)
+                return stop, n, n
+
+            agg.flushers.append(lambda: settle(True))
+        self.reader = StreamReader(self, stats, strict=strict, max_line=max_line, fast=fast)
+
+    def rows(self, rows: list) -> None:
+        if self._take is not None:
+            self._take()  # what the Digester read came first
+        self.agg.add_rows(rows)
+
+    def record(self, rec: dict, weight: int) -> None:
+        if self._take is not None and rec["type"] in LIFECYCLE:
+            self._take()
+        self.agg.add_record(rec)
+
+    @property
+    def strict(self) -> bool:
+        return self.reader.strict
+
+    @strict.setter
+    def strict(self, value: bool) -> None:
+        self.reader.strict = value
+
+    @property
+    def name(self) -> str:
+        return self.reader.name
+
+    def begin(self, name: str, at_start: bool = True) -> None:
+        self.reader.begin(name, at_start)
 
     def feed(self, data: bytes) -> None:
-        if not data:
-            return
-        if self.discarding:
-            nl = data.find(b"\n")
-            if nl < 0:
-                self.offset += len(data)
-                return
-            self.offset += nl + 1
-            self.discarding = False
-            data = data[nl + 1:]
-        if self._native is not None:
-            self._feed_native(data)
-            return
-        buf = self.pending + data if self.pending else data
-        cut = buf.rfind(b"\n")
-        if cut < 0:
-            self._hold(buf)
-            return
-        self.pending = b""
-        self.offset += cut + 1
-        self._lines(buf[:cut].split(b"\n"), terminated=True)
-        self._hold(buf[cut + 1:])
-
-    def _feed_native(self, data: bytes) -> None:
-        """feed() for the native loop: the same lines, without copying the
-        chunk to put the held part of a line in front of it."""
-        start = 0
-        if self.pending:
-            nl = data.find(b"\n")
-            if nl < 0:
-                self._hold(self.pending + data)
-                return
-            line = self.pending + data[:nl + 1]
-            self.pending = b""
-            self.offset += len(line)
-            self._lines_native(line, len(line) - 1, 0)
-            start = nl + 1
-        cut = data.rfind(b"\n", start)
-        if cut < 0:
-            self._hold(data[start:])
-            return
-        self.offset += cut + 1 - start
-        self._lines_native(data, cut, start)
-        self._hold(data[cut + 1:])
-
-    def _hold(self, rest: bytes) -> None:
-        if len(rest) > self.max_line:
-            # An over-long line: count it now, drop its bytes until the newline.
-            self.lineno += 1
-            self.stats.lines += 1
-            self.stats.skip(f"line longer than {self.max_line} bytes", f"{self.name}:{self.lineno}")
-            self.offset += len(rest)
-            self.pending = b""
-            self.discarding = True
-        else:
-            self.pending = rest
+        self.reader.feed(data)
 
     def end(self) -> None:
-        """End of the current source: digest a last line without a newline."""
-        rest = self.pending
-        self.pending = b""
-        if self.discarding or not rest:
-            self.discarding = False
-            return
-        self.stats.truncated_tail = f"{self.name}: byte {self.offset}, line {self.lineno + 1}"
-        self._lines([rest], terminated=False)
-
-    def _lines(self, lines: list, terminated: bool) -> None:
-        stats = self.stats
-        base = self.lineno
-        self.lineno += len(lines)
-        stats.lines += len(lines)
-        if len(lines) > 1 or len(lines[0]) > self.max_line:
-            if max(map(len, lines)) > self.max_line:
-                self._lines_slow(lines, base, terminated)
-                return
-        agg = self.agg
-        tasks = agg.tasks
-        tasks_get = tasks.get
-        cells = agg.cells
-        cells_get = cells.get
-        sid_get = agg.state_ids.get
-        comm_ids = agg.comm_ids
-        by_pid = agg.by == "pid"
-        by_tid = agg.by == "tid"
-        clip = agg.clip_ts
-        loads = orjson.loads
-        careful = 0  # lines that took the careful way; the others are state events
-        for i, line in enumerate(lines):
-            try:
-                r = loads(line)
-                if r["type"] != "state":
-                    raise KeyError
-                ts = r["ts"]
-                pid = r["pid"]
-                tid = r["tid"]
-                frm = r["from"]
-                to = r["to"]
-                d = r.get("dur_ns")
-                comm = r.get("comm")
-                cpu = r["cpu"]
-                if not (type(ts) is int and type(pid) is int and type(tid) is int and type(cpu) is int
-                        and type(frm) is str and type(to) is str
-                        and (comm is None or type(comm) is str)
-                        and (d is None or type(d) is int)
-                        and 0 <= (ts | pid | tid | cpu | (d or 0)) < MAX_INT):
-                    raise ValueError
-            except Exception:
-                # Anything but a well-formed state record: the careful way.
-                careful += 1
-                self._one(line, base + i + 1, terminated)
-                continue
-            fi = sid_get(frm)
-            ti = sid_get(to)
-            if fi is None or ti is None:
-                fi = agg.state_id(frm)
-                ti = agg.state_id(to)
-            if by_pid:
-                g = pid
-            elif by_tid:
-                g = tid
-            else:
-                g = comm_ids.get(comm)
-                if g is None:
-                    g = agg.comm_id(comm)
-            task = tasks_get(tid)
-            if task is None:
-                task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0]
-            else:
-                task[0] = pid
-                task[1] = comm
-                task[2] = ts
-                task[3] = to
-                if d:
-                    task[8] += d
-            key = (g << 16) | (fi << 8) | ti
-            c = cells_get(key)
-            if c is None:
-                c = cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
-            c[0] += 1
-            if d is None:
-                c[1] += 1
-                continue
-            c[2] += d
-            if d > c[3]:
-                c[3] = d
-            if d < c[5]:
-                c[5] = d
-            s = d.bit_length() - 6
-            idx = ((s << 5) + (d >> s)) if s > 0 else d
-            hist = c[4]
-            hist[idx] = hist.get(idx, 0) + 1
-            if clip is not None and d > ts - clip:
-                task[8] -= agg._clip(g, frm, d, ts)
-        n_events = len(lines) - careful
-        agg.events += n_events
-        if not terminated and n_events:
-            stats.truncated_tail = None
-        stats.records += n_events
-
-    def _lines_native(self, buf: bytes, end: int, pos: int) -> None:
-        """The lines of buf[pos:end], as _lines would take them: plain state
-        records in C (_digest.c), any other line through _lines."""
-        stats = self.stats
-        agg = self.agg
-        digest = self._native
-        max_line = self.max_line
-        while True:
-            pos, lines, events = digest(buf, pos, end, max_line)
-            self.lineno += lines
-            stats.lines += lines
-            agg.events += events
-            stats.records += events
-            if pos > end:
-                return
-            nl = buf.find(b"\n", pos, end)
-            stop = end if nl < 0 else nl
-            self._lines([buf[pos:stop]], terminated=True)
-            pos = stop + 1
-
-    def _lines_slow(self, lines: list, base: int, terminated: bool) -> None:
-        for i, line in enumerate(lines):
-            if len(line) > self.max_line:
-                self.stats.skip(f"line longer than {self.max_line} bytes", f"{self.name}:{base + i + 1}")
-                continue
-            self._one(line, base + i + 1, terminated)
-
-    def _one(self, line: bytes, lineno: int, terminated: bool) -> None:
-        """One line, checked like streamio.read_records does."""
-        stats = self.stats
-        if not line.strip():
-            return
-        where = f"{self.name}:{lineno}"
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            why = "not valid JSON" if terminated else "truncated record"
-            if self.strict:
-                raise LineError(self.name, lineno, why) from None
-            if terminated:
-                stats.skip(why, where)
-            return
-        why = check_record(rec)
-        if why:
-            if self.strict:
-                raise LineError(self.name, lineno, why)
-            stats.skip(why, where)
-            return
-        if not terminated:
-            stats.truncated_tail = None
-        stats.note(rec, self.name)
-        stats.records += 1
-        self.agg.add_record(rec)
+        self.reader.end()
 
 
 # The native loop (None when not built or PSTATE_PURE=1; tests switch it).
@@ -757,16 +641,18 @@ _PART_MIN_BYTES = 16 << 20
 
 
 def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = False,
-                 max_line: int = MAX_LINE, chunk: int = 1 << 20, jobs: int = 1) -> None:
-    """The fast path over files ("-" is stdin), in order. A large regular file
-    is split into jobs parts, digested by as many processes."""
+                 max_line: int = MAX_LINE, chunk: int = 1 << 20, jobs: int = 1, use_native: bool = True) -> None:
+    """Files ("-" is stdin), in order, through LineDigester. A large regular
+    file is split into jobs parts, digested by as many processes. use_native
+    False: the careful path only (stats --reader careful)."""
     import sys
 
-    dig = LineDigester(agg, stats, strict=strict, max_line=max_line)
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
     for src in sources:
         name = "<stdin>" if src == "-" else src
         if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES:
-            digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk)
+            digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
+                            use_native=use_native)
             continue
         fp = open_input(src)
         try:
@@ -817,14 +703,14 @@ def file_parts(path: str, parts: int) -> list:
 
 
 def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool, max_line: int,
-                chunk: int, last: bool):
+                chunk: int, last: bool, use_native: bool = True):
     """Digest bytes [start, end) of a file on their own. Line numbers and
     byte offsets in what comes back are relative to start."""
     agg = Aggregator(by)
     agg.clip_ts = clip_ts
     stats = ReadStats()
-    dig = LineDigester(agg, stats, strict=strict, max_line=max_line)
-    dig.begin(path)
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
+    dig.begin(path, at_start=start == 0)
     try:
         with open(path, "rb", buffering=0) as f:
             f.seek(start)
@@ -855,7 +741,8 @@ def _ignore_sigint():
 
 
 def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, strict: bool = False,
-                    max_line: int = MAX_LINE, chunk: int = 1 << 20, parts: list | None = None) -> None:
+                    max_line: int = MAX_LINE, chunk: int = 1 << 20, parts: list | None = None,
+                    use_native: bool = True) -> None:
     """Digest one regular file in parts, one process each, and merge the
     parts in file order: the same result as reading it in one go. On
     KeyboardInterrupt, the parts done in order so far are kept and the
@@ -864,7 +751,7 @@ def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, 
 
     parts = parts or file_parts(path, jobs)
     last = len(parts) - 1
-    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last)
+    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last, use_native)
             for i, (a, b) in enumerate(parts)]
     if jobs <= 1 or len(parts) == 1:  # in this process, one part after the other
         results = (digest_part(*a) for a in args)
@@ -912,10 +799,14 @@ def merge_read_stats(into: ReadStats, part: ReadStats, line_base: int, byte_base
     for reason, n in part.loss.items():
         into.loss[reason] = into.loss.get(reason, 0) + n
     into.ends.extend(part.ends)
+    into.nul_starts.extend(part.nul_starts)
+    into.overlaps.extend(part.overlaps)
+    for t, n in part.unknown.items():
+        into.unknown[t] = into.unknown.get(t, 0) + n
 
 
 def digest_records(records, agg: Aggregator) -> None:
-    """The reference path: records from streamio.read_records."""
+    """Records from reader.read_records, one at a time."""
     add = agg.add_record
     for rec in records:
         add(rec)

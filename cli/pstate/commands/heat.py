@@ -12,7 +12,7 @@ import click
 
 from pstate import heatmap as hm
 from pstate import heatrender as hr
-from pstate import schema
+from pstate import schema, snapfiles
 from pstate.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
@@ -327,13 +327,16 @@ def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style,
 
 
 def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) -> list[str]:
-    snaps = hm.read_snapshot_dir(directory, stats, strict=strict)
+    problems: list = []
+    snaps = snapfiles.read_dir(directory, stats, problems, strict=strict)
+    for p in problems:
+        click.echo(f"pstate heat: warning: {p}", err=True)
     if filt.active:
         for s in snaps:
-            s.tasks = [t for t in s.tasks if _task_match(filt, t)]
+            s.rows = [t for t in s.rows if _task_match(filt, t)]
     elif not filt.include_idle:
         for s in snaps:
-            s.tasks = [t for t in s.tasks if t["tid"] != 0]
+            s.rows = [t for t in s.rows if t["tid"] != 0]
     unit = UNITS[by]
     footer_what = f"{len(snaps)} snapshots"
     if len(snaps) < 1:
@@ -387,7 +390,7 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
         t = datetime.datetime.fromtimestamp(w / 1e9, datetime.timezone.utc)
         head += f", first interval from {t:%Y-%m-%d %H:%M:%S} UTC"
     modes = sorted({str(s.meta.get("mode")) for s in snaps})
-    incomplete = sum(1 for s in snaps if not s.complete)
+    incomplete = sum(1 for s in snaps if s.end is None)
     tail = f"; {footer_what} ({'/'.join(modes)})"
     if incomplete:
         tail += f"; {incomplete} without an end record"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import signal
 import sys
@@ -10,6 +9,7 @@ import threading
 
 import click
 
+from pstate import snapfiles
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
 from pstate.options import filter_options, input_options, output_options
@@ -41,22 +41,12 @@ normally (exit 0); the first two still write the end trailer.
 """
 
 
-def snapshot_files(directory: str) -> list[str]:
-    """The snapshot files of a snap --out directory, oldest first (names sort by time)."""
-    try:
-        names = os.listdir(directory)
-    except OSError as e:
-        raise PstateError(f"cannot read {directory}: {e.strerror}", ExitCode.NOINPUT) from None
-    return [os.path.join(directory, n) for n in sorted(names)
-            if fnmatch.fnmatchcase(n, SNAPSHOT_GLOB) and os.path.isfile(os.path.join(directory, n))]
-
-
 def resolve_sources(files: tuple[str, ...]) -> list[tuple[str, bool]]:
     """(path, is_snapshot) for every input, checked before anything is written."""
     sources: list[tuple[str, bool]] = []
     for f in files or ("-",):
         if f != "-" and os.path.isdir(f):
-            snaps = snapshot_files(f)
+            snaps = snapfiles.list_dir(f)
             if not snaps:
                 raise PstateError(f"{f} holds no snapshots ({SNAPSHOT_GLOB})", ExitCode.NOINPUT,
                                   hint="give a recording file, or the --out directory of pstate snap")

@@ -126,7 +126,7 @@ def _sort_help() -> str:
               help="Digest a large file (32 MiB or more) in N processes; 0: one per CPU. "
                    "Memory then grows with N times the number of tasks.")
 @click.option("--reader", type=click.Choice(("fast", "careful")), default="fast", hidden=True,
-              help="Input path: the chunked digester or the per-record reference reader.")
+              help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
 @click.pass_context
 def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, interval, count,
         strict, jobs, reader):
@@ -176,10 +176,8 @@ def _cpus() -> int:
 def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
     interrupted = False
     try:
-        if reader == "careful":
-            tsa.digest_records(read_records(sources, stats, strict=strict), agg)
-        else:
-            tsa.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs)
+        tsa.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs,
+                         use_native=reader == "fast")
     except KeyboardInterrupt:
         interrupted = True
     summary = agg.summarise(stats)
@@ -262,6 +260,7 @@ class IntervalRunner:
 
     def tick(self, end_ts: int | None = None, final: bool = False, interrupted: bool = False) -> None:
         """Print the interval ending at end_ts (data time), start the next."""
+        self.agg.sync()
         start = self.window_start()
         if end_ts is None:
             end_ts = self._now_ts(start)
