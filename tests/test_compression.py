@@ -112,3 +112,60 @@ def test_without_zstandard_the_error_names_the_extra(monkeypatch):
     assert "pip install 'pstate[zstd]'" in e.value.message
     # gzip needs nothing
     assert read_all(gzip.compress(b"x\n"))[0] == b"x\n"
+
+
+# --- through the commands ---------------------------------------------------------
+
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from conftest import clean_env, pstate_cmd  # noqa: E402
+
+GOLDEN_INPUT = Path(__file__).parent / "data" / "heat" / "small.jsonl"
+
+
+def cmd(*args, stdin=None):
+    return subprocess.run(pstate_cmd(*args), input=stdin, capture_output=True, env=clean_env(), timeout=120)
+
+
+@pytest.fixture
+def packed(tmp_path):
+    """The golden input compressed, under its own name (heat prints it)."""
+    plain = GOLDEN_INPUT.read_bytes()
+    for kind, data in (("zst", zst(plain)), ("gz", gzip.compress(plain))):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / GOLDEN_INPUT.name).write_bytes(data)  # magic bytes, not names
+    return tmp_path
+
+
+@pytest.mark.parametrize("args", [["stats"], ["stats", "--format", "json"], ["heat", "--width", "60"],
+                                  ["replay", "--no-wait"], ["export", "-f", "chrome"]])
+def test_every_reader_reads_compressed_input_as_plain(packed, args):
+    want = cmd(*args, str(GOLDEN_INPUT))
+    assert want.returncode == 0
+    for kind in ("zst", "gz"):
+        got = cmd(*args, str(packed / kind / GOLDEN_INPUT.name))
+        assert (got.returncode, got.stdout, got.stderr.replace(bytes(packed / kind), bytes(GOLDEN_INPUT.parent))) == \
+            (0, want.stdout, want.stderr), kind
+    piped = cmd(*args, stdin=(packed / "zst" / GOLDEN_INPUT.name).read_bytes())
+    assert (piped.returncode, piped.stdout) == (0, cmd(*args, stdin=GOLDEN_INPUT.read_bytes()).stdout)
+
+
+def test_a_cut_compressed_file_is_reported_like_a_truncated_one(packed, tmp_path):
+    whole = zst(DATA)
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(whole[: len(whole) // 2])
+    r = cmd("stats", str(cut))
+    assert r.returncode == 0
+    assert (f"pstate stats: warning: truncated final record at {cut} (the compressed data is cut short: "
+            "read up to there)\n").encode() in r.stderr
+    assert cmd("stats", "--strict", str(cut)).returncode == 65
+
+
+def test_writing_compressed(tmp_path):
+    for name in ("out.jsonl.zst", "out.jsonl.gz"):
+        r = cmd("replay", "--no-wait", str(GOLDEN_INPUT), "-o", str(tmp_path / name))
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / name).read_bytes()[:2] in (compression.ZSTD_MAGIC[:2], compression.GZIP_MAGIC)
+        assert cmd("replay", "--no-wait", str(tmp_path / name)).stdout == \
+            cmd("replay", "--no-wait", str(GOLDEN_INPUT)).stdout

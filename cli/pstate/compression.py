@@ -68,6 +68,11 @@ class _Prefixed:
             return data
         return self.fp.read(n)
 
+    read1 = read
+
+    def close(self) -> None:
+        self.fp.close()
+
 
 class _Decompressed:
     """The decompressed bytes of a zstd or gzip stream, read(n) at a time;
@@ -126,17 +131,37 @@ class _Decompressed:
 
     read1 = read
 
+    def fileno(self) -> int:
+        raise PstateError("compressed input cannot be followed live (select on its descriptor)",
+                          ExitCode.USAGE, hint="decompress it into the pipe: zstdcat FILE | pstate ...")
+
     def close(self) -> None:
         close = getattr(self.src, "close", None)
         if close is not None:
             close()
 
 
+def sniff(head: bytes) -> str | None:
+    """"zstd", "gzip" or None, from a stream's first four bytes."""
+    if head.startswith(ZSTD_MAGIC):
+        return "zstd"
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    return None
+
+
 def open_decompressed(fp: IO[bytes], name: str):
-    """(stream, kind): the decompressed bytes of fp and "zstd"/"gzip", or fp
-    itself (with its first bytes given back) and None."""
-    head = _read_exact(fp, 4)
-    src = _Prefixed(head, fp)
+    """(stream, kind): the decompressed bytes of fp and "zstd"/"gzip", or an
+    uncompressed fp itself and None (its first bytes looked at with peek()
+    where it has one, else given back by a wrapper)."""
+    head = fp.peek(4)[:4] if hasattr(fp, "peek") else b""
+    if len(head) >= 4 or (head and not (ZSTD_MAGIC.startswith(head) or GZIP_MAGIC.startswith(head))):
+        src = fp  # decided without consuming anything
+        if not head.startswith((ZSTD_MAGIC, GZIP_MAGIC)):
+            return fp, None
+    else:
+        head = _read_exact(fp, 4)
+        src = _Prefixed(head, fp)
     if head.startswith(ZSTD_MAGIC):
         if _zstandard() is None:
             raise PstateError(f"{name} is zstd-compressed, and the zstandard package is not installed",

@@ -47,7 +47,7 @@ import orjson
 
 from pstate import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import BOM, MAX_LINE, ReadStats, check_record, open_input
+from pstate.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
@@ -337,6 +337,7 @@ def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX
                 if sink.out:
                     yield from sink.take()
             rd.end()
+            note_damage(fp, "<stdin>" if src == "-" else src, stats)
             yield from sink.take()
         finally:
             if fp is not sys.stdin.buffer:

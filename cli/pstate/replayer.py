@@ -32,7 +32,7 @@ from pstate import __version__, native, schema
 from pstate.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
-from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, open_input
+from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
 from pstate.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
 
 # The native check of plainly written state records (None when not built or
@@ -386,6 +386,7 @@ class Replayer:
                     self._lines(buf, s, e, offset)
                 if self.stop_reason:
                     raise Stop()
+            note_damage(fp, self.name, self.stats)
         except OSError as e:
             if isinstance(e, BrokenPipeError):
                 raise

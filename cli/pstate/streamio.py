@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat as _stat
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Iterable, Iterator
@@ -129,24 +130,57 @@ class ReadStats:
         return int(ExitCode.DATAERR) if (strict and problems) else int(ExitCode.OK)
 
 
-def open_input(path: str) -> IO[bytes]:
+def open_input(path: str, decompress: bool = True) -> IO[bytes]:
+    """A source to read: a file or "-" (standard input), decompressed when
+    its first bytes say zstd or gzip (pstate.compression). decompress False
+    (readers that select() on the descriptor and read it directly): the
+    source as it is, nothing read from it yet."""
     if path == "-":
-        return sys.stdin.buffer
+        return _decompressed(sys.stdin.buffer, "<stdin>") if decompress else sys.stdin.buffer
     try:
         st = os.stat(path)
     except OSError as e:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
-    import stat as _stat
-
     if _stat.S_ISDIR(st.st_mode):
         raise PstateError(f"{path} is a directory", ExitCode.NOINPUT)
     if not (_stat.S_ISREG(st.st_mode) or _stat.S_ISFIFO(st.st_mode)):
         # /dev/zero and friends would never end.
         raise PstateError(f"{path} is not a regular file or a pipe", ExitCode.NOINPUT)
     try:
-        return open(path, "rb")
+        fp = open(path, "rb")
     except OSError as e:
         raise PstateError(f"cannot open {path}: {e.strerror}", ExitCode.NOINPUT) from None
+    return _decompressed(fp, path) if decompress else fp
+
+
+def _decompressed(fp, name: str):
+    """fp, or a reader of its decompressed bytes. A regular file is looked at
+    without moving its offset; a pipe through its buffer (peek), so readers
+    take its bytes with read() or read1(), never from the raw file under it."""
+    from pstate.compression import open_decompressed, sniff
+
+    try:
+        try:
+            fd = fp.fileno()
+        except (OSError, ValueError, io.UnsupportedOperation):
+            fd = None  # an in-memory stream (tests): peek() serves
+        if fd is not None and _stat.S_ISREG(os.fstat(fd).st_mode):
+            if not sniff(os.pread(fd, 4, 0)):
+                return fp
+        return open_decompressed(fp, name)[0]
+    except BaseException:
+        if fp is not sys.stdin.buffer:
+            fp.close()
+        raise
+
+
+def note_damage(fp, name: str, stats: "ReadStats") -> None:
+    """After a source was read to its end: a compressed stream that was cut
+    short or corrupt is reported like a truncated file."""
+    damage = getattr(fp, "damage", None)
+    if damage:
+        what = "cut short" if damage == "truncated" else damage
+        stats.truncated_tail = f"{name} (the compressed data is {what}: read up to there)"
 
 
 def _valid_int(v) -> bool:
@@ -227,11 +261,14 @@ class LineWriter:
     Flushes after every write() batch when the output is a terminal or
     unbuffered is set; otherwise when the buffer fills or flush() is called.
     Only a regular file is fsync'd (a FIFO, pipe or /dev/null cannot be).
+    A file named *.zst or *.gz is written compressed (pstate.compression);
+    flush() then ends a compressed block, so what was written decodes.
     BrokenPipeError propagates: the caller decides to end quietly.
     """
 
     def __init__(self, target: "str | OutputFile | None" = None, unbuffered: bool = False):
         self.out = None
+        self._file = None
         if target is None or target == "-":
             self.path = target
             self.fp = sys.stdout.buffer
@@ -243,11 +280,22 @@ class LineWriter:
         self.lines = 0
 
     def _attach(self, out: "OutputFile") -> None:
+        from pstate.compression import compressed_writer, compressor_for
+
         self.out = out
         self.path = out.path
-        self.fp = io.open(out.fd, "wb", buffering=1 << 20)
+        self._file = io.open(out.fd, "wb", buffering=1 << 20)
+        kind = compressor_for(out.path)  # rec.jsonl.zst, rec.jsonl.gz
+        self.fp = compressed_writer(self._file, kind) if kind else self._file
         self.tty = os.isatty(out.fd)
         self.owned = True
+
+    def _close_file(self) -> None:
+        try:
+            self.fp.close()  # a compressor ends its frame
+        finally:
+            if self._file is not self.fp:
+                self._file.close()
 
     @property
     def regular(self) -> bool:
@@ -285,7 +333,7 @@ class LineWriter:
         """Finish the current file (flush, fsync, close) and open its path
         again: after logrotate renamed it, a new file. Regular files only."""
         self.sync()
-        self.fp.close()
+        self._close_file()
         self._attach(open_output(self.out.path))
 
     def close(self, sync: bool = False) -> None:
@@ -296,4 +344,4 @@ class LineWriter:
                 self.fp.flush()
         finally:
             if self.owned:
-                self.fp.close()
+                self._close_file()

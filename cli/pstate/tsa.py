@@ -42,7 +42,7 @@ from pstate import native, schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.latency import SUB_BITS, LogHist
 from pstate.reader import LineError, StreamReader, state_row
-from pstate.streamio import MAX_LINE, ReadStats, open_input
+from pstate.streamio import MAX_LINE, ReadStats, note_damage, open_input
 
 BY_KEYS = ("pid", "tid", "comm")
 LIFECYCLE = ("fork", "exec", "exit")
@@ -650,23 +650,36 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
     dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
     for src in sources:
         name = "<stdin>" if src == "-" else src
-        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES:
+        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
                             use_native=use_native)
             continue
         fp = open_input(src)
         try:
             dig.begin(name)
-            read = getattr(fp, "raw", fp).read
+            read = getattr(fp, "read1", None) or fp.read  # a peeked pipe's bytes are in its buffer
             while True:
                 data = read(chunk)
                 if not data:
                     break
                 dig.feed(data)
             dig.end()
+            note_damage(fp, name, stats)
         finally:
             if fp is not sys.stdin.buffer:
                 fp.close()
+
+
+def compressed(path: str) -> bool:
+    """Whether a file starts like zstd or gzip data (parts of it cannot be
+    read on their own)."""
+    from pstate.compression import GZIP_MAGIC, ZSTD_MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return f.read(4).startswith((ZSTD_MAGIC, GZIP_MAGIC))
+    except OSError:
+        return False
 
 
 def _size(path: str) -> int:

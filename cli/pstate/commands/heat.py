@@ -166,7 +166,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         else:
             from pstate.streamio import open_input
 
-            fp = open_input(src)
+            fp = open_input(src, decompress=False)  # read by descriptor
             fd, name = fp.fileno(), src
         # A regular file has no pace to keep up with: read all of it.
         import stat

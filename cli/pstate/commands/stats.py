@@ -334,7 +334,7 @@ class IntervalRunner:
     # A pipe or a terminal: wall-clock intervals, select() so they fire with no input.
     def stream(self, src: str, *, strict: bool) -> None:
         self.live = True
-        fp = open_input(src)
+        fp = open_input(src, decompress=False)  # select() and os.read on its descriptor
         fd = fp.fileno()
         dig = self.dig
         dig.strict = strict
