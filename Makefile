@@ -48,7 +48,7 @@ clean:
 
 # Regenerate man/ and completions/ from the click commands and schema.py.
 artifacts:
-	$(PY) -m pstate.docgen
+	$(PY) -m pstate.docs.docgen
 
 # A private venv (system site packages: bcc comes from apt) under
 # $(PREFIX)/lib/pstate, pstate linked into $(PREFIX)/bin, man pages and

@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "cli"))
 
-from pstate import eventcodec as ec  # noqa: E402
-from pstate.kstates import KernelStates, read_kernel_states  # noqa: E402
+from pstate.kernel import eventcodec as ec  # noqa: E402
+from pstate.kernel.kstates import KernelStates, read_kernel_states  # noqa: E402
 
 COMMS = [b"kworker/0:1", b"python3", b"chrome", b"Xorg", b"systemd-journal", b"postgres",
          b"nginx", b"ksoftirqd/1", b"rcu_preempt", b"java", b"C2 CompilerThre", b"sshd"]

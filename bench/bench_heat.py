@@ -45,8 +45,8 @@ import orjson
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
 
-from pstate import heatrender as hr  # noqa: E402
-from pstate import live  # noqa: E402
+from pstate.render import heatdraw as hr  # noqa: E402
+from pstate.render import dashboard  # noqa: E402
 
 PRODUCER = r"""
 import os, sys, time
@@ -104,11 +104,11 @@ def make_stream(n: int, rate: int, path: str, ntasks: int = 600) -> None:
             f.write(b"\n".join(buf) + b"\n")
 
 
-NATIVE_READER = live._parse_states  # None: not built, or PSTATE_PURE=1
+NATIVE_READER = dashboard._parse_states  # None: not built, or PSTATE_PURE=1
 
 
 def use_reader(impl: str) -> None:
-    live._parse_states = NATIVE_READER if impl == "native" else None
+    dashboard._parse_states = NATIVE_READER if impl == "native" else None
 
 
 def run_once(path: str, rate: float, args) -> dict:
@@ -119,8 +119,8 @@ def run_once(path: str, rate: float, args) -> dict:
     prod = subprocess.Popen([sys.executable, "-c", PRODUCER, path, str(rate), "200"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # keys=False: leave the terminal this benchmark runs in alone.
-    opts = live.LiveOptions(window_ns=10_000_000_000, refresh=4.0, style=hr.Style(True, False), keys=False)
-    res = live.run_live(prod.stdout.fileno(), slave, opts, tty=True)
+    opts = dashboard.LiveOptions(window_ns=10_000_000_000, refresh=4.0, style=hr.Style(True, False), keys=False)
+    res = dashboard.run_live(prod.stdout.fileno(), slave, opts, tty=True)
     t_end = time.monotonic()
     times = prod.stderr.read().decode().split()
     prod.wait()
@@ -145,17 +145,17 @@ def capacity(path: str, k: int, rate: int = 200_000) -> dict:
     feed the stream from memory with sampling fixed at 1/k, drawing a
     120x40 colour frame (to /dev/null) for every quarter second of events
     at rate. Returns events per CPU second."""
-    from pstate import heatmap as hm
-    from pstate.streamio import ReadStats
+    from pstate.render import heatmodel as hm
+    from pstate.stream.streamio import ReadStats
 
     data = open(path, "rb").read()
     chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
     out = os.open(os.devnull, os.O_WRONLY)
-    opts = live.LiveOptions(width=120, height=40, style=hr.Style(True, False), keys=False)
-    dash = live.Dashboard(opts, out, True)
+    opts = dashboard.LiveOptions(width=120, height=40, style=hr.Style(True, False), keys=False)
+    dash = dashboard.Dashboard(opts, out, True)
     model = hm.Window(dash.bucket, dash.ncols, "tid", None, None)
     model.sample_every = k
-    feeder = live.Feeder(model, ReadStats(), "bench", False)
+    feeder = dashboard.Feeder(model, ReadStats(), "bench", False)
     feeder.k = k
     per_frame = rate // 4
     next_frame = per_frame

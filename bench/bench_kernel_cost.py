@@ -63,7 +63,7 @@ def log(msg: str) -> None:
 
 def _patch_source(src_dir: str | None, text: str | None = None) -> None:
     """Make pstate's loader compile BPF C from src_dir (or `text`)."""
-    from pstate import loader
+    from pstate.kernel import loader
 
     def source(name: str) -> str:
         if text is not None:
@@ -78,7 +78,7 @@ def floor_main(text: str = FLOOR_C) -> int:
     """Attach the empty programs through pstate's loader; wait for SIGTERM."""
     import signal
 
-    from pstate import loader
+    from pstate.kernel import loader
 
     _patch_source(None, text)
     prog = loader.Program("floor", {})

@@ -50,7 +50,9 @@ sys.path.insert(0, str(ROOT / "cli"))
 
 import orjson  # noqa: E402
 
-from pstate import streamio, tsa  # noqa: E402
+from pstate.stream import streamio  # noqa: E402
+from pstate.analysis import timeinstate  # noqa: E402
+from pstate.analysis import ingest
 
 T0 = 1_000_000_000_000
 
@@ -109,15 +111,15 @@ def timed(fn):
 
 def run_fast(path):
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("pid")
-    tsa.digest_files([str(path)], agg, st)
+    agg = timeinstate.Aggregator("pid")
+    ingest.digest_files([str(path)], agg, st)
     agg.summarise(st)
 
 
 def run_careful(path):
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("pid")
-    tsa.digest_records(streamio.read_records([str(path)], st), agg)
+    agg = timeinstate.Aggregator("pid")
+    ingest.digest_records(streamio.read_records([str(path)], st), agg)
     agg.summarise(st)
 
 

@@ -4,7 +4,7 @@
 The recording is synthetic but byte-for-byte what `pstate record` writes: a
 simulated scheduler (threads of several processes on 8 CPUs going running ->
 sleeping/D/preempted -> runnable -> running, with consistent durations) emits
-the BPF side's binary records, and record's own encoder (pstate.eventcodec)
+the BPF side's binary records, and record's own encoder (pstate.kernel.eventcodec)
 turns them into JSON lines. It is generated once and cached under
 bench/.cache/.
 """
@@ -30,7 +30,7 @@ NCPU = 8
 
 
 def _kernel_states():
-    from pstate.kstates import KernelStates
+    from pstate.kernel.kstates import KernelStates
 
     # The print_fmt of current kernels (6.x): what read_kernel_states() finds.
     return KernelStates(report_mask=0xFF, preempt_bit=0x100,
@@ -39,8 +39,8 @@ def _kernel_states():
 
 def generate(path: str, n: int, seed: int = 8, log=print) -> None:
     """Write a v1 recording of n events to path (atomically)."""
-    from pstate import eventcodec as ec
-    from pstate.meta import meta_record
+    from pstate.kernel import eventcodec as ec
+    from pstate.stream.meta import meta_record
 
     ks = _kernel_states()
     rnd = random.Random(seed)

@@ -25,7 +25,7 @@ def bpf_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "not root"
     try:
-        from pstate import loader
+        from pstate.kernel import loader
 
         loader.import_bcc()
         loader.ensure_tracefs()

@@ -10,7 +10,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from pstate import __version__, kstates
+from pstate import __version__
+from pstate.kernel import kstates
 from pstate.main import COMMANDS, cli
 
 needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")

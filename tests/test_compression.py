@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pstate import compression
+from pstate.stream import compression
 from pstate.exitcodes import PstateError
 
 zstd = pytest.importorskip("zstandard")

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pstate.meta import meta_record, rfc3339
+from pstate.stream.meta import meta_record, rfc3339
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -12,8 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from odd_lines import ODD_LINES
-from pstate import native, streamio, tables, tsa
-from pstate.latency import bucket_index
+from pstate import native
+from pstate.stream import streamio
+from pstate.render import tables
+from pstate.analysis import timeinstate
+from pstate.analysis import ingest
+from pstate.analysis.latency import bucket_index
 from pstate.exitcodes import PstateError
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -28,17 +32,17 @@ def test_native_loop_is_built():
     if native.PURE:
         pytest.skip("PSTATE_PURE is set")
     assert NATIVE is not None, "pstate._digest did not build or import: pip install -e . needs gcc and python3-dev"
-    assert tsa._digest is NATIVE
+    assert ingest._digest is NATIVE
 
 
 def digest(data: bytes, by: str, chunk: int, *, use_native: bool, strict: bool = False,
            interval_at: int | None = None, max_line: int = 1 << 20):
-    saved = tsa._digest
-    tsa._digest = NATIVE if use_native else None
+    saved = ingest._digest
+    ingest._digest = NATIVE if use_native else None
     try:
         stats = streamio.ReadStats()
-        agg = tsa.Aggregator(by)
-        dig = tsa.LineDigester(agg, stats, strict=strict, max_line=max_line)
+        agg = timeinstate.Aggregator(by)
+        dig = ingest.LineDigester(agg, stats, strict=strict, max_line=max_line)
         dig.begin("in.jsonl")
         try:
             for i in range(0, len(data), chunk):
@@ -54,7 +58,7 @@ def digest(data: bytes, by: str, chunk: int, *, use_native: bool, strict: bool =
         return ("ok", rep, dict(stats.first_bad), stats.metas, stats.ends, stats.lines, stats.records,
                 stats.truncated_tail, agg.events, list(agg.tasks.items()), list(agg.cells.items()))
     finally:
-        tsa._digest = saved
+        ingest._digest = saved
 
 
 def both(data: bytes, by: str = "pid", chunk: int = 1 << 20, **kw):
@@ -128,18 +132,18 @@ def test_intervals_clip_alike(at):
 
 
 def test_take_is_idempotent_and_sync_runs_before_reads():
-    agg = tsa.Aggregator("pid")
+    agg = timeinstate.Aggregator("pid")
     dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
     data = lines(*PLAIN)
     stop, n, due = dig.digest(data, 0, len(data) - 1, 1 << 20)
     assert (stop, n, due) == (len(data), 200, False)
     agg.add_digested(*dig.take())
     agg.flushers.append(lambda: agg.add_digested(*dig.take(True)))
-    assert len(agg.tasks) == 3 and sum(c[tsa.C_N] for c in agg.cells.values()) == 200
-    assert all(not c[tsa.C_HIST] for c in agg.cells.values())  # held back until sync
+    assert len(agg.tasks) == 3 and sum(c[timeinstate.C_N] for c in agg.cells.values()) == 200
+    assert all(not c[timeinstate.C_HIST] for c in agg.cells.values())  # held back until sync
     agg.sync()
     agg.sync()
-    assert sum(sum(c[tsa.C_HIST].values()) for c in agg.cells.values()) == sum(
+    assert sum(sum(c[timeinstate.C_HIST].values()) for c in agg.cells.values()) == sum(
         1 for r in PLAIN if r["dur_ns"] is not None)
     assert dig.take(True) == (0, [], [], [])
 
@@ -165,7 +169,7 @@ def test_the_digester_touches_no_python_object():
 
 
 def test_bad_arguments_raise_not_crash():
-    agg = tsa.Aggregator("pid")
+    agg = timeinstate.Aggregator("pid")
     dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
     with pytest.raises(ValueError):
         dig.digest(b"abc", 0, 10, 100)

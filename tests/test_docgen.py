@@ -11,11 +11,13 @@ from pathlib import Path
 
 import click
 
-from pstate.options import STATE_LETTERS, StateName
+from pstate.commands.options import STATE_LETTERS, StateName
 import pytest
 from click.shell_completion import ShellComplete
 
-from pstate import docgen, manprose, schema
+from pstate.docs import docgen
+from pstate.docs import manprose
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode
 from pstate.main import COMMANDS, cli
 
@@ -215,7 +217,7 @@ def test_nothing_machine_specific_in_artifacts(rendered):
 
 
 def test_check_names_the_refresh_command(tmp_path, rendered):
-    cmd = [sys.executable, "-m", "pstate.docgen", "--check", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "pstate.docs.docgen", "--check", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert STALE in r.stderr and "man/pstate-record.1" in r.stderr

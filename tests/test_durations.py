@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pstate.durations import Duration, fmt_ns, parse_ns
+from pstate.stream.durations import Duration, fmt_ns, parse_ns
 
 
 @pytest.mark.parametrize("text, ns", [

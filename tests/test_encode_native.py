@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pstate import eventcodec as ec
-from pstate.eventcodec import REC_FMT, Encoder
-from pstate.kstates import KernelStates, read_kernel_states
+from pstate.kernel import eventcodec as ec
+from pstate.kernel.eventcodec import REC_FMT, Encoder
+from pstate.kernel.kstates import KernelStates, read_kernel_states
 
 pytestmark = pytest.mark.skipif(ec._encode is None, reason="pstate._encode is not built (or PSTATE_PURE=1)")
 

@@ -8,11 +8,11 @@ import struct
 import orjson
 import pytest
 
-from pstate import eventcodec as ec
-from pstate import schema
-from pstate.eventcodec import REC_FMT, Encoder
-from pstate.kstates import KernelStates
-from pstate.streamio import check_record
+from pstate.kernel import eventcodec as ec
+from pstate.stream import schema
+from pstate.kernel.eventcodec import REC_FMT, Encoder
+from pstate.kernel.kstates import KernelStates
+from pstate.stream.streamio import check_record
 
 KS = KernelStates(report_mask=0xFF, preempt_bit=0x100,
                   letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})

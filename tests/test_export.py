@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from conftest import clean_env, pstate_cmd
 from pstate.commands.export import cli as export_cli
-from pstate.traceexport import prev_state_bits
+from pstate.render.traceexport import prev_state_bits
 
 pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pstate.filters import Filter
+from pstate.stream.filters import Filter
 
 MS = 1_000_000
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pstate import headers
-from pstate.headers import HeadersNotFound
+from pstate.kernel import headers
+from pstate.kernel.headers import HeadersNotFound
 
 
 def debian_split(root, version="6.1.0-9"):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import orjson
 
-from pstate import heatmap as hm
-from pstate import live
-from pstate.streamio import MAX_LINE, ReadStats
+from pstate.render import heatmodel as hm
+from pstate.render import dashboard
+from pstate.stream.streamio import MAX_LINE, ReadStats
 
 DATA = Path(__file__).parent / "data" / "heat"
 SMALL = DATA / "small.jsonl"
@@ -38,7 +38,7 @@ def line(ts, tid, frm, to, dur=1000):
 
 def feeder(k=1, measure=None):
     model = hm.Window(1_000_000, 100, "tid", None, measure)
-    f = live.Feeder(model, ReadStats(), "<test>", False)
+    f = dashboard.Feeder(model, ReadStats(), "<test>", False)
     f.k = k
     model.sample_every = k
     return f, model
@@ -147,9 +147,9 @@ def run_pipe(data: bytes, **kw):
     tr = threading.Thread(target=reader, daemon=True)
     tw.start()
     tr.start()
-    opts = live.LiveOptions(width=80, height=24, refresh=20, **kw)
+    opts = dashboard.LiveOptions(width=80, height=24, refresh=20, **kw)
     try:
-        res = live.run_live(r_in, w_out, opts, tty=False)
+        res = dashboard.run_live(r_in, w_out, opts, tty=False)
     finally:
         os.close(w_out)
         os.close(r_in)  # a writer still writing gets EPIPE and ends
@@ -234,8 +234,8 @@ def test_terminal_is_set_up_and_restored_at_end_of_input():
     with open(SMALL, "rb") as fp:
         rc, out, err = _pty_run(["heat", "--live", "--window", "1s", "--color", "never"], fp)
     assert rc == 0, err
-    assert out.startswith(live.ALT_ON + live.CUR_HIDE)
-    i = out.rindex(live.CUR_SHOW + live.ALT_OFF)
+    assert out.startswith(dashboard.ALT_ON + dashboard.CUR_HIDE)
+    i = out.rindex(dashboard.CUR_SHOW + dashboard.ALT_OFF)
     final = out[i:]
     assert "worker 101" in final and "input ended (end of input)" in final
 
@@ -250,8 +250,8 @@ def test_sigterm_restores_the_terminal_and_exits_143():
         os.close(w)
         os.close(r)
     assert rc == 143
-    assert live.CUR_SHOW + live.ALT_OFF in out
-    assert "input ended (signal)" in out.split(live.ALT_OFF)[-1]
+    assert dashboard.CUR_SHOW + dashboard.ALT_OFF in out
+    assert "input ended (signal)" in out.split(dashboard.ALT_OFF)[-1]
 
 
 def test_ctrl_c_restores_the_terminal_and_exits_0():
@@ -264,7 +264,7 @@ def test_ctrl_c_restores_the_terminal_and_exits_0():
         os.close(w)
         os.close(r)
     assert rc == 0, err
-    assert out.split(live.ALT_OFF)[-1].count("input ended (stopped)") == 1
+    assert out.split(dashboard.ALT_OFF)[-1].count("input ended (stopped)") == 1
 
 
 def test_newer_format_stops_with_65():

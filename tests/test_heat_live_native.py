@@ -17,15 +17,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from odd_lines import ODD_LINES
-from pstate import heatmap as hm
-from pstate import heatrender as hr
-from pstate import live, native
+from pstate.render import heatmodel as hm
+from pstate.render import heatdraw as hr
+from pstate import native
+from pstate.render import dashboard
 from pstate.exitcodes import PstateError
-from pstate.filters import Filter
-from pstate.streamio import ReadStats
+from pstate.stream.filters import Filter
+from pstate.stream.streamio import ReadStats
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-NATIVE = live._parse_states if live._parse_states is not None else getattr(
+NATIVE = dashboard._parse_states if dashboard._parse_states is not None else getattr(
     native.load("_digest"), "parse_states", None)
 SMALL = Path(__file__).parent / "data" / "heat" / "small.jsonl"
 
@@ -38,7 +39,7 @@ def test_native_reader_is_built():
     if native.PURE:
         pytest.skip("PSTATE_PURE is set")
     assert NATIVE is not None, "pstate._digest did not build or import: pip install -e . needs gcc and python3-dev"
-    assert live._parse_states is NATIVE
+    assert dashboard._parse_states is NATIVE
 
 
 # --- running a Feeder both ways -------------------------------------------------------
@@ -51,25 +52,25 @@ def model_state(m: hm.Window) -> tuple:
             [(c, list(col.items())) for c, col in m.grid.cols.items()], list(m.lat.items()))
 
 
-def frame(m: hm.Window, opts: live.LiveOptions) -> list[str]:
-    dash = live.Dashboard(opts, -1, False)
+def frame(m: hm.Window, opts: dashboard.LiveOptions) -> list[str]:
+    dash = dashboard.Dashboard(opts, -1, False)
     dash.bucket, dash.ncols = m.bucket, m.ncols
     return dash.frame(m, lambda n: f"{n} tasks")
 
 
 def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid", measure=None,
         filt=None, strict: bool = False, shade=None, max_line: int | None = None):
-    saved = live._parse_states, live.MAX_LINE
-    live._parse_states = NATIVE if use_native else None
+    saved = dashboard._parse_states, dashboard.MAX_LINE
+    dashboard._parse_states = NATIVE if use_native else None
     if max_line is not None:
-        live.MAX_LINE = max_line
+        dashboard.MAX_LINE = max_line
     try:
-        opts = live.LiveOptions(by=by, measure=measure, shade=shade, width=100, height=20, filt=filt,
+        opts = dashboard.LiveOptions(by=by, measure=measure, shade=shade, width=100, height=20, filt=filt,
                                 style=hr.PLAIN, window_ns=50_000_000)
         model = hm.Window(1_000_000, 50, by, filt, measure)
         model.sample_every = k
         stats = ReadStats()
-        f = live.Feeder(model, stats, "in.jsonl", strict)
+        f = dashboard.Feeder(model, stats, "in.jsonl", strict)
         f.k = k
         err = None
         try:
@@ -82,7 +83,7 @@ def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid
                 stats.first_bad, stats.truncated_tail, stats.metas, stats.loss, stats.ends,
                 model_state(model), frame(model, opts))
     finally:
-        live._parse_states, live.MAX_LINE = saved
+        dashboard._parse_states, dashboard.MAX_LINE = saved
 
 
 def both(data: bytes, chunk: int = 1 << 17, **kw):

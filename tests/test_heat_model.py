@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pstate import heatmap as hm
-from pstate import snapfiles
-from pstate.filters import Filter
-from pstate.streamio import ReadStats
+from pstate.render import heatmodel as hm
+from pstate.render import heatviews
+from pstate.snapshots import snapdir
+from pstate.stream.filters import Filter
+from pstate.stream.streamio import ReadStats
 
 DATA = Path(__file__).parent / "data" / "heat"
 MS = 1_000_000
@@ -64,12 +65,12 @@ def test_grid_paint_splits_and_clamps():
 
 def test_dominant_prefers_most_time_and_first_on_ties():
     cell = [0] * (hm.NSTATES + 1)
-    assert hm.dominant(cell) is None
+    assert heatviews.dominant(cell) is None
     cell[S] = 5
     cell[R] = 5
-    assert hm.dominant(cell) == R  # running comes first in the vocabulary
+    assert heatviews.dominant(cell) == R  # running comes first in the vocabulary
     cell[D] = 6
-    assert hm.dominant(cell) == D
+    assert heatviews.dominant(cell) == D
 
 
 # --- tracker ---------------------------------------------------------------------------------
@@ -98,11 +99,11 @@ def test_intervals_come_from_dur_ns_and_open_states_last_to_the_end():
     assert t.totals[2][S] == 20 * MS
     assert t.totals[1][hm.BUSY] == 40 * MS and t.totals[2][hm.BUSY] == 30 * MS
     g = t.state_grid([1, 2], 0, 10 * MS, 50 * MS)
-    rows, seen = hm.state_rows(g, [1, 2], 0, 5, None)
+    rows, seen = heatviews.state_rows(g, [1, 2], 0, 5, None)
     assert rows[0] == [None, R, D, D, D]
     assert rows[1] == [R, R, R, S, S]
     assert seen == sorted({R, D, S})
-    share, _ = hm.state_rows(g, [1], 0, 5, D)
+    share, _ = heatviews.state_rows(g, [1], 0, 5, D)
     assert share == [[None, 0.0, 1.0, 1.0, 1.0]]
 
 
@@ -163,13 +164,13 @@ def test_latency_rows_merge_when_taller_than_allowed():
     cols = {0: [0] * hm.NLOG2, 3: [0] * hm.NLOG2}
     cols[0][10] = 4
     cols[3][20] = 1
-    rows, spans, per = hm.latency_rows(cols, 0, 4, 100)
+    rows, spans, per = heatviews.latency_rows(cols, 0, 4, 100)
     assert per == 1 and len(rows) == 11 and spans[0] == (20, 20) and spans[-1] == (10, 10)
     assert rows[0] == [0, 0, 0, 1] and rows[-1] == [4, 0, 0, 0]
-    rows, spans, per = hm.latency_rows(cols, 0, 4, 4)
+    rows, spans, per = heatviews.latency_rows(cols, 0, 4, 4)
     assert per == 3 and len(rows) == 4 and spans[0] == (18, 20)
     assert sum(map(sum, rows)) == 5
-    assert hm.latency_rows({}, 0, 4, 4) == ([], [], 1)
+    assert heatviews.latency_rows({}, 0, 4, 4) == ([], [], 1)
 
 
 # --- the live window -------------------------------------------------------------------------
@@ -195,10 +196,10 @@ def test_window_overlay_shows_a_task_stuck_in_d():
     keys = w.rank(scores, 5)
     assert keys[0] == 1
     ov = w.overlay(keys)
-    rows, seen = hm.state_rows(w.grid, keys, w.advance(), 10, None, ov)
+    rows, seen = heatviews.state_rows(w.grid, keys, w.advance(), 10, None, ov)
     assert rows[0] == [D] * 9 + [None] and D in seen  # now is the start of the last bucket
     w.feed(st(195, 2, "sleeping", "sleeping", 5))
-    rows, seen = hm.state_rows(w.grid, keys, w.advance(), 10, None, w.overlay(keys))
+    rows, seen = heatviews.state_rows(w.grid, keys, w.advance(), 10, None, w.overlay(keys))
     assert rows[0] == [D] * 10
     assert w.scores(D)[1] == 95 and w.scores(D).get(2, 0) == 0
 
@@ -225,25 +226,25 @@ def test_window_prune_forgets_dead_tasks():
 
 
 def test_snapshot_reader_lists_only_snapshot_files_in_order():
-    names = snapfiles.list_dir(str(DATA / "snaps"))
+    names = snapdir.list_dir(str(DATA / "snaps"))
     assert len(names) == 4 and names == sorted(names)
     stats = ReadStats()
-    snaps = snapfiles.read_dir(str(DATA / "snaps"), stats)
+    snaps = snapdir.read_dir(str(DATA / "snaps"), stats)
     assert [s.meta["seq"] for s in snaps] == [0, 1, 2, 3] and all(s.end is not None for s in snaps)
 
 
 def test_snapshot_cumulative_differences_and_pid_reuse():
-    snaps = snapfiles.read_dir(str(DATA / "snaps"), ReadStats())
-    values, labels = hm.snapshot_values(snaps, ("running",), "pid")
+    snaps = snapdir.read_dir(str(DATA / "snaps"), ReadStats())
+    values, labels = heatviews.snapshot_values(snaps, ("running",), "pid")
     per_snap = [vals for _iv, vals in values]
     # nginx: 6 s (+6 s on odd intervals) + 20 s per interval, differenced
     assert [v[10] for v in per_snap] == [26000 * MS, 32000 * MS, 26000 * MS, 32000 * MS]
     # pid 40: cron (1 s) in 0-1, then rsync (a new identity) counted from its start
     assert per_snap[0][40] == 1000 * MS and per_snap[2][40] == 25000 * MS and per_snap[3][40] == 30000 * MS
     assert labels[40] == "rsync"
-    cells, spans, per = hm.snapshot_view_cells(values, [10], 80)
+    cells, spans, per = heatviews.snapshot_view_cells(values, [10], 80)
     assert per == 1 and cells[0][0] == pytest.approx(26 / 60)
-    cells, spans, per = hm.snapshot_view_cells(values, [10], 2)
+    cells, spans, per = heatviews.snapshot_view_cells(values, [10], 2)
     assert per == 2 and cells[0][0] == pytest.approx(58 / 120)
 
 
@@ -253,7 +254,7 @@ def test_snapshot_values_skip_counts_from_before_the_interval(tmp_path):
             "mode": "delta"}
     row = {"type": "task", "ts": 2 * s, "pid": 1, "tid": 1, "comm": "x", "start_ts": 0, "running_ns": 5 * s}
     ok = dict(row, tid=2, running_ns=s // 2)
-    values, _ = hm.snapshot_values([snapfiles.Snapshot("a", meta, [row, ok], {})], ("running",), "tid")
+    values, _ = heatviews.snapshot_values([snapdir.Snapshot("a", meta, [row, ok], {})], ("running",), "tid")
     assert values[0][1] == {2: s // 2}  # 5 s of running in a 1 s interval cannot be right
 
 
@@ -269,7 +270,7 @@ def test_snapshot_bad_rows_are_skipped(tmp_path):
         "\n".join(json.dumps(x) for x in lines) + "\n")
     (d / ".pstate-snap-20250101T120100.000000Z-000001.jsonl").write_text("hidden\n")
     stats = ReadStats()
-    snaps = snapfiles.read_dir(str(d), stats)
+    snaps = snapdir.read_dir(str(d), stats)
     assert len(snaps) == 1 and len(snaps[0].rows) == 1 and snaps[0].end is None
     assert stats.skipped == {'task row with a bad or missing "pid"': 1, 'task row with a bad "running_ns"': 1}
 
@@ -282,7 +283,7 @@ def test_snapshot_runs_are_not_differenced_across():
                 "mode": mode, "run_id": run, "boot_id": boot, "seq": seq}
         row = {"type": "task", "ts": end, "pid": 1, "tid": 1, "comm": "x", "start_ts": start,
                "running_ns": running}
-        return snapfiles.Snapshot(f"s{seq}", meta, [row], {})
+        return snapdir.Snapshot(f"s{seq}", meta, [row], {})
 
     snaps = [
         snap("r1", "b1", 0, 10 * s, 1, 4 * s),
@@ -290,7 +291,7 @@ def test_snapshot_runs_are_not_differenced_across():
         snap("r2", "b1", 100 * s, 110 * s, 3, 2 * s),  # a new run: counts from its own start
         snap("r1", "b2", 0, 30 * s, 4, 1 * s),  # another boot with the same run id: not a continuation
     ]
-    values, _ = hm.snapshot_values(snaps, ("running",), "pid")
+    values, _ = heatviews.snapshot_values(snaps, ("running",), "pid")
     assert [iv for iv, _ in values] == [(0, 10 * s), (10 * s, 20 * s), (100 * s, 110 * s), (0, 30 * s)]
     assert [v.get(1) for _, v in values] == [4 * s, 5 * s, 2 * s, 1 * s]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pstate import heatmap as hm
-from pstate import heatrender as hr
+from pstate.render import heatviews
+from pstate.render import heatdraw as hr
 from pstate.main import cli
 
 HERE = Path(__file__).parent
@@ -142,10 +142,10 @@ def test_levels_linear_and_log():
 
 
 def test_time_ticks():
-    axis = hm.TimeAxis(0, 100 * 1_000_000)
+    axis = heatviews.TimeAxis(0, 100 * 1_000_000)
     ticks = hr.time_ticks(axis, 60)
     assert ticks[0] == (0, "0", "left") and ticks[1] == (10, "1s", "left")
-    ago = hr.time_ticks(hm.TimeAxis(0, 100 * 1_000_000, ago=True), 60)
+    ago = hr.time_ticks(heatviews.TimeAxis(0, 100 * 1_000_000, ago=True), 60)
     assert ago[0] == (59, "now", "right") and ago[1] == (49, "-1s", "right")
     lines = hr.axis_lines(ticks, 60, 3)
     assert lines[0].startswith("   +---------+") and lines[1].startswith("   0         1s")

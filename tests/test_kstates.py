@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from pstate import kstates
-from pstate.kstates import KernelStates, parse_print_fmt
+from pstate.kernel import kstates
+from pstate.kernel.kstates import KernelStates, parse_print_fmt
 
 # `print fmt:` of events/sched/sched_switch/format on Linux 6.1-6.18 (x86_64).
 FMT_6X = (

@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pstate.latency import LogHist, bucket_bounds, bucket_index, bucket_mid, render_log2
+from pstate.analysis.latency import LogHist, bucket_bounds, bucket_index, bucket_mid, render_log2
 
 values = st.integers(min_value=0, max_value=(1 << 64) - 1)
 
@@ -150,7 +150,8 @@ def test_the_native_reader_uses_the_same_buckets():
     Aggregator's inlined copy is checked by the stats tests (native == pure)."""
     import pytest
 
-    from pstate import latency, native
+    from pstate import native
+    from pstate.analysis import latency
 
     mod = native.load("_digest")
     if mod is None:

@@ -23,10 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import test_stats
-from pstate import live, native, schema
+from pstate import native
+from pstate.render import dashboard
+from pstate.stream import schema
 from pstate.main import cli
-from pstate.reader import RecordList, StreamReader, read_records
-from pstate.streamio import BOM, ReadStats
+from pstate.stream.reader import RecordList, StreamReader, read_records
+from pstate.stream.streamio import BOM, ReadStats
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -137,14 +139,14 @@ def test_replay_passes_the_events_the_reader_reads(path):
 
 def test_the_live_feeder_reads_what_read_records_reads(tmp_path):
     """heat --live's Feeder and heat FILE's read_records: the same events."""
-    from pstate import heatmap as hm
+    from pstate.render import heatmodel as hm
 
     path = DATA / "heat" / "small.jsonl"
     model = hm.Window(10**9, 40, by="tid")
     seen = []
     model_states = model.states
     model.states = lambda rows, skip_idle=False: (seen.extend(r[:8] for r in rows), model_states(rows, skip_idle))
-    f = live.Feeder(model, ReadStats(), "small", False)
+    f = dashboard.Feeder(model, ReadStats(), "small", False)
     f.feed(path.read_bytes())
     f.finish()
     want = [tuple(state_fields(r)[k] for k in ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu"))

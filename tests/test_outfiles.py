@@ -1,4 +1,4 @@
-"""Opening -o FILE (pstate.outfiles): no link followed to a file, new files
+"""Opening -o FILE (pstate.stream.outfiles): no link followed to a file, new files
 0600 whatever the umask and the invoking user's under sudo, other users'
 files refused, FIFOs and devices written but never fsync'd."""
 
@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from pstate import outfiles
+from pstate.stream import outfiles
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import LineWriter
+from pstate.stream.streamio import LineWriter
 
 ROOT = os.geteuid() == 0
 

@@ -12,8 +12,9 @@ import struct
 
 import pytest
 
-from pstate import bpfsys, progcache
-from pstate.progcache import CacheMiss, NotCacheable
+from pstate.kernel import bpfsys
+from pstate.kernel import progcache
+from pstate.kernel.progcache import CacheMiss, NotCacheable
 
 ME = os.geteuid()
 
@@ -365,7 +366,7 @@ DESCS = [
 def test_decoded_types_match_bcc(desc):
     t = bpfsys.decode_type(json.loads(desc))
     try:
-        from pstate import loader
+        from pstate.kernel import loader
 
         bcc = loader.import_bcc()
     except Exception:
@@ -406,9 +407,9 @@ def root_cache(tmp_path, monkeypatch):
 
 
 def _record_defines():
-    from pstate import loader
+    from pstate.kernel import loader
     from pstate.commands import record
-    from pstate.filters import Filter
+    from pstate.stream.filters import Filter
 
     ks = loader.kernel_states()
     return record.defines_for(Filter(), ks, max_tasks=4096, rb_pages=64, sample=False)
@@ -416,7 +417,7 @@ def _record_defines():
 
 @pytest.mark.bpf
 def test_warm_program_has_the_same_tables(root_cache):
-    from pstate import loader
+    from pstate.kernel import loader
 
     d = _record_defines()
     cold = loader.Program("record", d)
@@ -455,7 +456,7 @@ def test_warm_program_has_the_same_tables(root_cache):
 
 @pytest.mark.bpf
 def test_refused_cached_program_falls_back_to_compiling(root_cache):
-    from pstate import loader
+    from pstate.kernel import loader
 
     d = _record_defines()
     loader.Program("record", d).close()
@@ -483,7 +484,7 @@ def test_refused_cached_program_falls_back_to_compiling(root_cache):
 
 @pytest.mark.bpf
 def test_bypass_compiles(root_cache, monkeypatch):
-    from pstate import loader
+    from pstate.kernel import loader
 
     d = _record_defines()
     loader.Program("record", d).close()

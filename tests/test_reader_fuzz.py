@@ -37,10 +37,10 @@ import pstate.commands.heat  # noqa: F401  (imported before forking, so children
 import pstate.commands.replay  # noqa: F401
 import pstate.commands.stats  # noqa: F401
 from conftest import clean_env, pstate_cmd
-from pstate import schema
+from pstate.stream import schema
 from pstate.exitcodes import PstateError
 from pstate.main import main as pstate_main
-from pstate.streamio import LineWriter, ReadStats, check_record, read_records
+from pstate.stream.streamio import LineWriter, ReadStats, check_record, read_records
 
 TESTS = Path(__file__).resolve().parent
 CORPUS_DIR = TESTS / "data" / "corpus"
@@ -198,7 +198,8 @@ def three_records() -> bytes:
 
 
 def test_truncated_at_every_byte_offset(tmp_path):
-    from pstate import tsa
+    from pstate.analysis import timeinstate
+    from pstate.analysis import ingest
 
     data = three_records()
     full = [orjson.loads(x) for x in data.splitlines()]
@@ -225,7 +226,7 @@ def test_truncated_at_every_byte_offset(tmp_path):
             assert e.value.exit_code == 65 and e.value.message.endswith(f":{complete + 1}: truncated record")
         # stats' fast path must agree with the reference reader
         fast = ReadStats()
-        tsa.digest_files([str(path)], tsa.Aggregator("pid"), fast, chunk=97)
+        ingest.digest_files([str(path)], timeinstate.Aggregator("pid"), fast, chunk=97)
         assert (fast.records, fast.n_skipped, fast.truncated_tail) == (len(recs), 0, stats.truncated_tail), cut
 
 
@@ -285,7 +286,7 @@ GEN_2GB = (
 )
 READ_STDIN = (
     "import sys\n"
-    "from pstate.streamio import ReadStats, read_records\n"
+    "from pstate.stream.streamio import ReadStats, read_records\n"
     "st = ReadStats()\n"
     "n = sum(1 for _ in read_records(['-'], st))\n"
     "st.report('read_records')\n"

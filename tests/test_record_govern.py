@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pstate import loader
+from pstate.kernel import loader
 from pstate.commands import record
 
 

@@ -14,9 +14,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pstate import __version__, schema
+from pstate import __version__
+from pstate.stream import schema
 from pstate.main import cli as pstate_cli
-from pstate.options import filter_options
+from pstate.commands.options import filter_options
 
 DATA = Path(__file__).resolve().parent / "data" / "replay"
 TWO = DATA / "two_seconds.jsonl"

@@ -1,4 +1,4 @@
-"""The replay engine (pstate.replayer): pacing with a fake clock, the block
+"""The replay engine (pstate.stream.replayer): pacing with a fake clock, the block
 reader, the quick framing check, and that the quick path writes exactly
 what the line-by-line path writes."""
 
@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
-from pstate import replayer
+from pstate.stream import replayer
 from pstate.main import cli as pstate_cli
-from pstate.replayer import Pacer, Replayer, Stop, event_lines, iter_blocks
-from pstate.streamio import LineWriter
+from pstate.stream.replayer import Pacer, Replayer, Stop, event_lines, iter_blocks
+from pstate.stream.streamio import LineWriter
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -317,8 +317,8 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(2*
        st.dictionaries(st.sampled_from(["ts", "cpu", "pid", "tid", "comm", "from", "to", "dur_ns"]), _values),
        st.booleans())
 def test_quick_event_check_accepts_only_what_check_record_accepts(kind, fields, typical):
-    from pstate.replayer import _event_ok
-    from pstate.streamio import check_record
+    from pstate.stream.replayer import _event_ok
+    from pstate.stream.streamio import check_record
 
     rec = {"type": kind, "ts": 1, "cpu": 0, "pid": 1, "tid": 1, "comm": "a", "from": "x", "to": "y",
            "dur_ns": 3} if typical else {"type": kind}

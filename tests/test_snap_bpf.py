@@ -20,7 +20,8 @@ import orjson
 import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
-from pstate import snapfiles, snapstats
+from pstate.snapshots import snapdir
+from pstate.analysis import snapseries
 
 pytestmark = pytest.mark.bpf
 
@@ -54,15 +55,15 @@ def py(code: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
 
 
-def read_dir(d: Path) -> list[snapfiles.Snapshot]:
-    snaps = snapfiles.load([str(d)])
+def read_dir(d: Path) -> list[snapdir.Snapshot]:
+    snaps = snapdir.load([str(d)])
     assert snaps, list(d.iterdir())
     return snaps
 
 
 def analyse(d: Path, **kw) -> dict:
     out, err = io.StringIO(), io.StringIO()
-    assert snapstats.run([str(d)], fmt="json", top=None, by="pid", out=out, err=err, **kw) == 0
+    assert snapseries.run([str(d)], fmt="json", top=None, by="pid", out=out, err=err, **kw) == 0
     return orjson.loads(out.getvalue())
 
 
@@ -209,7 +210,7 @@ def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
                 before = {(r["tid"], r["start_ts"]): r for r in a.rows}
                 for row in b.rows:
                     old = before.get((row["tid"], row["start_ts"]))
-                    for k in snapfiles.counter_fields(row) if old else ():
+                    for k in snapdir.counter_fields(row) if old else ():
                         assert row[k] >= old[k], (k, old, row)
 
 
@@ -311,7 +312,7 @@ def test_full_map_says_truncated(tmp_path):
     assert s.meta["truncated"] is True and s.meta["map_full"] > 0
     assert len(s.rows) <= 64 * 2
     out, err = io.StringIO(), io.StringIO()
-    snapstats.run([str(tmp_path)], fmt="table", top=3, by="pid", out=out, err=err)
+    snapseries.run([str(tmp_path)], fmt="table", top=3, by="pid", out=out, err=err)
     assert "are truncated (the task map was full)" in err.getvalue()
 
 

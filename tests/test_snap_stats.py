@@ -16,7 +16,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pstate import snapfiles, snapstats
+from pstate.snapshots import snapdir
+from pstate.analysis import snapseries
 from pstate.exitcodes import PstateError
 
 HERE = Path(__file__).resolve().parent
@@ -39,7 +40,7 @@ def _in_data_dir(monkeypatch):
 
 def run(paths, fmt="json", by="pid", top=None, **kw):
     out, err = io.StringIO(), io.StringIO()
-    code = snapstats.run([str(p) for p in paths], fmt=fmt, top=top, by=by, out=out, err=err, **kw)
+    code = snapseries.run([str(p) for p in paths], fmt=fmt, top=top, by=by, out=out, err=err, **kw)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -236,38 +237,38 @@ def test_directory_listing_ignores_other_files(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / ".pstate-x.tmp.1.ab").write_text("partial")
     (tmp_path / "pstate-snap-20270101T000000.000000Z-000009.jsonl").symlink_to("/etc/passwd")
-    assert [Path(p).name for p in snapfiles.list_dir(str(tmp_path))] == [sorted(SERIES.iterdir())[0].name]
+    assert [Path(p).name for p in snapdir.list_dir(str(tmp_path))] == [sorted(SERIES.iterdir())[0].name]
 
 
 def test_is_snapshot_source(tmp_path):
     rec = tmp_path / "rec.jsonl"
     rec.write_text('{"type":"meta","schema":1,"source":"record"}\n')
-    assert snapfiles.is_snapshot_source(str(SERIES))
-    assert snapfiles.is_snapshot_source(str(sorted(SERIES.iterdir())[0]))
-    assert not snapfiles.is_snapshot_source(str(rec))
-    assert not snapfiles.is_snapshot_source("-")
+    assert snapdir.is_snapshot_source(str(SERIES))
+    assert snapdir.is_snapshot_source(str(sorted(SERIES.iterdir())[0]))
+    assert not snapdir.is_snapshot_source(str(rec))
+    assert not snapdir.is_snapshot_source("-")
 
 
 def test_names_round_trip_and_sort_by_time():
-    a = snapfiles.snapshot_name(1_800_000_000 * S + 123_456_000, 7, "jsonl")
+    a = snapdir.snapshot_name(1_800_000_000 * S + 123_456_000, 7, "jsonl")
     assert a == "pstate-snap-20270115T080000.123456Z-000007.jsonl"
-    assert snapfiles.parse_name(a) == (1_800_000_000 * S + 123_456_000, 7, "jsonl")
-    b = snapfiles.snapshot_name(1_800_000_001 * S, 8, "jsonl")
+    assert snapdir.parse_name(a) == (1_800_000_000 * S + 123_456_000, 7, "jsonl")
+    b = snapdir.snapshot_name(1_800_000_001 * S, 8, "jsonl")
     assert sorted([b, a]) == [a, b]
-    assert snapfiles.parse_name("pstate-snap-2027.jsonl") is None
-    assert snapfiles.parse_name(".pstate-" + a + ".tmp.1.ab") is None
+    assert snapdir.parse_name("pstate-snap-2027.jsonl") is None
+    assert snapdir.parse_name(".pstate-" + a + ".tmp.1.ab") is None
 
 
 def test_subtract_never_goes_negative():
-    assert snapfiles.subtract({"running_ns": 5, "nvcsw": 1}, {"running_ns": 7, "nvcsw": 0}) == \
+    assert snapdir.subtract({"running_ns": 5, "nvcsw": 1}, {"running_ns": 7, "nvcsw": 0}) == \
         {"running_ns": 0, "nvcsw": 1}
 
 
 def test_sparkline():
-    assert snapstats.spark([0, 1, 2, 4]) == "▁▃▅█"
-    assert snapstats.spark([0, 0]) == "▁▁"
-    assert len(snapstats.spark(list(range(100)))) == snapstats.SPARK_WIDTH
-    assert snapstats.spark([1, 2], unicode=False) == "+@"
+    assert snapseries.spark([0, 1, 2, 4]) == "▁▃▅█"
+    assert snapseries.spark([0, 0]) == "▁▁"
+    assert len(snapseries.spark(list(range(100)))) == snapseries.SPARK_WIDTH
+    assert snapseries.spark([1, 2], unicode=False) == "+@"
 
 
 def test_table_fits_80_columns():
@@ -277,8 +278,8 @@ def test_table_fits_80_columns():
 
 
 def test_documented_fields_match_the_rows():
-    assert list(snapfiles.TASK_RECORD[1]) == [f for f in snapfiles.ROW_FIELDS if f not in ("type", "ts")]
-    rows = snapfiles.read_snapshot(str(sorted(SERIES.iterdir())[0])).rows
-    assert all(list(r) == list(snapfiles.ROW_FIELDS) for r in rows)
-    meta = snapfiles.read_snapshot(str(sorted(SERIES.iterdir())[0])).meta
-    assert set(snapfiles.SNAP_META_FIELDS) <= set(meta)
+    assert list(snapdir.TASK_RECORD[1]) == [f for f in snapdir.ROW_FIELDS if f not in ("type", "ts")]
+    rows = snapdir.read_snapshot(str(sorted(SERIES.iterdir())[0])).rows
+    assert all(list(r) == list(snapdir.ROW_FIELDS) for r in rows)
+    meta = snapdir.read_snapshot(str(sorted(SERIES.iterdir())[0])).meta
+    assert set(snapdir.SNAP_META_FIELDS) <= set(meta)

@@ -28,7 +28,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import clean_env
-from pstate import snapfiles, snapstats, snapwriter
+from pstate.snapshots import snapdir
+from pstate.analysis import snapseries
+from pstate.snapshots import writer
 from pstate.main import cli as main_cli
 
 HERE = Path(__file__).resolve().parent
@@ -81,12 +83,12 @@ def wait_line(p: subprocess.Popen, text: str, timeout: float = 20) -> None:
 
 
 def snapshots(d: Path, ext: str = "jsonl") -> list[Path]:
-    return sorted((p for p in d.iterdir() if (snapfiles.parse_name(p.name) or (0, 0, ""))[2] == ext),
-                  key=lambda p: snapfiles.parse_name(p.name)[1])
+    return sorted((p for p in d.iterdir() if (snapdir.parse_name(p.name) or (0, 0, ""))[2] == ext),
+                  key=lambda p: snapdir.parse_name(p.name)[1])
 
 
 def temps(d: Path) -> list[str]:
-    return [p.name for p in d.iterdir() if snapfiles.TEMP_RE.match(p.name)]
+    return [p.name for p in d.iterdir() if snapdir.TEMP_RE.match(p.name)]
 
 
 def sha(p: Path) -> str:
@@ -118,12 +120,12 @@ def test_one_shot_writes_exactly_one_complete_file(tmp_path):
     assert 0.05e9 <= meta["interval_end_ts"] - meta["interval_start_ts"] < 1e9
     assert meta["ts"] == meta["interval_end_ts"] and meta["wall_ns"] == meta["wall_end_ns"]
     assert len(rows) == 50 and all(r["type"] == "task" and r["ts"] == meta["ts"] for r in rows)
-    assert all(list(r) == list(snapfiles.ROW_FIELDS) for r in rows)
+    assert all(list(r) == list(snapdir.ROW_FIELDS) for r in rows)
     assert end == {"type": "end", "ts": meta["ts"], "tasks": 50, "reason": "interval"}
-    status = orjson.loads((out / snapfiles.STATUS_NAME).read_bytes())
+    status = orjson.loads((out / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is True and status["file"] == files[0].name and status["error"] is None
-    assert sorted(p.name for p in out.iterdir()) == sorted([files[0].name, snapfiles.STATUS_NAME,
-                                                            snapfiles.LOCK_NAME, snapwriter.LEDGER_NAME])
+    assert sorted(p.name for p in out.iterdir()) == sorted([files[0].name, snapdir.STATUS_NAME,
+                                                            snapdir.LOCK_NAME, writer.LEDGER_NAME])
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o077, 0o777])
@@ -152,7 +154,7 @@ def test_csv_format(tmp_path):
     end = orjson.loads(text[-1][2:])
     assert meta["source"] == "snap" and end["tasks"] == 50
     rows = list(csv.DictReader(text[1:-1]))
-    assert list(rows[0]) == [c for c in snapfiles.ROW_FIELDS if c != "type"]
+    assert list(rows[0]) == [c for c in snapdir.ROW_FIELDS if c != "type"]
     assert len(rows) == 50 and rows[0]["exited"] == "false" and rows[0]["exit_ts"] == ""
 
 
@@ -162,9 +164,9 @@ PROM_LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? -?[0-9.e+]+
 def test_prom_format_is_one_stable_file(tmp_path):
     r = snap("--out", tmp_path, "--every", "0.05", "--count", "3", "--format", "prom")
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([snapfiles.PROM_NAME, snapfiles.STATUS_NAME,
-                                                                 snapfiles.LOCK_NAME])
-    text = (tmp_path / snapfiles.PROM_NAME).read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([snapdir.PROM_NAME, snapdir.STATUS_NAME,
+                                                                 snapdir.LOCK_NAME])
+    text = (tmp_path / snapdir.PROM_NAME).read_text()
     assert text.endswith("# EOF\n")
     typed = set()
     for ln in text.splitlines()[:-1]:
@@ -201,27 +203,27 @@ def test_wall_clock_steps_do_not_matter(tmp_path, monkeypatch):
     """The wall clock is set back an hour between snapshots: names stay unique,
     intervals come from the monotonic clock, and stats orders by it."""
     calls = {"n": 0}
-    real = snapwriter.clock_anchor
+    real = writer.clock_anchor
 
     def stepping():
         mono, wall = real()
         calls["n"] += 1
         return mono, wall - (3600 * S if calls["n"] > 2 else 0)
 
-    monkeypatch.setattr(snapwriter, "clock_anchor", stepping)
-    d = snapwriter.SnapDir(str(tmp_path))
+    monkeypatch.setattr(writer, "clock_anchor", stepping)
+    d = writer.SnapDir(str(tmp_path))
     d.lock()
-    plan = snapwriter.Plan(interval_ns=S // 20, count=3)
+    plan = writer.Plan(interval_ns=S // 20, count=3)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
-    code = snapwriter.Snapper(d, fake_snap.FakeCollector(4), plan, base, snapwriter.Stopper()).run()
+    code = writer.Snapper(d, fake_snap.FakeCollector(4), plan, base, writer.Stopper()).run()
     d.close()
     assert code == 0
     files = snapshots(tmp_path)
-    assert [snapfiles.parse_name(f.name)[1] for f in files] == [1, 2, 3]
+    assert [snapdir.parse_name(f.name)[1] for f in files] == [1, 2, 3]
     walls = [lines(f)[0]["wall_end_ns"] for f in files]
     assert walls[2] < walls[0]  # names and wall times went back; sequence numbers did not
     out = io.StringIO()
-    snapstats.run([str(tmp_path)], fmt="json", top=None, by="pid", out=out, err=io.StringIO())
+    snapseries.run([str(tmp_path)], fmt="json", top=None, by="pid", out=out, err=io.StringIO())
     ivs = orjson.loads(out.getvalue())["intervals"]
     assert [iv["seq"] for iv in ivs] == [1, 2, 3]
     assert all(0.04e9 < iv["duration_ns"] < 0.5e9 for iv in ivs)
@@ -254,7 +256,7 @@ def test_refuses_symlinked_lock_file(tmp_path):
     canary.write_text("keep")
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
-    (d / snapfiles.LOCK_NAME).symlink_to(canary)
+    (d / snapdir.LOCK_NAME).symlink_to(canary)
     r = snap("--out", d, "-i", "0.01")
     assert r.returncode == 77 and "lock file" in r.stderr
     assert canary.read_text() == "keep"
@@ -300,7 +302,7 @@ def test_stale_temp_files_are_removed_never_through_symlinks(tmp_path):
 def test_second_instance_exits_75_at_once(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
-    fd = os.open(d / snapfiles.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(d / snapdir.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b"4242\n")
@@ -357,7 +359,7 @@ def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
         p.stderr.close()
         left += bool(temps(d))
         for f in snapshots(d):
-            assert snapfiles.read_snapshot(str(f)) is not None, f  # complete, with its end record
+            assert snapdir.read_snapshot(str(f)) is not None, f  # complete, with its end record
     r = snap("--out", d, "-i", "0.01")
     assert r.returncode == 0
     assert temps(d) == []
@@ -373,7 +375,7 @@ def test_sigterm_exits_143_within_2s_and_leaves_nothing(tmp_path):
     assert p.wait(timeout=5) == 143
     assert time.monotonic() - t0 < 2
     assert snapshots(d) == [] and temps(d) == []
-    status = orjson.loads((d / snapfiles.STATUS_NAME).read_bytes())
+    status = orjson.loads((d / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is False and "interrupted by signal 15" in status["error"]
 
 
@@ -405,7 +407,7 @@ def test_sigterm_at_random_moments(tmp_path):
         seen.add(code)
         assert temps(d) == [] if d.exists() else True
         for f in snapshots(d) if d.exists() else []:
-            assert snapfiles.read_snapshot(str(f)) is not None
+            assert snapdir.read_snapshot(str(f)) is not None
     assert seen & {0, 143}, seen
 
 
@@ -447,7 +449,7 @@ def test_disk_full_is_a_clear_error_and_keeps_earlier_snapshots(tiny_fs):
     assert "No space left on device (ENOSPC)" in r.stderr and "earlier snapshots are intact" in r.stderr
     assert "Traceback" not in r.stderr
     assert snapshots(d) == [first] and sha(first) == before and temps(d) == []
-    status = orjson.loads((d / snapfiles.STATUS_NAME).read_bytes())
+    status = orjson.loads((d / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is False and "ENOSPC" in status["error"]
 
 
@@ -463,10 +465,10 @@ def test_keep_keeps_exactly_n_and_only_touches_own_files(tmp_path):
     (d / "pstate-snap-20000101T000000.000000Z-000000.csv").write_text("other format")
     r = snap("--out", d, "--every", "0.02", "--count", "7", "--keep", "3")
     assert r.returncode == 0, r.stderr
-    assert [snapfiles.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [5, 6, 7]
+    assert [snapdir.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [5, 6, 7]
     r = snap("--out", d, "--every", "0.02", "--count", "2", "--keep", "3")
     assert r.returncode == 0, r.stderr
-    assert [snapfiles.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [7, 8, 9]
+    assert [snapdir.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [7, 8, 9]
     assert (d / "notes.txt").exists() and (d / foreign).is_symlink()
     assert len(snapshots(d, "csv")) == 1
 
@@ -474,13 +476,13 @@ def test_keep_keeps_exactly_n_and_only_touches_own_files(tmp_path):
 def test_max_age_deletes_old_files_by_name_time(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
-    out = snapwriter.SnapDir(str(d))
+    out = writer.SnapDir(str(d))
     out.lock()
     now = time.time_ns()
     old = [out.publish_snapshot(now - h * 3600 * S, "jsonl", lambda seq: b"{}\n") for h in (3, 2)]
     recent = out.publish_snapshot(now - 60 * S, "jsonl", lambda seq: b"{}\n")
     out.close()
-    planted = snapfiles.snapshot_name(now - 5 * 3600 * S, 1, "jsonl")  # old, but not pstate's
+    planted = snapdir.snapshot_name(now - 5 * 3600 * S, 1, "jsonl")  # old, but not pstate's
     (d / planted).write_text("{}\n")
     r = snap("--out", d, "-i", "0.01", "--max-age", "1h")
     assert r.returncode == 0, r.stderr
@@ -495,22 +497,22 @@ def test_retention_deletes_only_what_pstate_wrote(tmp_path):
     --keep delete pstate's own newest files."""
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
-    foreign = {snapfiles.snapshot_name(time.time_ns() - 3600 * S, 999999, "jsonl"): b"a\n",
-               snapfiles.snapshot_name(time.time_ns() + 3600 * S, 1, "jsonl"): b"b\n",
-               snapfiles.snapshot_name(time.time_ns() - 99 * 3600 * S, 5, "jsonl"): b"c\n"}
+    foreign = {snapdir.snapshot_name(time.time_ns() - 3600 * S, 999999, "jsonl"): b"a\n",
+               snapdir.snapshot_name(time.time_ns() + 3600 * S, 1, "jsonl"): b"b\n",
+               snapdir.snapshot_name(time.time_ns() - 99 * 3600 * S, 5, "jsonl"): b"c\n"}
     for name, data in foreign.items():
         (d / name).write_bytes(data)
     before = {n: sha(d / n) for n in foreign}
     r = snap("--out", d, "--every", "0.02", "--count", "5", "--keep", "2", "--max-age", "1m")
     assert r.returncode == 0, r.stderr
     mine = [f.name for f in snapshots(d) if f.name not in foreign]
-    assert [snapfiles.parse_name(n)[1] for n in mine] == [4, 5]  # pstate's own newest two
+    assert [snapdir.parse_name(n)[1] for n in mine] == [4, 5]  # pstate's own newest two
     assert {n: sha(d / n) for n in foreign} == before
-    assert (d / snapwriter.LEDGER_NAME).read_text().splitlines() == mine
+    assert (d / writer.LEDGER_NAME).read_text().splitlines() == mine
 
 
 def test_prune_never_deletes_the_newest(tmp_path):
-    d = snapwriter.SnapDir(str(tmp_path))
+    d = writer.SnapDir(str(tmp_path))
     d.lock()
     name = d.publish_snapshot(1_000 * S, "jsonl", lambda seq: b"{}\n")
     assert d.prune(ext="jsonl", keep=1, max_age_ns=1, now_wall_ns=10**19, protect=name) == []
@@ -536,12 +538,12 @@ def _sample_records():
 def test_render_golden(fmt):
     meta, rows, end = _sample_records()
     if fmt == "jsonl":
-        out = snapwriter.render_jsonl(meta, rows, end)
+        out = writer.render_jsonl(meta, rows, end)
     elif fmt == "csv":
-        out = snapwriter.render_csv(meta, rows, end)
+        out = writer.render_csv(meta, rows, end)
     else:
-        prom = snapwriter.PromExport("process")
-        prom.update(rows, [snapfiles.subtract(r, None) for r in rows], [True, True], 0)
+        prom = writer.PromExport("process")
+        prom.update(rows, [snapdir.subtract(r, None) for r in rows], [True, True], 0)
         out = prom.render(meta)
     path = GOLDEN / f"render.{fmt}"
     if REGEN:
@@ -551,17 +553,17 @@ def test_render_golden(fmt):
 
 
 def test_prom_counters_only_grow_across_exec_and_exit():
-    prom = snapwriter.PromExport("comm")
+    prom = writer.PromExport("comm")
     t = dict(fake_snap.fake_row(1, 1, 0, 0, comm="a", running_ns=5 * S))
-    prom.update([t], [snapfiles.subtract(t, None)], [True], 0)
+    prom.update([t], [snapdir.subtract(t, None)], [True], 0)
     first = prom.totals[("a",)]["running_ns"]
     t2 = dict(t, comm="b", running_ns=7 * S)  # exec renamed it: only its growth moves to "b"
-    prom.update([t2], [snapfiles.subtract(t2, t)], [False], 0)
+    prom.update([t2], [snapdir.subtract(t2, t)], [False], 0)
     assert prom.totals[("a",)]["running_ns"] == first == 5 * S
     assert prom.totals[("b",)]["running_ns"] == 2 * S
-    by_proc = snapwriter.PromExport("process")
+    by_proc = writer.PromExport("process")
     gone = dict(t, state="reaped", exited=True)
-    by_proc.update([gone], [snapfiles.subtract(gone, None)], [True], 0)
+    by_proc.update([gone], [snapdir.subtract(gone, None)], [True], 0)
     assert by_proc.threads[(1, "a")] == 0 and by_proc.exited == 1
     by_proc.update([], [], [], 0)
     assert by_proc.totals == {}  # shown once after it ended, then its series stop

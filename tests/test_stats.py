@@ -20,7 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import clean_env, pstate_cmd
-from pstate import streamio, tsa
+from pstate.stream import streamio
+from pstate.analysis import timeinstate
+from pstate.analysis import ingest
 from pstate.exitcodes import PstateError
 from pstate.main import cli
 
@@ -247,8 +249,8 @@ def test_fast_equals_careful_on_a_generated_stream(generated):
 
 def digest(data: bytes, chunk: int, max_line: int = streamio.MAX_LINE, strict: bool = False):
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("tid")
-    dig = tsa.LineDigester(agg, st, strict=strict, max_line=max_line)
+    agg = timeinstate.Aggregator("tid")
+    dig = ingest.LineDigester(agg, st, strict=strict, max_line=max_line)
     dig.begin("mem.jsonl")
     for i in range(0, len(data), chunk):
         dig.feed(data[i:i + chunk])
@@ -260,13 +262,13 @@ def reference(data: bytes, tmp_path, max_line: int = streamio.MAX_LINE, strict: 
     os.chdir(tmp_path)
     Path("mem.jsonl").write_bytes(data)
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("tid")
-    tsa.digest_records(streamio.read_records(["mem.jsonl"], st, max_line=max_line, strict=strict), agg)
+    agg = timeinstate.Aggregator("tid")
+    ingest.digest_records(streamio.read_records(["mem.jsonl"], st, max_line=max_line, strict=strict), agg)
     return st, agg.summarise(st)
 
 
 def same(a, b):
-    from pstate import tables
+    from pstate.render import tables
 
     (sa, ra), (sb, rb) = a, b
     assert sa == sb
@@ -431,7 +433,7 @@ def test_snapshot_directory_is_delegated():
 
 
 def test_snapshot_analysis_missing(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "pstate.snapstats", None)
+    monkeypatch.setitem(sys.modules, "pstate.analysis.snapseries", None)
     res = run(str(tmp_path))
     assert res.exit_code == 69
     assert "snapshot analysis is not available" in res.stderr
@@ -457,15 +459,15 @@ def parts_of(data: bytes, every: int) -> list:
 
 def serial(path: str, strict=False):
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("tid")
-    tsa.digest_files([path], agg, st, strict=strict)
+    agg = timeinstate.Aggregator("tid")
+    ingest.digest_files([path], agg, st, strict=strict)
     return st, agg.summarise(st)
 
 
 def in_parts(path: str, parts, jobs: int, strict=False):
     st = streamio.ReadStats()
-    agg = tsa.Aggregator("tid")
-    tsa.digest_parallel(path, agg, st, jobs=jobs, parts=parts, strict=strict)
+    agg = timeinstate.Aggregator("tid")
+    ingest.digest_parallel(path, agg, st, jobs=jobs, parts=parts, strict=strict)
     return st, agg.summarise(st)
 
 
@@ -485,9 +487,9 @@ def test_strict_error_in_a_later_part_has_its_file_line_number():
 
 
 def test_file_parts_start_at_lines(generated, monkeypatch):
-    monkeypatch.setattr(tsa, "_PART_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(ingest, "_PART_MIN_BYTES", 1 << 16)
     data = generated.read_bytes()
-    parts = tsa.file_parts(str(generated), 7)
+    parts = ingest.file_parts(str(generated), 7)
     assert len(parts) == 7 and parts[0][0] == 0 and parts[-1][1] == len(data)
     assert all(data[a - 1:a] == b"\n" for a, _b in parts[1:])
     assert all(a < b for a, b in parts)
@@ -495,8 +497,8 @@ def test_file_parts_start_at_lines(generated, monkeypatch):
 
 
 def test_jobs_option_gives_the_same_report(generated, monkeypatch):
-    monkeypatch.setattr(tsa, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(tsa, "_PART_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_PART_MIN_BYTES", 1 << 16)
     one = run(str(generated), "-f", "json", "--matrix", "-j", "1")
     two = run(str(generated), "-f", "json", "--matrix", "-j", "3")
     assert one.exit_code == two.exit_code == 0

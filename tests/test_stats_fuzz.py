@@ -11,7 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pstate import streamio, tables, tsa
+from pstate.stream import streamio
+from pstate.render import tables
+from pstate.analysis import timeinstate
+from pstate.analysis import ingest
 from pstate.exitcodes import PstateError
 
 BASIC = (Path(__file__).resolve().parent / "data" / "stats" / "basic.jsonl").read_bytes()
@@ -75,8 +78,8 @@ def mutated(draw) -> bytes:
 
 def fast(data: bytes, by: str, chunk: int, strict: bool):
     stats = streamio.ReadStats()
-    agg = tsa.Aggregator(by)
-    dig = tsa.LineDigester(agg, stats, strict=strict, max_line=MAX_LINE)
+    agg = timeinstate.Aggregator(by)
+    dig = ingest.LineDigester(agg, stats, strict=strict, max_line=MAX_LINE)
     dig.begin("in.jsonl")
     for i in range(0, len(data), chunk):
         dig.feed(data[i:i + chunk])
@@ -87,8 +90,8 @@ def fast(data: bytes, by: str, chunk: int, strict: bool):
 def careful(data: bytes, by: str, strict: bool, tmp: Path):
     (tmp / "in.jsonl").write_bytes(data)
     stats = streamio.ReadStats()
-    agg = tsa.Aggregator(by)
-    tsa.digest_records(streamio.read_records([str(tmp / "in.jsonl")], stats, max_line=MAX_LINE,
+    agg = timeinstate.Aggregator(by)
+    ingest.digest_records(streamio.read_records([str(tmp / "in.jsonl")], stats, max_line=MAX_LINE,
                                              strict=strict), agg)
     return stats, agg
 
@@ -129,8 +132,8 @@ def in_parts(data: bytes, by: str, strict: bool, tmp: Path, cuts: list):
     bounds = starts + [len(data)]
     parts = [(a, b) for a, b in zip(bounds, bounds[1:]) if a < b] or [(0, len(data))]
     stats = streamio.ReadStats()
-    agg = tsa.Aggregator(by)
-    tsa.digest_parallel(str(tmp / "in.jsonl"), agg, stats, jobs=1, strict=strict, max_line=MAX_LINE,
+    agg = timeinstate.Aggregator(by)
+    ingest.digest_parallel(str(tmp / "in.jsonl"), agg, stats, jobs=1, strict=strict, max_line=MAX_LINE,
                         parts=parts)
     return stats, agg
 

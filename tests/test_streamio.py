@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pstate import schema
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.reader import StreamReader
-from pstate.streamio import LineWriter, ReadStats, check_record, open_input, read_records
+from pstate.stream.reader import StreamReader
+from pstate.stream.streamio import LineWriter, ReadStats, check_record, open_input, read_records
 
 META = b'{"type":"meta","schema":1,"source":"record","tool":"pstate","version":"0.1.0","clock":"monotonic","ts":1}\n'
 STATE = (b'{"type":"state","ts":%d,"cpu":0,"pid":10,"tid":11,"comm":"a","from":"running","to":"sleeping",'
@@ -157,8 +157,8 @@ def test_read_records_reads_in_bounded_pieces(tmp_path):
 
     p = write(tmp_path, b"a" * 1_000_000 + b"\n" + META)
     st_ = ReadStats()
-    real_open = streamio_open = __import__("pstate.reader", fromlist=["open_input"]).open_input
-    import pstate.reader as reader_mod
+    real_open = streamio_open = __import__("pstate.stream.reader", fromlist=["open_input"]).open_input
+    import pstate.stream.reader as reader_mod
 
     reader_mod.open_input = lambda path: Spy(open(path, "rb").read())
     try:

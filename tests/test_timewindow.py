@@ -1,4 +1,4 @@
-"""--begin/--end parsing and placing a window on recordings (pstate.timewindow)."""
+"""--begin/--end parsing and placing a window on recordings (pstate.stream.timewindow)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pstate.timewindow import (Anchor, TimePoint, TimePointType, Window, WindowError, fmt_wall, parse_point,
+from pstate.stream.timewindow import (Anchor, TimePoint, TimePointType, Window, WindowError, fmt_wall, parse_point,
                                wall_ns_of)
 
 S = 1_000_000_000

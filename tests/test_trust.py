@@ -28,7 +28,8 @@ import orjson
 import pytest
 
 from conftest import IN_CI, bpf_prog_ids, clean_env, pstate_cmd
-from pstate import progcache, schema
+from pstate.kernel import progcache
+from pstate.stream import schema
 from test_reliability_stream import leftover_programs, prog_ids_held
 
 NOBODY_UID = 65534
@@ -295,13 +296,13 @@ def test_under_sudo_the_output_belongs_to_the_invoking_user(sticky):
 
 @pytest.mark.bpf
 def test_foreign_files_survive_retention_and_cache_pruning(tmp_path, cache):
-    from pstate import snapfiles
+    from pstate.snapshots import snapdir
 
     snaps = tmp_path / "snaps"
     snaps.mkdir(mode=0o700)
     now = time.time_ns()
-    foreign = [snaps / snapfiles.snapshot_name(now - 3600 * 10**9, 999999, "jsonl"),
-               snaps / snapfiles.snapshot_name(now - 48 * 3600 * 10**9, 1, "jsonl"),
+    foreign = [snaps / snapdir.snapshot_name(now - 3600 * 10**9, 999999, "jsonl"),
+               snaps / snapdir.snapshot_name(now - 48 * 3600 * 10**9, 1, "jsonl"),
                snaps / "notes.txt"]
     for f in foreign:
         f.write_bytes(b"not pstate's\n")
@@ -317,7 +318,7 @@ def test_foreign_files_survive_retention_and_cache_pruning(tmp_path, cache):
                        capture_output=True, timeout=120, env=env(PSTATE_CACHE_DIR=cache))
     assert p.returncode == 0, p.stderr
     mine = sorted(f.name for f in snaps.glob("pstate-snap-*") if f not in foreign)
-    assert [snapfiles.parse_name(n)[1] for n in mine] == [3, 4], mine
+    assert [snapdir.parse_name(n)[1] for n in mine] == [3, 4], mine
     assert digests(foreign + junk) == before
     assert len([n for n in os.listdir(cache) if n.startswith("snap-")]) == 1
 

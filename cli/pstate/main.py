@@ -41,7 +41,7 @@ class LazyGroup(click.Group):
         except BrokenPipeError:
             # A closed output pipe (`pstate ... | head`) is a normal end, not
             # an error; click would otherwise turn it into exit status 1.
-            from pstate.streamio import silence_stdout
+            from pstate.stream.streamio import silence_stdout
 
             silence_stdout()
             ctx.exit(ExitCode.OK)
@@ -108,7 +108,7 @@ def main() -> None:
             sys.exit(rv)
     except BrokenPipeError:
         # A closed output pipe (`pstate ... | head`) is a normal end, not an error.
-        from pstate.streamio import silence_stdout
+        from pstate.stream.streamio import silence_stdout
 
         silence_stdout()
         sys.exit(ExitCode.OK)

@@ -46,7 +46,9 @@ def _short(text: str, n: int = 200) -> str:
 
 
 def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode]:
-    from pstate import headers, kstates, loader
+    from pstate.kernel import headers
+    from pstate.kernel import kstates
+    from pstate.kernel import loader
 
     r = Report()
     code = ExitCode.OK
@@ -135,7 +137,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
         code = code or ExitCode.UNAVAILABLE
 
     # program cache: shown only when it is refused (then every run compiles, about a second)
-    from pstate import progcache
+    from pstate.kernel import progcache
 
     usable, detail = progcache.status()
     if not usable:

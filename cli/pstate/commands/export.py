@@ -9,9 +9,9 @@ import time
 import click
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.options import input_options
-from pstate.outfiles import open_output
-from pstate.streamio import ReadStats, read_records
+from pstate.commands.options import input_options
+from pstate.stream.outfiles import open_output
+from pstate.stream.streamio import ReadStats, read_records
 
 PROG = "pstate export"
 FORMATS = ("perfetto", "chrome")
@@ -78,7 +78,7 @@ class Progress:
 
 
 def make_writer(fmt: str, fp, metas: list, rates: int = 0):
-    from pstate import traceexport
+    from pstate.render import traceexport
 
     if fmt == "chrome":
         return traceexport.ChromeWriter(fp), ""
@@ -135,7 +135,7 @@ def cli(fmt, output, quiet, files, strict):
         if owned:
             fp.close()
     except BrokenPipeError:
-        from pstate.streamio import silence_stdout
+        from pstate.stream.streamio import silence_stdout
 
         silence_stdout()
         return

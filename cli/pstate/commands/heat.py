@@ -10,14 +10,16 @@ import sys
 
 import click
 
-from pstate import heatmap as hm
-from pstate import heatrender as hr
-from pstate import schema, snapfiles
-from pstate.durations import Duration, fmt_ns
+from pstate.render import heatmodel as hm
+from pstate.render import heatviews
+from pstate.render import heatdraw as hr
+from pstate.stream import schema
+from pstate.snapshots import snapdir
+from pstate.stream.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.filters import Filter
-from pstate.options import Choice, StateName, task_filter_options
-from pstate.streamio import ReadStats, read_records
+from pstate.stream.filters import Filter
+from pstate.commands.options import Choice, StateName, task_filter_options
+from pstate.stream.streamio import ReadStats, read_records
 
 UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
 PLURAL = {"thread": "threads", "process": "processes", "command": "commands"}
@@ -156,7 +158,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
                           hint="pstate heat rec.jsonl, or sudo pstate record | pstate heat --live")
     by = by or "tid"
     if live:
-        from pstate import live as lv
+        from pstate.render import dashboard as lv
 
         if len(sources) != 1:
             raise PstateError("--live reads one stream (a file, a pipe or standard input)", ExitCode.USAGE)
@@ -164,7 +166,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         if src == "-":
             fd, name = sys.stdin.fileno(), "<stdin>"
         else:
-            from pstate.streamio import open_input
+            from pstate.stream.streamio import open_input
 
             fp = open_input(src, decompress=False)  # read by descriptor
             fd, name = fp.fileno(), src
@@ -241,7 +243,7 @@ def state_map(tracker: hm.RecordedStates, stats, shade, top, bucket, W, H, style
     unit = UNITS[tracker.by]
     events = f"{tracker.n_events:,} events"
     if t0 is None or not tracker.totals:
-        view = hm.View("state", "No state transitions in the input", [], [],
+        view = heatviews.View("state", "No state transitions in the input", [], [],
                        footer=_footer(tracker, stats, sources, events))
         return hr.render(view, W, style)
     slot = hm.BUSY if shade is None else shade
@@ -279,12 +281,12 @@ def _bands(grid, keys, labels, lw, ncols, total_cols, b, shade, title, W, style,
     for i in range(nb):
         c0 = i * ncols
         n = min(ncols, total_cols - c0)
-        rows, seen = hm.state_rows(grid, keys, c0, n, shade)
+        rows, seen = heatviews.state_rows(grid, keys, c0, n, shade)
         seen_all.update(seen)
         bands.append((c0, rows))
     for i, (c0, rows) in enumerate(bands):
-        view = hm.View("state" if shade is None else "share", title, labels, rows,
-                       axis=hm.TimeAxis(c0 * b, b), scale_max=1.0, scale_title="share",
+        view = heatviews.View("state" if shade is None else "share", title, labels, rows,
+                       axis=heatviews.TimeAxis(c0 * b, b), scale_max=1.0, scale_title="share",
                        scale_unit="%", footer=footer, states_present=sorted(seen_all))
         out.extend(hr.render(view, W, style, label_w=lw, head=i == 0, tail=i == len(bands) - 1))
         if i < len(bands) - 1:
@@ -297,7 +299,7 @@ def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style,
     what, _states = hm.MEASURES[measure]
     footer = _footer(tracker, stats, sources, f"{tracker.n_samples:,} samples of {tracker.n_events:,} events")
     if t0 is None or not tracker.n_samples:
-        view = hm.View("count", f"Latency heat map of {what}: no such durations in the input", [], [],
+        view = heatviews.View("count", f"Latency heat map of {what}: no such durations in the input", [], [],
                        footer=footer)
         return hr.render(view, W, style)
     lw = 7
@@ -307,7 +309,7 @@ def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style,
     total_cols = max(1, -(-span // b))
     cols = tracker.latency_counts(t0, b)
     max_rows = max(3, H - OVERHEAD) if H else DEFAULT_LAT_ROWS
-    rows, spans, per = hm.latency_rows(cols, 0, total_cols, max_rows)
+    rows, spans, per = heatviews.latency_rows(cols, 0, total_cols, max_rows)
     labels = [fmt_ns(hm.log2_lower(b0)).rjust(lw) for b0, _ in spans]
     vmax = max((max(r) for r in rows), default=0)
     merged = "" if per == 1 else f" ({per} log2 buckets per row)"
@@ -318,7 +320,7 @@ def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style,
     for i in range(nb):
         c0 = i * ncols
         band = [r[c0:c0 + ncols] for r in rows]
-        view = hm.View("count", title, labels, band, axis=hm.TimeAxis(c0 * b, b), scale_max=vmax,
+        view = heatviews.View("count", title, labels, band, axis=heatviews.TimeAxis(c0 * b, b), scale_max=vmax,
                        scale_mode="log", scale_title="count (log scale)", footer=footer)
         out.extend(hr.render(view, W, style, label_w=lw, head=i == 0, tail=i == nb - 1))
         if i < nb - 1:
@@ -328,7 +330,7 @@ def latency_map(tracker: hm.RecordedStates, stats, measure, bucket, W, H, style,
 
 def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) -> list[str]:
     problems: list = []
-    snaps = snapfiles.read_dir(directory, stats, problems, strict=strict)
+    snaps = snapdir.read_dir(directory, stats, problems, strict=strict)
     for p in problems:
         click.echo(f"pstate heat: warning: {p}", err=True)
     if filt.active:
@@ -340,11 +342,11 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     unit = UNITS[by]
     footer_what = f"{len(snaps)} snapshots"
     if len(snaps) < 1:
-        view = hm.View("value", f"No snapshots in {directory}", [], [],
+        view = heatviews.View("value", f"No snapshots in {directory}", [], [],
                        footer=[f"Input: {os.path.basename(os.path.normpath(directory))}/; "
                                "no pstate-snap-*.jsonl files."])
         return hr.render(view, W, style)
-    values, comms = hm.snapshot_values(snaps, (state,), by)
+    values, comms = heatviews.snapshot_values(snaps, (state,), by)
     totals: dict = {}
     for _iv, vals in values:
         for k, v in vals.items():
@@ -354,7 +356,7 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     labels = [str(k) if by == "comm" else f"{comms.get(k, '?')} {k}" for k in keys]
     lw = hr.label_width(labels, W)
     ncols = hr.map_columns(W, lw)
-    cells, spans, per = hm.snapshot_view_cells(values, keys, ncols)
+    cells, spans, per = heatviews.snapshot_view_cells(values, keys, ncols)
     vmax = max((v for row in cells for v in row if v is not None), default=0) or 1.0
     # Few snapshots: draw each several characters wide so the map is readable.
     rep = max(1, min(8, ncols // max(1, len(spans))))
@@ -397,7 +399,7 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     truncated = sum(1 for s in snaps if s.meta.get("truncated") or s.meta.get("map_full"))
     if truncated:
         tail += f"; {truncated} truncated (task map full): incomplete"
-    view = hm.View("value", title, labels, cells, col_labels=col_labels, scale_max=vmax,
+    view = heatviews.View("value", title, labels, cells, col_labels=col_labels, scale_max=vmax,
                    scale_mode="linear", scale_title=f"threads {state}", footer=[head + tail + "."])
     return hr.render(view, W, style, label_w=lw)
 

@@ -12,16 +12,16 @@ import time
 
 import click
 
-from pstate import loader
-from pstate.bpfsys import BPF_ANY, BPF_NOEXIST
-from pstate.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
+from pstate.kernel import loader
+from pstate.kernel.bpfsys import BPF_ANY, BPF_NOEXIST
+from pstate.kernel.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.filters import Filter
-from pstate.kstates import KernelStates
-from pstate.meta import meta_record
-from pstate.options import filter_options, output_options
-from pstate.outfiles import discard, open_output
-from pstate.streamio import LineWriter, silence_stdout
+from pstate.stream.filters import Filter
+from pstate.kernel.kstates import KernelStates
+from pstate.stream.meta import meta_record
+from pstate.commands.options import filter_options, output_options
+from pstate.stream.outfiles import discard, open_output
+from pstate.stream.streamio import LineWriter, silence_stdout
 
 EPILOG = """\b
 Examples:

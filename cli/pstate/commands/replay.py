@@ -9,13 +9,13 @@ import threading
 
 import click
 
-from pstate import snapfiles
+from pstate.snapshots import snapdir
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.filters import Filter
-from pstate.options import filter_options, input_options, output_options
-from pstate.replayer import Replayer
-from pstate.streamio import LineWriter, ReadStats, silence_stdout
-from pstate.timewindow import TimePointType, Window, WindowError
+from pstate.stream.filters import Filter
+from pstate.commands.options import filter_options, input_options, output_options
+from pstate.stream.replayer import Replayer
+from pstate.stream.streamio import LineWriter, ReadStats, silence_stdout
+from pstate.stream.timewindow import TimePointType, Window, WindowError
 
 PROG = "pstate replay"
 SNAPSHOT_GLOB = "pstate-snap-*.jsonl"
@@ -46,7 +46,7 @@ def resolve_sources(files: tuple[str, ...]) -> list[tuple[str, bool]]:
     sources: list[tuple[str, bool]] = []
     for f in files or ("-",):
         if f != "-" and os.path.isdir(f):
-            snaps = snapfiles.list_dir(f)
+            snaps = snapdir.list_dir(f)
             if not snaps:
                 raise PstateError(f"{f} holds no snapshots ({SNAPSHOT_GLOB})", ExitCode.NOINPUT,
                                   hint="give a recording file, or the --out directory of pstate snap")

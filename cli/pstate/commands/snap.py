@@ -13,14 +13,16 @@ import time
 
 import click
 
-from pstate import bpfsys, loader, snapfiles
-from pstate.bpfsys import BPF_NOEXIST
-from pstate.durations import Duration
-from pstate.eventcodec import tgid_from_proc
+from pstate.kernel import bpfsys
+from pstate.kernel import loader
+from pstate.snapshots import snapdir
+from pstate.kernel.bpfsys import BPF_NOEXIST
+from pstate.stream.durations import Duration
+from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kstates import KernelStates
-from pstate.meta import meta_record
-from pstate.snapwriter import Plan, Sample, SnapDir, Snapper, Stopper
+from pstate.kernel.kstates import KernelStates
+from pstate.stream.meta import meta_record
+from pstate.snapshots.writer import Plan, Sample, SnapDir, Snapper, Stopper
 
 EPILOG = """\b
 Examples:
@@ -193,7 +195,7 @@ class BpfCollector:
         self.seeds = prog.table("seeds") if self.by_tid else None
         self.array = TidArray(self.tasks) if self.by_tid else None
         self.slots = slot_names(ks)
-        self.fields = [f"{s}_ns" for s in snapfiles.STATE_FIELDS]
+        self.fields = [f"{s}_ns" for s in snapdir.STATE_FIELDS]
         self.fields += [f"{s}_ns" for s in self.slots if f"{s}_ns" not in self.fields]
         self.letter_slot = {"R": SLOT_RUNNING}
         for bit, letter in ks.letters.items():
@@ -491,5 +493,5 @@ def _status_failed(out: SnapDir, message: str) -> None:
         out.write_status({"ok": False, "ts": time.monotonic_ns(), "wall_ns": time.time_ns(), "file": None,
                           "pid": os.getpid(), "error": message.split("\n", 1)[0]})
     except PstateError:
-        print(f"pstate snap: could not record the failure in {out.where(snapfiles.STATUS_NAME)} either",
+        print(f"pstate snap: could not record the failure in {out.where(snapdir.STATUS_NAME)} either",
               file=sys.stderr)

@@ -13,11 +13,15 @@ import time
 import click
 import orjson
 
-from pstate import schema, tables, tsa
-from pstate.durations import Duration
+from pstate.stream import schema
+from pstate.render import tables
+from pstate.analysis import timeinstate
+from pstate.analysis import ingest
+from pstate.analysis import selection
+from pstate.stream.durations import Duration
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.options import StateName
-from pstate.streamio import MAX_LINE, ReadStats, open_input, read_records
+from pstate.commands.options import StateName
+from pstate.stream.streamio import MAX_LINE, ReadStats, open_input, read_records
 
 PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot")
@@ -92,17 +96,17 @@ shown (Graphviz).
 
 
 def _sort_help() -> str:
-    keys = ", ".join(k for k in tsa.SORT_KEYS if k not in schema.STATES)
+    keys = ", ".join(k for k in selection.SORT_KEYS if k not in schema.STATES)
     return (f"Order groups by KEY (descending; key and comm ascending): {keys}, or a state name "
             "(time in it). Default: time in the --state states, else time running.")
 
 
 @click.command(name="stats", epilog=EPILOG)
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True))
-@click.option("--by", type=click.Choice(tsa.BY_KEYS), default="pid", show_default=True,
+@click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
-@click.option("--sort", "sort_key", type=click.Choice(list(tsa.SORT_KEYS)), metavar="KEY", help=_sort_help())
+@click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
 @click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
                    "preempted, ...). Repeatable: any of them.")
@@ -152,7 +156,7 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
                 hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt)
     out = sys.stdout
     stats = ReadStats()
-    agg = tsa.Aggregator(by)
+    agg = timeinstate.Aggregator(by)
     with PipeInterruptGuard(sources):
         if interval:
             code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=int(interval * 1e9),
@@ -176,7 +180,7 @@ def _cpus() -> int:
 def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
     interrupted = False
     try:
-        tsa.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs,
+        ingest.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs,
                          use_native=reader == "fast")
     except KeyboardInterrupt:
         interrupted = True
@@ -191,7 +195,7 @@ def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
 
 
 def _emit(summary, out, opts, banner: str | None = None) -> None:
-    groups = tsa.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
+    groups = selection.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
                         sort=opts["sort"], top=opts["top"])
     rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
     fmt = opts["fmt"]
@@ -250,7 +254,7 @@ class IntervalRunner:
         self.live = False  # a pipe was read: intervals on the wall clock
         self.t0: int | None = None  # data-time start of the current interval
         self.next_wall = time.monotonic() + interval_ns / 1e9
-        self.dig = tsa.LineDigester(agg, stats, strict=False)
+        self.dig = ingest.LineDigester(agg, stats, strict=False)
 
     def window_start(self) -> int | None:
         if self.t0 is not None:
@@ -320,7 +324,7 @@ class IntervalRunner:
         agg = self.agg
         for rec in read_records([src], self.stats, strict=strict):
             t = rec["type"]
-            if t != "state" and t not in tsa.LIFECYCLE:
+            if t != "state" and t not in timeinstate.LIFECYCLE:
                 continue
             ts = rec["ts"]
             if self.t0 is None:
@@ -455,7 +459,7 @@ def _snapshots(paths, *, fmt, top, by, strict, interval, ignored) -> int:
     if interval:
         raise PstateError("--interval reads a stream; snapshots are already per interval", ExitCode.USAGE)
     try:
-        snapstats = importlib.import_module("pstate.snapstats")
+        snapstats = importlib.import_module("pstate.analysis.snapseries")
     except ImportError:
         raise PstateError("snapshot analysis is not available in this pstate", ExitCode.UNAVAILABLE) from None
     unused = [name for name, val in ignored.items() if val]

@@ -14,9 +14,9 @@ import os
 import sys
 import time
 
-from pstate import snapfiles
-from pstate.kstates import KernelStates
-from pstate.snapwriter import Sample
+from pstate.snapshots import snapdir
+from pstate.kernel.kstates import KernelStates
+from pstate.snapshots.writer import Sample
 
 KS = KernelStates(report_mask=0xFF, preempt_bit=0x100,
                   letters={1: "S", 2: "D", 4: "T", 8: "t", 16: "X", 32: "Z", 64: "P", 128: "I"})
@@ -27,9 +27,9 @@ def fake_row(pid: int, tid: int, start: int, now: int, *, comm: str = "worker", 
     """A task row with every field; counters default to 0."""
     row = {"pid": pid, "tid": tid, "comm": comm, "start_ts": start, "state": state, "state_since_ts": start,
            "exited": exited, "exit_ts": exit_ts}
-    for s in snapfiles.STATE_FIELDS:
+    for s in snapdir.STATE_FIELDS:
         row[f"{s}_ns"] = int(ns.get(f"{s}_ns", 0))
-    for c in snapfiles.COUNT_FIELDS:
+    for c in snapdir.COUNT_FIELDS:
         row[c] = int(ns.get(c, 0))
     return row
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import sys
 
-from pstate import snapfiles
-from pstate.snapwriter import render_jsonl
+from pstate.snapshots import snapdir
+from pstate.snapshots.writer import render_jsonl
 
 S = 1_000_000_000
 BOOT_A = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -39,7 +39,7 @@ STATES = {"running": "R", "runnable": "R", "preempted": "R+", "new": "N", "sleep
 def row(end, pid, tid, comm, start, state="sleeping", exited=False, exit_ts=None, **ns):
     r = {"type": "task", "ts": end, "pid": pid, "tid": tid, "comm": comm, "start_ts": start, "state": state,
          "state_since_ts": ns.pop("since", start), "exited": exited, "exit_ts": exit_ts}
-    for s in snapfiles.STATE_FIELDS:
+    for s in snapdir.STATE_FIELDS:
         r[f"{s}_ns"] = int(ns.get(s, 0))
     r.update(nvcsw=int(ns.get("nvcsw", 0)), nivcsw=int(ns.get("nivcsw", 0)), wakeups=int(ns.get("wakeups", 0)))
     return r
@@ -125,7 +125,7 @@ def generate(out_dir: str) -> list[str]:
     names = []
     for m, rows in run1() + run2() + run3():
         end = {"type": "end", "ts": m["ts"], "tasks": len(rows), "reason": "interval"}
-        name = snapfiles.snapshot_name(m["wall_end_ns"], m["seq"], "jsonl")
+        name = snapdir.snapshot_name(m["wall_end_ns"], m["seq"], "jsonl")
         with open(os.path.join(out_dir, name), "wb") as f:
             f.write(render_jsonl(m, rows, end))
         names.append(name)

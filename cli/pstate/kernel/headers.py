@@ -12,7 +12,7 @@ tree into linux-headers-<ver>-common and linux-headers-<ver>-<arch>; BCC
 wants one directory, so the two are merged into a cached tree of symlinks.
 
 Headers are code that root compiles into the kernel, so a tree is used only
-when no other user can change it (pstate.trust): the tree and every
+when no other user can change it (pstate.kernel.trust): the tree and every
 directory above it root-owned and not group/world-writable, checked on every
 run; before each compile, every directory and file under include/ and arch/
 (what BCC reads), symbolic links followed to their targets. A merged tree is
@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from pstate import trust
+from pstate.kernel import trust
 from pstate.exitcodes import ExitCode, PstateError
 
 CACHE_ROOT = "/var/cache/pstate/kernel-headers"

@@ -9,7 +9,7 @@ paragraphs. OVERHEAD text may use {names} from OVERHEAD_FIGURES.
 
 from __future__ import annotations
 
-from pstate import schema
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode
 
 # Figures quoted in the OVERHEAD sections. PLACEHOLDERS until measured: set
@@ -96,8 +96,8 @@ _RECORD_TYPES = [(name, desc) for name, (desc, _fields) in schema.RECORDS.items(
 
 
 def _stats_table_fields() -> list:
-    from pstate import tables
-    from pstate.latency import PERCENTILES
+    from pstate.render import tables
+    from pstate.analysis.latency import PERCENTILES
 
     def names(states):
         return ", ".join(f"{s} ({schema.STATES[s][0]})" for s in states)

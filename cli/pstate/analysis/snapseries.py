@@ -1,6 +1,6 @@
 """Offline analysis across snapshots (`pstate stats DIR/`).
 
-Four views, each a pure function of the intervals snapfiles.intervals()
+Four views, each a pure function of the intervals snapdir.intervals()
 derives from the snapshots:
 - trends: per group (process by default), per interval: on-CPU share,
   run-queue wait share, time in D;
@@ -31,10 +31,10 @@ from typing import IO
 
 import orjson
 
-from pstate import snapfiles
-from pstate.durations import fmt_ns
+from pstate.snapshots import snapdir
+from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import ReadStats
+from pstate.stream.streamio import ReadStats
 
 MIN_RUN = 4  # snapshots of uninterrupted growth before a leak is suspected
 MIN_SHARE_STEP = 0.005  # a state share must grow by this much per snapshot (noise floor)
@@ -70,7 +70,7 @@ class Point:
 
     @property
     def wait(self) -> int:
-        return sum(self.values.get(k, 0) for k in snapfiles.WAIT_FIELDS)
+        return sum(self.values.get(k, 0) for k in snapdir.WAIT_FIELDS)
 
     @property
     def d(self) -> int:
@@ -104,7 +104,7 @@ class Group:
         return out
 
 
-def _group_of(t: snapfiles.TaskInterval, by: str):
+def _group_of(t: snapdir.TaskInterval, by: str):
     if by == "thread":
         return t.key, t.pid, t.tid, t.start_ts, t.key[0]
     if by == "comm":
@@ -112,7 +112,7 @@ def _group_of(t: snapfiles.TaskInterval, by: str):
     return t.proc, t.pid, None, t.proc[2], t.proc[0]
 
 
-def groups(ivs: list[snapfiles.Interval], by: str) -> list[Group]:
+def groups(ivs: list[snapdir.Interval], by: str) -> list[Group]:
     out: dict[tuple, Group] = {}
     for i, iv in enumerate(ivs):
         here: dict[tuple, Point] = {}
@@ -161,7 +161,7 @@ def trends(gs: list[Group]) -> list[dict]:
     return rows
 
 
-def churn(ivs: list[snapfiles.Interval]) -> dict:
+def churn(ivs: list[snapdir.Interval]) -> dict:
     per = []
     by_comm: dict[str, dict] = {}
     for i, iv in enumerate(ivs):
@@ -217,7 +217,7 @@ def _longest_growth(values: list[float], min_step: float) -> tuple[int, int]:
     return best
 
 
-def leaks(gs: list[Group], ivs: list[snapfiles.Interval], min_run: int = MIN_RUN) -> list[dict]:
+def leaks(gs: list[Group], ivs: list[snapdir.Interval], min_run: int = MIN_RUN) -> list[dict]:
     out = []
     for g in gs:
         # consecutive snapshots only: a gap in the group's presence breaks a run
@@ -280,7 +280,7 @@ def changed(gs: list[Group]) -> list[dict]:
     return out
 
 
-def summary(snaps: list[snapfiles.Snapshot], ivs: list[snapfiles.Interval]) -> dict:
+def summary(snaps: list[snapdir.Snapshot], ivs: list[snapdir.Interval]) -> dict:
     return {
         "snapshots": len(snaps),
         "hosts": sorted({str(s.meta.get("host", "")) for s in snaps}),
@@ -298,8 +298,8 @@ def summary(snaps: list[snapfiles.Snapshot], ivs: list[snapfiles.Interval]) -> d
     }
 
 
-def analyse(snaps: list[snapfiles.Snapshot], *, by: str = "process", min_run: int = MIN_RUN) -> dict:
-    ivs = snapfiles.intervals(snaps)
+def analyse(snaps: list[snapdir.Snapshot], *, by: str = "process", min_run: int = MIN_RUN) -> dict:
+    ivs = snapdir.intervals(snaps)
     gs = groups(ivs, by)
     return {
         "type": "snapstats", "by": by, "min_run": min_run,
@@ -488,7 +488,7 @@ def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: i
         raise PstateError(f"snapshots can be grouped by pid, tid or comm, not {by!r}", ExitCode.USAGE)
     stats = ReadStats()
     problems: list[str] = []
-    snaps = snapfiles.load(paths, stats, problems)
+    snaps = snapdir.load(paths, stats, problems)
     err = err or sys.stderr
     code = stats.report("pstate stats", err, strict=strict)
     for p in problems:

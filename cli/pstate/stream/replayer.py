@@ -28,12 +28,13 @@ from typing import Callable, Iterator
 
 import orjson
 
-from pstate import __version__, native, schema
-from pstate.durations import fmt_ns
+from pstate import __version__, native
+from pstate.stream import schema
+from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.filters import Filter
-from pstate.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
-from pstate.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
+from pstate.stream.filters import Filter
+from pstate.stream.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
+from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
 
 # The native check of plainly written state records (None when not built or
 # PSTATE_PURE=1: then every line is parsed, with the same result).

@@ -29,15 +29,16 @@ import time
 from dataclasses import dataclass, field
 
 
-from pstate import heatmap as hm
+from pstate.render import heatmodel as hm
+from pstate.render import heatviews
 from pstate import native
-from pstate import schema
-from pstate import heatrender as hr
-from pstate.durations import fmt_ns
+from pstate.stream import schema
+from pstate.render import heatdraw as hr
+from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.filters import Filter
-from pstate.reader import StreamReader
-from pstate.streamio import MAX_LINE, ReadStats
+from pstate.stream.filters import Filter
+from pstate.stream.reader import StreamReader
+from pstate.stream.streamio import MAX_LINE, ReadStats
 
 CHUNK = 1 << 17
 ALT_ON, ALT_OFF = "\x1b[?1049h", "\x1b[?1049l"
@@ -209,25 +210,25 @@ class Dashboard:
         lo = model.advance()
         hi = lo + model.ncols - 1
         c0 = hi - visible + 1
-        axis = hm.TimeAxis(0, self.bucket, ago=True)
+        axis = heatviews.TimeAxis(0, self.bucket, ago=True)
         win = fmt_ns(self.bucket * visible)
         waiting = model.last_ts is None
         if opts.measure:
-            rows, spans, per = hm.latency_rows(model.lat, c0, visible, rows_max)
+            rows, spans, per = heatviews.latency_rows(model.lat, c0, visible, rows_max)
             labels = [fmt_ns(hm.log2_lower(b0)) for b0, _ in spans]
             vmax = max((max(r) for r in rows), default=0)
             k = "" if per == 1 else f" ({per} log2 buckets per row)"
             status = status_of(len(model.events))
             title = (f"Live: {hm.MEASURES[opts.measure][0]}, count per {fmt_ns(self.bucket)} bucket and "
                      f"log2 duration{k}, last {win}")
-            view = hm.View("count", title, [lab.rjust(self.lw) for lab in labels], rows, axis=axis,
+            view = heatviews.View("count", title, [lab.rjust(self.lw) for lab in labels], rows, axis=axis,
                            scale_max=vmax, scale_mode="log", scale_title="count", footer=[status])
         else:
             scores = model.scores(opts.shade)
             status = status_of(len(scores))
             keys = model.rank(scores, min(opts.top or rows_max, rows_max))
             overlay = model.overlay(keys)
-            rows, seen = hm.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
+            rows, seen = heatviews.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
             unit = {"tid": "thread", "pid": "process", "comm": "command"}[opts.by]
             if opts.shade is None:
                 title = f"Live: dominant state per {unit}, busiest {len(keys)} of {len(scores)}, last {win}"
@@ -237,7 +238,7 @@ class Dashboard:
                 letter = schema.STATES.get(name, ("?",))[0]
                 title = f"Live: share {name} ({letter}), top {len(keys)} of {len(scores)} by it, last {win}"
                 kind = "share"
-            view = hm.View(kind, title, [model.label(k) for k in keys], rows, axis=axis,
+            view = heatviews.View(kind, title, [model.label(k) for k in keys], rows, axis=axis,
                            scale_max=1.0, scale_title="share", scale_unit="%",
                            states_present=seen, footer=[status])
         if waiting:

@@ -43,9 +43,9 @@ from typing import Callable, Protocol
 
 import orjson
 
-from pstate import snapfiles
+from pstate.snapshots import snapdir
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.meta import clock_anchor
+from pstate.stream.meta import clock_anchor
 
 LEDGER_NAME = ".pstate-written"  # the snapshot names pstate published here, one a line, in order
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -146,21 +146,21 @@ class SnapDir:
     def lock(self) -> None:
         """Take DIR/.pstate.lock or exit 75 naming the holder."""
         try:
-            fd = os.open(snapfiles.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+            fd = os.open(snapdir.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=self.fd)
         except OSError as e:
             code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
-            raise PstateError(f"cannot open the lock file {self.where(snapfiles.LOCK_NAME)}: {e.strerror}",
+            raise PstateError(f"cannot open the lock file {self.where(snapdir.LOCK_NAME)}: {e.strerror}",
                               code) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise PstateError(f"{self.where(snapfiles.LOCK_NAME)} is not a regular file", ExitCode.NOPERM)
+            raise PstateError(f"{self.where(snapdir.LOCK_NAME)} is not a regular file", ExitCode.NOPERM)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if not isinstance(e, BlockingIOError):
                 os.close(fd)
-                raise PstateError(f"cannot lock {self.where(snapfiles.LOCK_NAME)}: {e.strerror}",
+                raise PstateError(f"cannot lock {self.where(snapdir.LOCK_NAME)}: {e.strerror}",
                                   ExitCode.CANTCREAT, hint="use a local file system for --out") from None
             holder = ""
             try:
@@ -176,7 +176,7 @@ class SnapDir:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.lock_fd = fd
-        self.seq = max((snapfiles.parse_name(n)[1] for n in self.written()), default=0)
+        self.seq = max((snapdir.parse_name(n)[1] for n in self.written()), default=0)
 
     def written(self) -> list[str]:
         """The names DIR/.pstate-written lists (a torn last line is ignored)."""
@@ -199,7 +199,7 @@ class SnapDir:
         names, seen = [], set()
         for line in data.split(b"\n")[:-1]:
             name = line.decode(errors="replace")
-            if snapfiles.parse_name(name) and name not in seen:
+            if snapdir.parse_name(name) and name not in seen:
                 names.append(name)
                 seen.add(name)
         return names
@@ -227,7 +227,7 @@ class SnapDir:
         pstate's temp name; never follows a symlink. Call with the lock held."""
         removed = 0
         for e in os.scandir(self.fd):
-            if snapfiles.TEMP_RE.match(e.name) and e.is_file(follow_symlinks=False):
+            if snapdir.TEMP_RE.match(e.name) and e.is_file(follow_symlinks=False):
                 with contextlib.suppress(OSError):
                     os.unlink(e.name, dir_fd=self.fd)
                     removed += 1
@@ -238,7 +238,7 @@ class SnapDir:
         ledger lists them) that are still regular files, oldest first."""
         out = []
         for name in self.written():
-            parsed = snapfiles.parse_name(name)
+            parsed = snapdir.parse_name(name)
             if ext is not None and parsed[2] != ext:
                 continue
             try:
@@ -302,7 +302,7 @@ class SnapDir:
         """Publish render(seq) under the next free pstate-snap-<time>-<seq> name."""
         for _ in range(100):
             self.seq += 1
-            name = snapfiles.snapshot_name(wall_ns, self.seq, ext)
+            name = snapdir.snapshot_name(wall_ns, self.seq, ext)
             try:
                 self.publish(name, render(self.seq))
             except FileExistsError:
@@ -345,7 +345,7 @@ class SnapDir:
     def write_status(self, rec: dict) -> None:
         """DIR/.pstate-last.json: outcome of the latest run, for alerting on
         stale or failing snapshots (like node_exporter's textfile mtime)."""
-        self.publish(snapfiles.STATUS_NAME, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), replace=True)
+        self.publish(snapdir.STATUS_NAME, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE), replace=True)
 
     def close(self) -> None:
         for fd in (self.lock_fd, self.fd):
@@ -368,7 +368,7 @@ def render_jsonl(meta: dict, rows: list[dict], end: dict) -> bytes:
 
 
 def csv_columns(rows: list[dict]) -> list[str]:
-    cols = [c for c in snapfiles.ROW_FIELDS if c != "type"]
+    cols = [c for c in snapdir.ROW_FIELDS if c != "type"]
     seen = set(cols)
     for r in rows[:1]:
         cols.extend(k for k in r if k not in seen and k != "type")
@@ -639,7 +639,7 @@ class Snapper:
         rows, deltas, new = [], [], []
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
-            d = snapfiles.subtract(r, prev)
+            d = snapdir.subtract(r, prev)
             row = {"type": "task", "ts": ts, **r}
             if self.plan.clear:
                 row.update(d)
@@ -652,15 +652,15 @@ class Snapper:
             self.prom.update(rows, deltas, new, run_start)
             self.out.seq += 1
             meta["seq"] = self.out.seq
-            self.out.publish(snapfiles.PROM_NAME, self.prom.render(meta), replace=True)
-            return snapfiles.PROM_NAME
+            self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True)
+            return snapdir.PROM_NAME
         render = render_csv if self.plan.fmt == "csv" else render_jsonl
 
         def with_seq(seq: int) -> bytes:
             meta["seq"] = seq
             return render(meta, rows, end)
 
-        return self.out.publish_snapshot(wall_end, snapfiles.EXTENSIONS[self.plan.fmt], with_seq)
+        return self.out.publish_snapshot(wall_end, snapdir.EXTENSIONS[self.plan.fmt], with_seq)
 
     def _after_publish(self, name: str, wall_end: int, sample: Sample) -> None:
         try:
@@ -672,7 +672,7 @@ class Snapper:
         if self.plan.fmt == "prom" or (self.plan.keep is None and self.plan.max_age_ns is None):
             return
         try:
-            removed = self.out.prune(ext=snapfiles.EXTENSIONS[self.plan.fmt], keep=self.plan.keep,
+            removed = self.out.prune(ext=snapdir.EXTENSIONS[self.plan.fmt], keep=self.plan.keep,
                                      max_age_ns=self.plan.max_age_ns, now_wall_ns=wall_end, protect=name)
         except OSError as e:
             print(f"pstate snap: warning: retention failed in {self.out.path}: {e.strerror}", file=sys.stderr)

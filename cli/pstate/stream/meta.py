@@ -7,7 +7,8 @@ import os
 import socket
 import time
 
-from pstate import __version__, schema
+from pstate import __version__
+from pstate.stream import schema
 
 
 def boot_id() -> str:

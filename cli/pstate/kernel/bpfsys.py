@@ -535,7 +535,7 @@ class RingBufTable(Table):
         return iter(())
 
     def open_ring_buffer(self, *args, **kwargs):
-        raise NotImplementedError("read this ring buffer through its map_fd (pstate.loader.RingReader)")
+        raise NotImplementedError("read this ring buffer through its map_fd (pstate.kernel.loader.RingReader)")
 
 
 def make_table(map_fd: int, name: str, key_desc: str, leaf_desc: str, map_type: int, max_entries: int,

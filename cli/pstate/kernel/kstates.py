@@ -14,7 +14,7 @@ import operator
 import re
 from dataclasses import dataclass, field
 
-from pstate import schema
+from pstate.stream import schema
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SWITCH_FORMAT = "events/sched/sched_switch/format"

@@ -13,8 +13,9 @@ import os
 import textwrap
 from dataclasses import dataclass
 
-from pstate.durations import fmt_ns
-from pstate.heatmap import STATE_NAMES, TimeAxis, View, human_count
+from pstate.stream.durations import fmt_ns
+from pstate.render.heatmodel import STATE_NAMES
+from pstate.render.heatviews import TimeAxis, View, human_count
 
 # --- glyphs and colours ---------------------------------------------------------
 

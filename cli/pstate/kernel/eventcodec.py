@@ -20,8 +20,9 @@ import struct
 
 import orjson
 
-from pstate import native, schema
-from pstate.kstates import KernelStates
+from pstate import native
+from pstate.stream import schema
+from pstate.kernel.kstates import KernelStates
 
 # ring buffer header (len, pg_off) + struct event
 REC_FMT = "<IIQQIIIIIHHHBBhBx16s"

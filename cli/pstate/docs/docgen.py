@@ -1,8 +1,8 @@
 """Generate the man pages and shell completions from the click definitions.
 
-    python -m pstate.docgen            rewrite man/*.1, man/pstate-events.5, completions/*
-    python -m pstate.docgen --check    exit 1, naming the refresh command, if they are stale
-    python -m pstate.docgen --out DIR  write under DIR instead of the checkout
+    python -m pstate.docs.docgen            rewrite man/*.1, man/pstate-events.5, completions/*
+    python -m pstate.docs.docgen --check    exit 1, naming the refresh command, if they are stale
+    python -m pstate.docs.docgen --out DIR  write under DIR instead of the checkout
 
 SYNOPSIS, OPTIONS, DESCRIPTION and EXAMPLES come from the click commands (their
 params, help text and epilog); pstate-events(5) comes from schema.py; the prose
@@ -21,7 +21,9 @@ import click
 from click.formatting import join_options
 from click.shell_completion import get_completion_class
 
-from pstate import __version__, manprose, schema
+from pstate import __version__
+from pstate.docs import manprose
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 
 # Release date of each version: the date in the pages' title lines, so
@@ -35,7 +37,7 @@ COMPLETIONS = {"bash": "completions/pstate.bash", "zsh": "completions/_pstate",
 COMPLETE_VAR = "_PSTATE_COMPLETE"
 GENERATED_DIRS = ("man", "completions")  # every file in them is generated
 HEADER = ('.\\" Generated from the pstate click commands, schema.py and manprose.py\n'
-          '.\\" by `python -m pstate.docgen`. Do not edit: run `make artifacts`.\n')
+          '.\\" by `python -m pstate.docs.docgen`. Do not edit: run `make artifacts`.\n')
 
 # --- roff text -----------------------------------------------------------------
 
@@ -501,19 +503,19 @@ def events_page() -> str:
 def snapshot_task_fields() -> list[tuple[str, str]]:
     """The task row fields in snapfiles' order, described in manprose; the
     per-state time fields share one entry."""
-    from pstate import snapfiles
+    from pstate.snapshots import snapdir
 
-    state_fields = {f"{s}_ns" for s in snapfiles.STATE_FIELDS}
+    state_fields = {f"{s}_ns" for s in snapdir.STATE_FIELDS}
     described = manprose.EVENTS["snapshot_task"]
     items = []
-    for field in snapfiles.ROW_FIELDS:
+    for field in snapdir.ROW_FIELDS:
         name = "<state>_ns" if field in state_fields else field
         if name in (n for n, _d in items):
             continue
         if name not in described:
             raise PstateError(f"snapshot field {name!r} has no description", ExitCode.SOFTWARE,
                               hint="add it to EVENTS['snapshot_task'] in manprose.py")
-        fields = ", ".join(f"{s}_ns" for s in snapfiles.STATE_FIELDS)
+        fields = ", ".join(f"{s}_ns" for s in snapdir.STATE_FIELDS)
         items.append((name, described[name].format(fields=fields)))
     return items
 
@@ -564,7 +566,7 @@ def write_all(root: Path, files: dict[str, str]) -> list[str]:
 
 
 def checkout_root() -> Path:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / "pyproject.toml").is_file():
         raise PstateError("not running from a pstate checkout", ExitCode.USAGE,
                           hint="pass --out DIR")
@@ -584,7 +586,7 @@ def main(check: bool, out: Path | None) -> None:
         stale = stale_files(root, files)
         if stale:
             click.echo(f"man pages/completions are stale: run `{REFRESH_COMMAND}` "
-                       f"(python -m pstate.docgen)\n  " + "\n  ".join(stale), err=True)
+                       f"(python -m pstate.docs.docgen)\n  " + "\n  ".join(stale), err=True)
             sys.exit(1)
         return
     for path in write_all(root, files):
@@ -595,4 +597,4 @@ def main(check: bool, out: Path | None) -> None:
 
 
 if __name__ == "__main__":
-    main(prog_name="python -m pstate.docgen")
+    main(prog_name="python -m pstate.docs.docgen")

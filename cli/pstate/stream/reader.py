@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import orjson
 
-from pstate import schema
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
+from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 

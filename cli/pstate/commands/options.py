@@ -6,9 +6,9 @@ import functools
 
 import click
 
-from pstate import schema
-from pstate.durations import Duration
-from pstate.filters import Filter
+from pstate.stream import schema
+from pstate.stream.durations import Duration
+from pstate.stream.filters import Filter
 
 STATE_NAMES = [n for n in schema.STATES if n != schema.UNKNOWN]
 

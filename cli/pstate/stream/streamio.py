@@ -19,9 +19,9 @@ from typing import IO, Iterable, Iterator
 
 import orjson
 
-from pstate import schema
+from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.outfiles import OutputFile, open_output, still_at_path
+from pstate.stream.outfiles import OutputFile, open_output, still_at_path
 
 MAX_LINE = 1 << 20  # bytes; longer lines are skipped without being buffered
 
@@ -132,7 +132,7 @@ class ReadStats:
 
 def open_input(path: str, decompress: bool = True) -> IO[bytes]:
     """A source to read: a file or "-" (standard input), decompressed when
-    its first bytes say zstd or gzip (pstate.compression). decompress False
+    its first bytes say zstd or gzip (pstate.stream.compression). decompress False
     (readers that select() on the descriptor and read it directly): the
     source as it is, nothing read from it yet."""
     if path == "-":
@@ -157,7 +157,7 @@ def _decompressed(fp, name: str):
     """fp, or a reader of its decompressed bytes. A regular file is looked at
     without moving its offset; a pipe through its buffer (peek), so readers
     take its bytes with read() or read1(), never from the raw file under it."""
-    from pstate.compression import open_decompressed, sniff
+    from pstate.stream.compression import open_decompressed, sniff
 
     try:
         try:
@@ -222,7 +222,7 @@ def check_record(rec) -> str | None:
 
 def read_records(sources: Iterable[str], stats: ReadStats | None = None, **kw) -> Iterator[dict]:
     """reader.read_records: the usable records of files, in order, as dicts."""
-    from pstate import reader
+    from pstate.stream import reader
 
     return reader.read_records(sources, stats, **kw)
 
@@ -261,7 +261,7 @@ class LineWriter:
     Flushes after every write() batch when the output is a terminal or
     unbuffered is set; otherwise when the buffer fills or flush() is called.
     Only a regular file is fsync'd (a FIFO, pipe or /dev/null cannot be).
-    A file named *.zst or *.gz is written compressed (pstate.compression);
+    A file named *.zst or *.gz is written compressed (pstate.stream.compression);
     flush() then ends a compressed block, so what was written decodes.
     BrokenPipeError propagates: the caller decides to end quietly.
     """
@@ -280,7 +280,7 @@ class LineWriter:
         self.lines = 0
 
     def _attach(self, out: "OutputFile") -> None:
-        from pstate.compression import compressed_writer, compressor_for
+        from pstate.stream.compression import compressed_writer, compressor_for
 
         self.out = out
         self.path = out.path

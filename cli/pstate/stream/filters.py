@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pstate import schema
+from pstate.stream import schema
 
 LIFECYCLE = ("fork", "exec", "exit")
 

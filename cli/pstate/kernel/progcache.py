@@ -15,7 +15,7 @@ header tree, the format files of the tracepoints used, and pstate's version.
 Entries live in /var/cache/pstate/programs (PSTATE_CACHE_DIR elsewhere). A
 directory or file not owned by root, or writable by others, or below such a
 directory, is never read: the instructions in it run in the kernel (rules in
-pstate.trust). An entry is opened once, without following a link, from a
+pstate.kernel.trust). An entry is opened once, without following a link, from a
 descriptor of the checked directory, and the open file is checked. Pruning
 removes only entries this cache wrote (named for their key, which their
 checksummed content repeats), never another file. Entries are written atomically and
@@ -40,7 +40,10 @@ import secrets
 import struct
 import sys
 
-from pstate import __version__, bpfsys, headers, trust
+from pstate import __version__
+from pstate.kernel import bpfsys
+from pstate.kernel import headers
+from pstate.kernel import trust
 
 FORMAT = 1
 DEFAULT_DIR = "/var/cache/pstate/programs"
@@ -156,7 +159,7 @@ def _bcc_dirs() -> list[str]:
         spec = None
     if spec and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)
-    # where pstate.loader.import_bcc looks when the venv lacks it
+    # where pstate.kernel.loader.import_bcc looks when the venv lacks it
     return [d for d in sorted(glob.glob("/usr/lib/python3/dist-packages/bcc"))
             + sorted(glob.glob("/usr/lib/python3*/site-packages/bcc")) if os.path.isdir(d)][:1]
 
@@ -191,7 +194,7 @@ def format_hash(tracefs: str, tp: str) -> str | None:
 
 
 def _headers_identity(path: str | None):
-    """The header tree: its identity (pstate.headers: the merged tree's
+    """The header tree: its identity (pstate.kernel.headers: the merged tree's
     manifest, the packages' identity), and the files that say which kernel
     configuration it is for. The whole tree is not walked on every run:
     it is checked before every compile, and only root can change it."""

@@ -1,6 +1,6 @@
 """The one module that owns BPF: finding bcc, kernel headers and tracefs,
 compiling bpf/*.bpf.c with -D settings (or loading it from the program
-cache, pstate.progcache), attaching, draining the ring buffer, counting
+cache, pstate.kernel.progcache), attaching, draining the ring buffer, counting
 drops, and detaching.
 
 Only record, snap and doctor import it; everything else runs without bcc.
@@ -19,7 +19,9 @@ import sys
 import time
 from typing import Iterable
 
-from pstate import headers, kstates, progcache
+from pstate.kernel import headers
+from pstate.kernel import kstates
+from pstate.kernel import progcache
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -169,7 +171,7 @@ class Program:
     """An attached BPF program. close() detaches it; so does exit.
 
     The first run with a given program text and kernel compiles it with BCC
-    and keeps the result in the program cache (pstate.progcache); later runs
+    and keeps the result in the program cache (pstate.kernel.progcache); later runs
     load that without starting a compiler. `origin` says which happened.
     """
 
@@ -315,7 +317,7 @@ def pid_max() -> int:
 def map_calls():
     """bpf_update_elem, bpf_lookup_elem, bpf_delete_elem... as in libbcc, on
     any map fd, without loading libbcc."""
-    from pstate import bpfsys
+    from pstate.kernel import bpfsys
 
     return bpfsys.lib
 

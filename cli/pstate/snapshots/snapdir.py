@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.streamio import ReadStats, read_records
+from pstate.stream.streamio import ReadStats, read_records
 
 # --- names -----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import IO
 
 import orjson
 
-from pstate import schema
+from pstate.stream import schema
 
 IDLE_COMM = "swapper/{cpu}"
 DEFAULT_PRIO = 120

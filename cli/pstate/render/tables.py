@@ -15,10 +15,11 @@ import time
 import orjson
 import tabulate as _tabulate_mod
 
-from pstate import schema
-from pstate.durations import fmt_ns
-from pstate.latency import PERCENTILES, pick_unit, render_log2_rows
-from pstate.tsa import BLOCKED_PREFIX, LATENCY_KINDS, Group, Summary, kind_order, matrix, state_order
+from pstate.stream import schema
+from pstate.stream.durations import fmt_ns
+from pstate.analysis.latency import PERCENTILES, pick_unit, render_log2_rows
+from pstate.analysis.timeinstate import BLOCKED_PREFIX, LATENCY_KINDS, Group, Summary, kind_order, state_order
+from pstate.analysis.selection import matrix
 
 REPORT_SCHEMA = 1
 

@@ -19,7 +19,7 @@ from datetime import datetime, time as dtime, timedelta, timezone
 
 import click
 
-from pstate.durations import UNITS
+from pstate.stream.durations import UNITS
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)"

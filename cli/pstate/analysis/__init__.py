@@ -1,0 +1,1 @@
+"""Analysis of streams and snapshots: time in state, latency distributions, snapshot series."""

@@ -1,0 +1,1 @@
+"""Rendering: stats tables, heat maps, the live dashboard, trace export."""

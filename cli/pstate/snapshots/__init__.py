@@ -1,0 +1,1 @@
+"""Snapshot files: writing them safely, and the one snapshot reader."""
