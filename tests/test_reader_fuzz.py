@@ -40,7 +40,8 @@ from conftest import clean_env, pstate_cmd
 from pstate.stream import schema
 from pstate.exitcodes import PstateError
 from pstate.main import main as pstate_main
-from pstate.stream.streamio import LineWriter, ReadStats, check_record, read_records
+from pstate.stream.streamio import LineWriter, ReadStats, check_record
+from pstate.stream.reader import read_records
 
 TESTS = Path(__file__).resolve().parent
 CORPUS_DIR = TESTS / "data" / "corpus"
@@ -286,7 +287,7 @@ GEN_2GB = (
 )
 READ_STDIN = (
     "import sys\n"
-    "from pstate.stream.streamio import ReadStats, read_records\n"
+    "from pstate.stream.streamio import ReadStats\nfrom pstate.stream.reader import read_records\n"
     "st = ReadStats()\n"
     "n = sum(1 for _ in read_records(['-'], st))\n"
     "st.report('read_records')\n"

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import clean_env, pstate_cmd
-from pstate.stream import streamio
+from pstate.stream import reader, streamio
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.exitcodes import PstateError
@@ -263,7 +263,7 @@ def reference(data: bytes, tmp_path, max_line: int = streamio.MAX_LINE, strict: 
     Path("mem.jsonl").write_bytes(data)
     st = streamio.ReadStats()
     agg = timeinstate.Aggregator("tid")
-    ingest.digest_records(streamio.read_records(["mem.jsonl"], st, max_line=max_line, strict=strict), agg)
+    ingest.digest_records(reader.read_records(["mem.jsonl"], st, max_line=max_line, strict=strict), agg)
     return st, agg.summarise(st)
 
 

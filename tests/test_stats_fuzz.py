@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pstate.stream import streamio
+from pstate.stream import reader, streamio
 from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
@@ -91,7 +91,7 @@ def careful(data: bytes, by: str, strict: bool, tmp: Path):
     (tmp / "in.jsonl").write_bytes(data)
     stats = streamio.ReadStats()
     agg = timeinstate.Aggregator(by)
-    ingest.digest_records(streamio.read_records([str(tmp / "in.jsonl")], stats, max_line=MAX_LINE,
+    ingest.digest_records(reader.read_records([str(tmp / "in.jsonl")], stats, max_line=MAX_LINE,
                                              strict=strict), agg)
     return stats, agg
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.reader import StreamReader
-from pstate.stream.streamio import LineWriter, ReadStats, check_record, open_input, read_records
+from pstate.stream.streamio import LineWriter, ReadStats, check_record, open_input
+from pstate.stream.reader import read_records
 
 META = b'{"type":"meta","schema":1,"source":"record","tool":"pstate","version":"0.1.0","clock":"monotonic","ts":1}\n'
 STATE = (b'{"type":"state","ts":%d,"cpu":0,"pid":10,"tid":11,"comm":"a","from":"running","to":"sleeping",'

@@ -11,7 +11,8 @@ import click
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import input_options
 from pstate.stream.outfiles import open_output
-from pstate.stream.streamio import ReadStats, read_records
+from pstate.stream.streamio import ReadStats
+from pstate.stream.reader import read_records
 
 PROG = "pstate export"
 FORMATS = ("perfetto", "chrome")

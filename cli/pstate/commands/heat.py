@@ -19,7 +19,8 @@ from pstate.stream.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
 from pstate.commands.options import Choice, StateName, task_filter_options
-from pstate.stream.streamio import ReadStats, read_records
+from pstate.stream.streamio import ReadStats
+from pstate.stream.reader import read_records
 
 UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
 PLURAL = {"thread": "threads", "process": "processes", "command": "commands"}

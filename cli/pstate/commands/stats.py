@@ -21,7 +21,8 @@ from pstate.analysis import selection
 from pstate.stream.durations import Duration
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import StateName
-from pstate.stream.streamio import MAX_LINE, ReadStats, open_input, read_records
+from pstate.stream.streamio import MAX_LINE, ReadStats, open_input
+from pstate.stream.reader import read_records
 
 PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.streamio import ReadStats, read_records
+from pstate.stream.streamio import ReadStats
+from pstate.stream.reader import read_records
 
 # --- names -----------------------------------------------------------------
 

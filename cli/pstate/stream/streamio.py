@@ -15,7 +15,7 @@ import os
 import stat as _stat
 import sys
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 import orjson
 
@@ -218,13 +218,6 @@ def check_record(rec) -> str | None:
             return "bad loss record"
         return None
     return None  # end, rate and unknown future types pass through
-
-
-def read_records(sources: Iterable[str], stats: ReadStats | None = None, **kw) -> Iterator[dict]:
-    """reader.read_records: the usable records of files, in order, as dicts."""
-    from pstate.stream import reader
-
-    return reader.read_records(sources, stats, **kw)
 
 
 def check_schema(meta: dict, name: str) -> None:
