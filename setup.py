@@ -17,6 +17,8 @@ setup(
         Extension(
             f"pstate.{src.stem}",
             [str(src.relative_to(HERE))],
+            include_dirs=["bpf"],  # pstate.h: the event layout shared with the BPF programs
+            depends=["bpf/pstate.h"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         )

@@ -350,10 +350,9 @@ def root_cache(tmp_path, monkeypatch):
 def _record_defines():
     from pstate import loader
     from pstate.commands import record
-    from pstate.filters import Filter
 
     ks = loader.kernel_states()
-    return record.defines_for(Filter(), ks, max_tasks=4096, rb_pages=64, sample=False)
+    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False)
 
 
 @pytest.mark.bpf
@@ -387,6 +386,10 @@ def test_warm_program_has_the_same_tables(root_cache):
             tasks[tasks.Key(4243)]
         import time
 
+        from pstate import filtermaps
+        from pstate.filters import Filter
+
+        filtermaps.start(warm, filtermaps.settings_for(Filter(), loader.kernel_states()))  # report from now on
         time.sleep(0.2)
         assert warm.counters()[loader.STAT_ATTEMPTED] > 0  # the attached programs run
         warm.detach()

@@ -12,9 +12,9 @@ import time
 
 import click
 
-from pstate import loader
+from pstate import filtermaps, loader
 from pstate.bpfsys import BPF_ANY, BPF_NOEXIST
-from pstate.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
+from pstate.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.filters import Filter
 from pstate.kstates import KernelStates
@@ -59,36 +59,16 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
-def defines_for(filt: Filter, ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+    """The program's -D settings. Filters are not among them: they are map
+    values (pstate.filtermaps), so a new filter needs no new compile."""
     d = {
         "REPORT_MASK": f"0x{ks.report_mask:x}",
         "DEAD_BITS": f"0x{(ks.bit_of('dead') or 0) | (ks.bit_of('zombie') or 0):x}",
         "MAX_TASKS": max_tasks,
         "RB_PAGES": rb_pages,
-        "INCLUDE_IDLE": filt.include_idle,
-        "FILTER_PID": bool(filt.pids),
-        "FILTER_TID": bool(filt.tids),
-        "FILTER_CPU": bool(filt.cpus),
         "SAMPLE": sample,
     }
-    if filt.comms:
-        if len(filt.comms) > 1:
-            raise PstateError("record takes one --comm (the BPF side compares one name)", ExitCode.USAGE,
-                              hint="record without --comm and filter with `pstate replay -c A -c B`")
-        raw = filt.comms[0].encode()[:15].ljust(16, b"\0")
-        d["FILTER_COMM"] = True
-        for i, b in enumerate(raw):
-            d[f"COMM_{i}"] = b
-    if filt.states:
-        mask = 0
-        for name in filt.states:
-            code = state_code(name, ks)
-            if code is None:
-                raise PstateError(f"this kernel does not report the state {name!r}", ExitCode.USAGE)
-            mask |= state_mask_bit(code)
-        d["STATE_MASK"] = f"0x{mask:x}ULL"
-    if filt.min_dur_ns:
-        d["MIN_DUR_NS"] = f"{filt.min_dur_ns}ULL"
     if loader.pid_max() <= max_tasks:
         # every tid fits: an array indexed by tid, whose lookup costs no call
         d["TASKS_BY_TID"] = True
@@ -283,7 +263,8 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
                                  param_hint="'--buffer-size'") from None
     rb_pages = _pow2_pages(rb_bytes)
     ks = loader.kernel_states(ebpf_only=ebpf)
-    defines = defines_for(filt, ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
+    settings = filtermaps.settings_for(filt, ks)
+    defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
     if ebpf:
         click.echo(loader.program_text("record", defines))
         return
@@ -293,7 +274,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     rec = None
     code = ExitCode.OK
     try:
-        _fill_filters(prog, filt)
+        filtermaps.start(prog, settings)
         _seed(prog, ks, "TASKS_BY_TID" in defines)
         writer = LineWriter(output, unbuffered=unbuffered)
         meta = meta_record("record", ks)
@@ -310,8 +291,11 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
         rec.run(duration)
         # Stop the producers first: then the final drain and the counters
-        # describe the same events, and the trailer adds up exactly.
-        prog.detach()
+        # describe the same events, and the trailer adds up exactly. The
+        # settings row stops them at once; detaching (RCU grace periods, a
+        # good part of a second) waits until the stream is complete.
+        filtermaps.stop(prog, settings)
+        prog.settle()
         rec.drain(limit_s=1.0)
         totals = rec.loss_records(final=True)
         # Whatever the bounded final drain left in the ring buffer is lost too.
@@ -326,6 +310,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             "events": rec.events, "lost": lost,
             **{f"lost_{r}": n for r, n in totals.items()},
             "kernel_events": prog.counters()[loader.STAT_ATTEMPTED],
+            "clamped": prog.counters()[loader.STAT_CLAMPED],
             "duration_ns": time.monotonic_ns() - meta["ts"],
         })
         writer.close(sync=bool(output and output != "-"))
@@ -343,24 +328,6 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     if code:
         sys.exit(int(code))
 
-
-
-def _fill_filters(prog: loader.Program, filt: Filter) -> None:
-    import ctypes
-
-    one = ctypes.c_uint8(1)
-    if filt.pids:
-        t = prog.table("pid_filter")
-        for p in filt.pids:
-            t[ctypes.c_uint32(p)] = one
-    if filt.tids:
-        t = prog.table("tid_filter")
-        for p in filt.tids:
-            t[ctypes.c_uint32(p)] = one
-    if filt.cpus:
-        t = prog.table("cpu_filter")
-        for c in filt.cpus:
-            t[ctypes.c_int(c)] = one
 
 
 def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:
