@@ -291,11 +291,16 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
         rec.run(duration)
         # Stop the producers first: then the final drain and the counters
-        # describe the same events, and the trailer adds up exactly. The
-        # settings row stops them at once; detaching (RCU grace periods, a
-        # good part of a second) waits until the stream is complete.
-        filtermaps.stop(prog, settings)
-        prog.settle()
+        # describe the same events, and the trailer adds up exactly. At the
+        # end of --duration the settings row stops them at once, and
+        # detaching (RCU grace periods, a good part of a second) waits until
+        # the stream is complete; on a signal they are detached first, so the
+        # programs never run without reporting.
+        if rec.stop_reason == "duration":
+            filtermaps.stop(prog, settings)
+            prog.settle()
+        else:
+            prog.detach()
         rec.drain(limit_s=1.0)
         totals = rec.loss_records(final=True)
         # Whatever the bounded final drain left in the ring buffer is lost too.
