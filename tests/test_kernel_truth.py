@@ -9,7 +9,7 @@ agree: on-CPU within 1 % for CPU-bound threads, on-CPU + run-queue within
 duration, no sleeping/uninterruptible -> running without a wake-up; the end
 trailer says how many timestamp pairs were clamped. The kernel leaves time in
 interrupts and time stolen by the hypervisor out of a task's on-CPU time:
-a hog's tolerance includes its CPU's share of those (/proc/stat). Run quiet and under a
+a hog's tolerances include that time of its CPU (/proc/stat). Run quiet and under a
 pinned switch storm on the other CPU, where wake-ups race switch-outs most.
 """
 
@@ -229,7 +229,8 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         # clock; pstate's at sched_waking, by ktime, and on an idle CPU that
         # includes leaving idle (measured: 1.5-3 us per wake-up on a busy CPU,
         # 8 us on an idle one): allowed 10 us per wake-up besides the 2 %.
-        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= max(0.02 * (k_cpu + k_wait), 10_000 * wakes), name
+        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= max(0.02 * (k_cpu + k_wait), 10_000 * wakes) + (
+            slack if name.startswith("hog") else 0), name
 
 
 def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_path):
