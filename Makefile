@@ -30,7 +30,7 @@ $(VENV)/.apt-done:
 	@[ -d $(VENV) ] || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
 	@touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml setup.py $(wildcard cli/pstate/_*.c)
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml setup.py $(wildcard cli/pstate/_*.c) bpf/pstate.h
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,perfetto,zstd]'
 	@touch $@
 

@@ -17,6 +17,8 @@ setup(
         Extension(
             f"pstate.{src.stem}",
             [str(src.relative_to(HERE))],
+            include_dirs=["bpf"],  # pstate.h: the event layout shared with the BPF programs
+            depends=["bpf/pstate.h"],
             # no build path in the binaries (reproducible, and nothing of
             # the build machine left in an installed tree)
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -65,11 +65,14 @@ def _patch_source(src_dir: str | None, text: str | None = None) -> None:
     """Make pstate's loader compile BPF C from src_dir (or `text`)."""
     from pstate.kernel import loader
 
+    def read(name: str) -> str:
+        with open(os.path.join(src_dir, name)) as f:
+            return f.read()
+
     def source(name: str) -> str:
         if text is not None:
             return text
-        with open(os.path.join(src_dir, f"{name}.bpf.c")) as f:
-            return f.read()
+        return loader.with_headers(read(f"{name}.bpf.c"), read)
 
     loader.source = source
 
@@ -124,6 +127,9 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
                          _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms"), ready="meta"),
             ct.Contender(f"record{suffix}", f"pstate record ({what})", "record",
                          _self("pstate", d, "record", "-q", "-o", "{out}"), ready="meta"),
+            ct.Contender(f"record_filters{suffix}", f"pstate record -c perf --cpu 1 ({what})",
+                         "record", _self("pstate", d, "record", "-q", "-o", "{out}", "-c", "perf",
+                                         "--cpu", "1"), ready="meta"),
         ]
     return cs
 
@@ -215,10 +221,12 @@ def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender],
 def git_tree(rev: str, dest: str) -> str:
     """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
     os.makedirs(dest, exist_ok=True)
-    for name in ("record", "snap"):
-        r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}.bpf.c"], capture_output=True, text=True,
-                           check=True)
-        with open(os.path.join(dest, f"{name}.bpf.c"), "w") as f:
+    for name in ("record.bpf.c", "snap.bpf.c", "pstate.h"):
+        r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}"], capture_output=True, text=True)
+        if r.returncode != 0 and name.endswith(".h"):
+            continue  # a revision before the shared header
+        r.check_returncode()
+        with open(os.path.join(dest, name), "w") as f:
             f.write(r.stdout)
     return dest
 

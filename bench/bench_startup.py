@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Start-up of `pstate record` and `pstate snap`: cold (the program cache is
 empty, so BCC compiles the BPF program and fills the cache) against warm (the
-program is loaded from the cache, no compiler), interleaved round by round.
+program is loaded from the cache, no compiler), interleaved round by round;
+and record with a filter value new to the cache each round (--min-dur), which
+loads the cached program too (filters are map values).
 
 For each run: the wall time from exec to the first event on stdout (record)
 or to "collecting into" on stderr (snap), the CPU time the process had used
@@ -73,8 +75,8 @@ def _finish(proc: subprocess.Popen, t0: float, first: float | None, cpu_first: f
             "maxrss_mb": ru.ru_maxrss / 1024, "rc": proc.returncode}
 
 
-def run_record(cache: str, after: float, nocache: bool = False) -> dict:
-    cmd = [sys.executable, "-m", "pstate", "record", "-q", "--duration", "30"]
+def run_record(cache: str, after: float, nocache: bool = False, extra: tuple = ()) -> dict:
+    cmd = [sys.executable, "-m", "pstate", "record", "-q", "--duration", "30", *extra]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_env(cache, nocache))
     first = cpu_first = None
@@ -160,6 +162,7 @@ def main() -> int:
     cache = os.path.join(base, "programs")
     kinds = ["cold", "warm"] + (["nocache"] if args.nocache else [])
     runs: dict[str, list[dict]] = {f"{cmd} {k}": [] for cmd in ("record", "snap") for k in kinds}
+    runs["record new filter value"] = []
     try:
         for i in range(rounds):
             for cmd in ("record", "snap"):
@@ -175,6 +178,15 @@ def main() -> int:
                     runs[f"{cmd} {kind}"].append(r)
                     print(f"round {i + 1}/{rounds} {cmd} {kind}: first {r['first_s']} s, "
                           f"{r['maxrss_mb']:.0f} MB, rc {r['rc']}", file=sys.stderr, flush=True)
+                if cmd == "record":
+                    # warm cache (before snap's cold run empties it), a filter
+                    # value no run had before: filters are map values, so this
+                    # loads the cached program too
+                    r = run_record(cache, args.after, extra=("--min-dur", f"{1000 + i}ns"))
+                    runs["record new filter value"].append(r)
+                    print(f"round {i + 1}/{rounds} record new filter value: first {r['first_s']} s, rc {r['rc']}",
+                          file=sys.stderr, flush=True)
+
     finally:
         shutil.rmtree(base, ignore_errors=True)
     results = {name: summarize(rs) for name, rs in runs.items()}

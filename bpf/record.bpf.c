@@ -7,7 +7,7 @@
 // version: that is what lets pstate run where no matching headers exist.
 // Keep it so: no task_struct, no bpf_probe_read of kernel memory.
 //
-// Compile-time settings (-D cflags, set by pstate/loader.py):
+// Compile-time settings (-D cflags, set by pstate/commands/record.py):
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
 //   DEAD_BITS      the bits of the dead (X) and zombie (Z) states
 //   MAX_TASKS      size of the per-thread state map
@@ -15,71 +15,63 @@
 //                  MAX_TASKS): its lookup is inlined, where a hash lookup is
 //                  a call; an all-zero row is a thread not seen
 //   RB_PAGES       ring buffer size in pages
-//   INCLUDE_IDLE   report the idle task (tid 0) too
-//   FILTER_PID / FILTER_TID / FILTER_CPU   look the task up in a filter map
-//   FILTER_COMM    compare comm with COMM_0..COMM_15 (one name)
-//   STATE_MASK     report transitions into or out of these states only
-//   MIN_DUR_NS     report transitions whose left state lasted at least this
 //   SAMPLE         keep one event in sample_every[0] (--max-rate)
+//
+// Filters are map values, written by user space before the first event
+// (pstate/filtermaps.py), so one compiled program serves every filter: the
+// `settings` row (state mask, minimum duration, idle, which sets to consult)
+// and the sets pid_filter, tid_filter, comm_filter and cpu_filter. The
+// cheapest tests come first: the state mask and minimum duration, then the
+// CPU array, then the hash sets.
 
-#define ST_UNKNOWN 0
-#define ST_RUNNING 1
-#define ST_RUNNABLE 2
-#define ST_PREEMPTED 3
-#define ST_NEW 4
-#define ST_REAPED 5
-#define ST_KERNEL 0x1000 // | reported prev_state bits
+#include "pstate.h"
 
-#define EV_STATE 1
-#define EV_FORK 2
-#define EV_EXEC 3
-#define EV_EXIT 4
-
-#define CAUSE_SWITCH_OUT 1
-#define CAUSE_SWITCH_IN 2
-#define CAUSE_WAKEUP 3
-#define CAUSE_WAKEUP_NEW 4
-#define CAUSE_REAP 5
-
-#define F_VOLUNTARY 1
-#define F_THREAD 2
-#define F_GROUP_DEAD 4
-
-#define DROP_RINGBUF 0
-#define DROP_MAP_FULL 1
-#define DROP_SAMPLED 2
-#define STAT_EMITTED 3 // unused: emitted = attempted - dropped
-#define STAT_ATTEMPTED 4
-#define NR_COUNTERS 5
-
-#define NO_DUR ((u64)-1)
 #define CLONE_THREAD_FLAG 0x00010000
+#define ALL_STATES 0xffffffffffffffffULL
+#define WAKE_PENDING 0x80 // task_state.wake_flags: a waker is kept for sched_wakeup
 
 struct task_state {
     u64 since; // when the task entered state; 0 = not seen
     u32 tgid;  // 0 = not known yet
     u16 state;
     u16 flags;
+    // A wake-up that came while the row still said running: sched_waking on
+    // another CPU before this task's sched_switch (try_to_wake_up does not
+    // wait for the switch-out), or a wake-up that found the task still on
+    // its run queue. sched_wakeup, which follows the switch-out, tells them
+    // apart; until then the waker is kept here.
+    u32 wake_pid;
+    u32 wake_tid;
+    u32 wake_cpu;
+    u8 wake_flags; // WAKE_PENDING | F_WAKER_*
+    u8 pad[3];
 };
 
-// 64 bytes; user space decodes it with struct format "<QQIIIIIHHHBBhBx16s".
-struct event {
-    u64 ts;
-    u64 dur;
-    u32 pid;
-    u32 tid;
-    u32 other_pid;
-    u32 other_tid;
-    u32 kstate;
-    u16 from;
-    u16 to;
-    u16 cpu;
-    u8 type;
-    u8 cause;
-    s16 prio;
-    u8 flags;
-    u8 pad;
-    char comm[16];
+// The filters (see the top of this file). Until user space has written
+// them (active 1) the program keeps its task rows but reports nothing;
+// active 0 again stops the reports at once (record's --duration), however
+// long detaching then takes.
+struct settings {
+    u64 state_mask;   // ALL_STATES, or report transitions into or out of these states only
+    u64 min_dur;      // report transitions whose left state lasted at least this (0: all)
+    u32 task_filters; // TF_* of the sets to consult
+    u8 include_idle;  // report the idle task (tid 0) too
+    u8 active;
+    u16 pad;
+};
+
+struct comm_key {
+    u64 w[2]; // the name, zero after it
+};
+
+// Whether this CPU is in interrupt context now, kept by the irq, softirq
+// and hrtimer tracepoints. No context switch happens in interrupt context,
+// so sched_switch clears whatever an exit missed while attaching.
+struct irq_ctx {
+    u8 hard;  // in a device interrupt handler
+    u8 timer; // in an hrtimer callback (hard irq, or softirq for soft timers)
+    u8 soft;  // in a softirq handler
+    u8 pad[5]; // 8 bytes: per-CPU values are read in 8-byte units
 };
 
 #ifdef TASKS_BY_TID
@@ -88,16 +80,13 @@ BPF_ARRAY(tasks, struct task_state, MAX_TASKS);
 BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
 #endif
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
-BPF_PERCPU_ARRAY(counters, u64, NR_COUNTERS);
-#ifdef FILTER_PID
+BPF_PERCPU_ARRAY(counters, u64, REC_NR_COUNTERS);
+BPF_ARRAY(settings, struct settings, 1);
 BPF_HASH(pid_filter, u32, u8, 1024);
-#endif
-#ifdef FILTER_TID
 BPF_HASH(tid_filter, u32, u8, 1024);
-#endif
-#ifdef FILTER_CPU
+BPF_HASH(comm_filter, struct comm_key, u8, 256);
 BPF_ARRAY(cpu_filter, u8, 4096);
-#endif
+BPF_PERCPU_ARRAY(irq_state, struct irq_ctx, 1);
 #ifdef SAMPLE
 BPF_ARRAY(sample_every, u32, 1);
 BPF_PERCPU_ARRAY(sample_tick, u32, 1);
@@ -107,6 +96,21 @@ static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+static __always_inline struct settings *get_settings(void) {
+    u32 zero = 0;
+    return settings.lookup(&zero);
+}
+
+// Time from `since` to `now`, taken on two CPUs: a pair out of order (the
+// later event read the clock first) is clamped to 0 and counted, never
+// wrapped around.
+static __always_inline u64 elapsed(u64 now, u64 since) {
+    if (now >= since)
+        return now - since;
+    count(STAT_CLAMPED);
+    return 0;
 }
 
 // Whether a row is a thread's (a hash holds only those; an array row is all
@@ -121,68 +125,66 @@ static __always_inline int known(struct task_state *ts) {
 
 static __always_inline void forget(u32 tid, struct task_state *ts) {
 #ifdef TASKS_BY_TID
-    ts->since = 0;
-    ts->tgid = 0;
-    ts->state = 0;
-    ts->flags = 0;
+    __builtin_memset(ts, 0, sizeof(*ts));
 #else
     tasks.delete(&tid);
 #endif
 }
 
 static __always_inline u64 state_bit(u16 st) {
-    // Bit of a state in STATE_MASK: ours in 0..15, kernel bits shifted by 16.
+    // Bit of a state in the state mask: ours in 0..15, kernel bits shifted by 16.
     if (st & ST_KERNEL)
         return ((u64)(st & 0xfff)) << 16;
     return 1ULL << (st & 15);
 }
 
-// Filters that depend on the task only.
-static __always_inline int task_match(u32 tgid, u32 tid, const char *comm) {
-#ifndef INCLUDE_IDLE
-    if (tid == 0)
+// The bytes of a little-endian word of a name up to its first zero byte,
+// the rest zeroed; all of it when it has no zero byte. Without a loop over
+// the bytes: one branch per byte would multiply the paths the verifier walks.
+static __always_inline u64 name_part(u64 v) {
+    u64 zeros = (v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL; // exact up to the first zero byte
+    if (!zeros)
+        return v;
+    u64 first = zeros & (~zeros + 1); // bit 7 of the first zero byte
+    return v & ((first >> 7) - 1);
+}
+
+// Filters that depend on the task and CPU only: the idle test and the CPU
+// array first, the hash sets after.
+static __always_inline int task_match(struct settings *cfg, u32 cpu, u32 tgid, u32 tid, const char *comm) {
+    if (!cfg->active || (tid == 0 && !cfg->include_idle))
         return 0;
-#endif
-#ifdef FILTER_PID
-    if (!pid_filter.lookup(&tgid))
-        return 0;
-#endif
-#ifdef FILTER_TID
-    if (!tid_filter.lookup(&tid))
-        return 0;
-#endif
-#ifdef FILTER_COMM
-    const char want[16] = {COMM_0, COMM_1, COMM_2, COMM_3, COMM_4, COMM_5, COMM_6, COMM_7,
-                           COMM_8, COMM_9, COMM_10, COMM_11, COMM_12, COMM_13, COMM_14, COMM_15};
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        if (comm[i] != want[i])
+    u32 f = cfg->task_filters;
+    if (!f)
+        return 1;
+    if (f & TF_CPU) {
+        u8 *ok = cpu_filter.lookup(&cpu);
+        if (!ok || !*ok)
             return 0;
-        if (want[i] == 0)
-            break;
     }
-#endif
+    if ((f & TF_TID) && !tid_filter.lookup(&tid))
+        return 0;
+    if ((f & TF_PID) && !pid_filter.lookup(&tgid))
+        return 0;
+    if (f & TF_COMM) {
+        struct comm_key key;
+        __builtin_memcpy(&key, comm, 16);
+        u64 lo = name_part(key.w[0]);
+        key.w[1] = (lo == key.w[0]) ? name_part(key.w[1]) : 0;
+        key.w[0] = lo;
+        if (!comm_filter.lookup(&key))
+            return 0;
+    }
     return 1;
 }
 
-static __always_inline int cpu_match(u32 cpu) {
-#ifdef FILTER_CPU
-    u8 *ok = cpu_filter.lookup(&cpu);
-    if (!ok || !*ok)
+static __always_inline int transition_match(struct settings *cfg, u16 from, u16 to, u64 dur) {
+    u64 mask = cfg->state_mask;
+    if (mask != ALL_STATES && !((state_bit(from) | state_bit(to)) & mask))
         return 0;
-#endif
-    return 1;
-}
-
-static __always_inline int transition_match(u16 from, u16 to, u64 dur) {
-#ifdef STATE_MASK
-    if (!((state_bit(from) | state_bit(to)) & (u64)STATE_MASK))
+    u64 min = cfg->min_dur;
+    if (min && (dur == NO_DUR || dur < min))
         return 0;
-#endif
-#ifdef MIN_DUR_NS
-    if (dur == NO_DUR || dur < (u64)MIN_DUR_NS)
-        return 0;
-#endif
     return 1;
 }
 
@@ -228,10 +230,10 @@ static __always_inline void submit(struct event *e) {
 }
 
 // One event of any type, through the task and CPU filters.
-static __always_inline void emit(u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
-                                 u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
-                                 u32 other_pid, u32 other_tid) {
-    if (!task_match(tgid, tid, comm) || !cpu_match(cpu))
+static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
+                                 const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
+                                 u32 kstate, u32 other_pid, u32 other_tid) {
+    if (!task_match(cfg, cpu, tgid, tid, comm))
         return;
     struct event *e = reserve();
     if (!e)
@@ -257,10 +259,11 @@ static __always_inline void emit(u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, c
 
 // the caller has checked transition_match(from, to, dur): the cheapest
 // test, and the one that fails most often under --state or --min-dur
-static __always_inline void emit_state(u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm, u16 from,
-                                       u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate,
-                                       u32 other_pid, u32 other_tid) {
-    emit(EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid);
+static __always_inline void emit_state(struct settings *cfg, u64 now, u32 cpu, u32 tgid, u32 tid,
+                                       const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
+                                       u32 kstate, u32 other_pid, u32 other_tid) {
+    emit(cfg, EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid,
+         other_tid);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -295,30 +298,37 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     u32 kstate = (u32)args->prev_state;
     u32 prev_tgid = 0; // through current_tgid()
     char comm[16];
+    struct settings *cfg = get_settings();
+    if (!cfg)
+        return 0;
+    {
+        // never in interrupt context here: clear what a missed exit left
+        u32 zero = 0;
+        struct irq_ctx *ic = irq_state.lookup(&zero);
+        if (ic && *(u64 *)ic)
+            *(u64 *)ic = 0;
+    }
 
     if (prev != 0) {
         struct task_state *ts = tasks.lookup(&prev);
         u64 dur = NO_DUR;
         if (ts && ts->state == ST_RUNNING && ts->since)
-            dur = now - ts->since;
+            dur = elapsed(now, ts->since);
         u32 bits = kstate & REPORT_MASK;
         u16 to = bits ? (ST_KERNEL | bits) : ST_PREEMPTED;
-        if (transition_match(ST_RUNNING, to, dur)) {
+        if (transition_match(cfg, ST_RUNNING, to, dur)) {
             __builtin_memcpy(comm, args->prev_comm, 16);
-            emit_state(now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
+            emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
                        args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next);
         }
         // A thread's tgid never changes under its tid (exec moves the row
         // to the new tid): a row that has it keeps it.
         set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now);
-    }
-#ifdef INCLUDE_IDLE
-    else if (transition_match(ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
+    } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         __builtin_memcpy(comm, args->prev_comm, 16);
-        emit_state(now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
+        emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
                    args->prev_prio, 0, kstate, 0, next);
     }
-#endif
 
     if (next != 0) {
         struct task_state *ts = tasks.lookup(&next);
@@ -329,64 +339,170 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             from = ts->state;
             tgid = ts->tgid;
             if (ts->since && from != ST_UNKNOWN)
-                dur = now - ts->since;
+                dur = elapsed(now, ts->since);
         }
-        if (transition_match(from, ST_RUNNING, dur)) {
+        if (transition_match(cfg, from, ST_RUNNING, dur)) {
             __builtin_memcpy(comm, args->next_comm, 16);
-            emit_state(now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
+            emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
                        0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
         }
         set_state(next, ts, 0, ST_RUNNING, now);
-    }
-#ifdef INCLUDE_IDLE
-    else if (transition_match(ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
+    } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         __builtin_memcpy(comm, args->next_comm, 16);
-        emit_state(now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
+        emit_state(cfg, now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
                    args->next_prio, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
     }
-#endif
     return 0;
+}
+
+// F_WAKER_IRQ or F_WAKER_SOFTIRQ when this CPU is in interrupt context now.
+static __always_inline u8 waker_context(void) {
+    u32 zero = 0;
+    struct irq_ctx *ic = irq_state.lookup(&zero);
+    if (!ic)
+        return 0;
+    if (ic->hard || (ic->timer && !ic->soft))
+        return F_WAKER_IRQ;
+    if (ic->soft)
+        return F_WAKER_SOFTIRQ;
+    return 0;
+}
+
+// The wake-up ending a blocked state: from -> runnable at `now`. In
+// interrupt context the waker is no task (whichever task was interrupted
+// is not it): waker 0 and the context in the flags.
+static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct task_state *ts, const char *comm,
+                                  u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
+    u16 from = ST_UNKNOWN;
+    u64 dur = NO_DUR;
+    u32 tgid = 0;
+    if (ts) {
+        from = ts->state;
+        tgid = ts->tgid;
+        if (ts->since && from != ST_UNKNOWN) {
+            dur = elapsed(now, ts->since);
+            if (now < ts->since)
+                now = ts->since; // clamped: the wake-up is not before the state began
+        }
+    }
+    if (transition_match(cfg, from, ST_RUNNABLE, dur)) {
+        // kstate carries the CPU the task was queued on (waking: the one it last ran on).
+        if (ctx)
+            waker_pid = waker_tid = 0;
+        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
+                   target_cpu, waker_pid, waker_tid);
+    }
+    set_state(tid, ts, 0, ST_RUNNABLE, now);
 }
 
 // Wake-ups are taken at sched_waking, which runs in the waker's context (so
 // the waker is simply "current") and only once the wake-up is certain to
 // happen; sched_wakeup can run later on the target CPU, where current is not
-// the waker. One program instead of two per wake-up halves their cost.
-static __always_inline void wakeup(void *ctx, u32 tid, const char *comm, u8 cause, u32 target_cpu) {
-    u64 now = bpf_ktime_get_ns();
+// the waker. sched_wakeup is needed only for a wake-up that found the row
+// still running (see task_state.wake_flags).
+static __always_inline void waking(u32 tid, const char *comm, u8 cause, u32 target_cpu) {
+    struct settings *cfg = get_settings();
+    if (!cfg)
+        return;
     struct task_state *ts = tasks.lookup(&tid);
-    u16 from = ST_UNKNOWN;
-    u64 dur = NO_DUR;
-    u32 tgid = 0;
     if (ts) {
-        // A task woken before it got off the CPU never blocked: no transition.
-        if (ts->state == ST_RUNNING || ts->state == ST_RUNNABLE || ts->state == ST_PREEMPTED)
+        u16 st = ts->state;
+        if (st == ST_RUNNING) {
+            // Still on its CPU: it may be about to block (the switch-out is
+            // under way on another CPU) or not (the wake-up keeps it
+            // running). Keep the waker; sched_wakeup decides.
+            u64 id = bpf_get_current_pid_tgid();
+            ts->wake_pid = id >> 32;
+            ts->wake_tid = (u32)id;
+            ts->wake_cpu = target_cpu;
+            ts->wake_flags = WAKE_PENDING | waker_context();
             return;
-        from = ts->state;
-        tgid = ts->tgid;
-        if (ts->since && from != ST_UNKNOWN)
-            dur = now - ts->since;
+        }
+        // Already queued: it never blocked, no transition.
+        if (st == ST_RUNNABLE || st == ST_PREEMPTED)
+            return;
     }
-    if (transition_match(from, ST_RUNNABLE, dur)) {
-        u64 id = bpf_get_current_pid_tgid();
-        // kstate carries the CPU the task was queued on (waking: the one it last ran on).
-        emit_state(now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, 0,
-                   target_cpu, id >> 32, (u32)id);
-    }
-    set_state(tid, ts, 0, ST_RUNNABLE, now);
+    u64 id = bpf_get_current_pid_tgid();
+    woken(cfg, bpf_ktime_get_ns(), tid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context());
 }
 
 TRACEPOINT_PROBE(sched, sched_waking) {
     char comm[16];
     __builtin_memcpy(comm, args->comm, 16);
-    wakeup(args, args->pid, comm, CAUSE_WAKEUP, args->target_cpu);
+    waking(args->pid, comm, CAUSE_WAKEUP, args->target_cpu);
+    return 0;
+}
+
+// After the switch-out of a task woken while its row said running: if it
+// blocked after all, this is the wake-up that ends the sleep (the task is
+// put on a run queue only now), with the waker kept at sched_waking.
+TRACEPOINT_PROBE(sched, sched_wakeup) {
+    u32 tid = args->pid;
+    struct task_state *ts = tasks.lookup(&tid);
+    if (!ts || !ts->wake_flags)
+        return 0;
+    u8 wf = ts->wake_flags;
+    ts->wake_flags = 0;
+    if (!(ts->state & ST_KERNEL) || (ts->state & DEAD_BITS))
+        return 0; // it did not block: the wake-up kept it running
+    struct settings *cfg = get_settings();
+    if (!cfg)
+        return 0;
+    char comm[16];
+    __builtin_memcpy(comm, args->comm, 16);
+    woken(cfg, bpf_ktime_get_ns(), tid, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
+          wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ));
     return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new) {
     char comm[16];
     __builtin_memcpy(comm, args->comm, 16);
-    wakeup(args, args->pid, comm, CAUSE_WAKEUP_NEW, args->target_cpu);
+    waking(args->pid, comm, CAUSE_WAKEUP_NEW, args->target_cpu);
+    return 0;
+}
+
+// Interrupt context of this CPU (see struct irq_ctx).
+static __always_inline void irq_mark(int which, u8 on) {
+    u32 zero = 0;
+    struct irq_ctx *ic = irq_state.lookup(&zero);
+    if (!ic)
+        return;
+    if (which == 0)
+        ic->hard = on;
+    else if (which == 1)
+        ic->timer = on;
+    else
+        ic->soft = on;
+}
+
+TRACEPOINT_PROBE(irq, irq_handler_entry) {
+    irq_mark(0, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(irq, irq_handler_exit) {
+    irq_mark(0, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(timer, hrtimer_expire_entry) {
+    irq_mark(1, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(timer, hrtimer_expire_exit) {
+    irq_mark(1, 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(irq, softirq_entry) {
+    irq_mark(2, 1);
+    return 0;
+}
+
+TRACEPOINT_PROBE(irq, softirq_exit) {
+    irq_mark(2, 0);
     return 0;
 }
 
@@ -412,9 +528,12 @@ TRACEPOINT_PROBE(task, task_newtask) {
 }
 
 static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid, u32 other_tid, u8 flags) {
+    struct settings *cfg = get_settings();
+    if (!cfg)
+        return;
     char comm[16];
     bpf_get_current_comm(comm, sizeof(comm));
-    emit(type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
+    emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
          other_pid, other_tid);
 }
 
@@ -467,16 +586,19 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     // belong to a new task: only a row that went dead or zombie is ours.
     if (!(ts->state & ST_KERNEL) || !(ts->state & DEAD_BITS))
         return 0;
+    struct settings *cfg = get_settings();
+    if (!cfg)
+        return 0;
     u64 now = bpf_ktime_get_ns();
-    u64 dur = ts->since ? now - ts->since : NO_DUR;
+    u64 dur = ts->since ? elapsed(now, ts->since) : NO_DUR;
     u16 from = ts->state;
     u32 tgid = ts->tgid;
     forget(tid, ts);
-    if (!transition_match(from, ST_REAPED, dur))
+    if (!transition_match(cfg, from, ST_REAPED, dur))
         return 0;
     char comm[16];
     TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
-    emit_state(now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0, 0,
+    emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0, 0,
                0, 0);
     return 0;
 }

@@ -32,28 +32,15 @@
 // row before its seed was written, or died first) by deleting it, and the
 // program uses a seed only if its own delete succeeds.
 
-#define SLOT_UNKNOWN 0
-#define SLOT_RUNNING 1
-#define SLOT_RUNNABLE 2
-#define SLOT_PREEMPTED 3
-#define SLOT_NEW 4
-#define SLOT_KERNEL 5 // + index of the lowest reported prev_state bit
+#include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with pstate/commands/snap.py
+
 #define NR_SLOTS (SLOT_KERNEL + NR_KBITS)
-#define SLOT_REAPED 0xff // final state of a freed thread; has no counter
-
-#define F_EXITED 1  // sched_process_exit seen
-#define F_FREED 2   // final row: the kernel freed the thread, or its tid was reused
-#define F_GUESSED 4 // first seen by a switch or wake-up: start_ts is when pstate saw it first
-
-#define CNT_TASKS_FULL 0 // a row could not be created: tasks map full
-#define CNT_GONE_FULL 1  // a final row could not be kept: gone map full
-#define NR_COUNTERS 2
 
 #define CLONE_THREAD_FLAG 0x00010000
 
 // user space decodes this through BCC's generated ctypes layout
 struct snap_task {
-    u64 start_ts; // fork time, or first seen (F_GUESSED), or /proc start time (seeded)
+    u64 start_ts; // fork time, or first seen (SNAP_F_GUESSED), or /proc start time (seeded)
     u64 since;    // when the thread entered `state`
     u64 exit_ts;  // 0 while alive
     u64 nvcsw;    // voluntary switch-outs (blocked)
@@ -83,7 +70,7 @@ BPF_HASH(seeds, u32, struct snap_task, TID_SLOTS);
 BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 #endif
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
-BPF_PERCPU_ARRAY(counters, u64, NR_COUNTERS);
+BPF_PERCPU_ARRAY(counters, u64, SNAP_NR_COUNTERS);
 
 static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
@@ -140,10 +127,10 @@ static __always_inline void put(u32 tid, struct snap_task *slot, struct snap_tas
         *slot = *row;
         return;
     }
-    count(CNT_TASKS_FULL); // a tid beyond pid_max at load time
+    count(SNAP_CNT_TASKS_FULL); // a tid beyond pid_max at load time
 #else
     if ((only_new ? tasks.insert(&tid, row) : tasks.update(&tid, row)) != 0)
-        count(CNT_TASKS_FULL);
+        count(SNAP_CNT_TASKS_FULL);
 #endif
 }
 
@@ -174,7 +161,7 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
     fresh.since = now;
     fresh.tgid = tgid;
     fresh.state = state;
-    fresh.flags = F_GUESSED;
+    fresh.flags = SNAP_F_GUESSED;
     __builtin_memcpy(fresh.comm, comm, 16);
     put(tid, slot, &fresh, 1);
 }
@@ -264,14 +251,14 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new) {
 static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
     struct snap_task last = *t;
     move_to(&last, SLOT_REAPED, now);
-    last.flags |= F_FREED | F_EXITED;
+    last.flags |= SNAP_F_FREED | SNAP_F_EXITED;
     if (!last.exit_ts)
         last.exit_ts = now;
     struct gone_key key = {};
     key.tid = tid;
     key.start_ts = last.start_ts;
     if (gone.update(&key, &last) != 0)
-        count(CNT_GONE_FULL);
+        count(SNAP_CNT_GONE_FULL);
     forget(tid, t);
 }
 
@@ -319,7 +306,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tid = args->pid;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t) {
-        t->flags |= F_EXITED;
+        t->flags |= SNAP_F_EXITED;
         t->exit_ts = bpf_ktime_get_ns();
     }
     return 0;
@@ -332,7 +319,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 TRACEPOINT_PROBE(sched, sched_process_free) {
     u32 tid = args->pid;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
-    if (t && (t->flags & F_EXITED))
+    if (t && (t->flags & SNAP_F_EXITED))
         finish(tid, t, bpf_ktime_get_ns());
     return 0;
 }

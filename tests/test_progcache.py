@@ -409,10 +409,9 @@ def root_cache(tmp_path, monkeypatch):
 def _record_defines():
     from pstate.kernel import loader
     from pstate.commands import record
-    from pstate.stream.filters import Filter
 
     ks = loader.kernel_states()
-    return record.defines_for(Filter(), ks, max_tasks=4096, rb_pages=64, sample=False)
+    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False)
 
 
 @pytest.mark.bpf
@@ -446,6 +445,10 @@ def test_warm_program_has_the_same_tables(root_cache):
             tasks[tasks.Key(4243)]
         import time
 
+        from pstate.kernel import filtermaps
+        from pstate.stream.filters import Filter
+
+        filtermaps.start(warm, filtermaps.settings_for(Filter(), loader.kernel_states()))  # report from now on
         time.sleep(0.2)
         assert warm.counters()[loader.STAT_ATTEMPTED] > 0  # the attached programs run
         warm.detach()

@@ -193,3 +193,17 @@ def test_no_programs_left_after_sigint():
     recs = rec.stop(signal.SIGINT)
     assert rec.returncode == 0 and recs[-1]["type"] == "end"
     assert not leftover_programs(before)
+
+
+def test_duration_ends_within_50ms(tmp_path):
+    """-d N: the settings row stops the reports at N, and the trailer is
+    written before the programs are detached (which takes a good part of a
+    second)."""
+    out = tmp_path / "rec.jsonl"
+    subprocess.run(pstate_cmd("record", "-q", "-d", "1", "-o", str(out)), env=clean_env(), check=True, timeout=60)
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    meta, end = recs[0], recs[-1]
+    assert end["type"] == "end" and end["reason"] == "duration"
+    assert 1.0e9 <= end["duration_ns"] <= 1.05e9, end
+    events = [r for r in recs if r["type"] in ("state", "fork", "exec", "exit")]
+    assert events and max(r["ts"] for r in events) <= meta["ts"] + 1.05e9

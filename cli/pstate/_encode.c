@@ -20,28 +20,35 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <string.h>
 
+/* struct event and its codes: bpf/pstate.h, shared with the BPF programs */
+typedef uint8_t u8;
+typedef uint16_t u16;
+typedef uint32_t u32;
+typedef uint64_t u64;
+typedef int16_t s16;
+typedef int32_t s32;
+#include "pstate.h"
+
 #define HDR_SIZE 8
-#define STRIDE 72 /* ring buffer header + struct event (bpf/record.bpf.c) */
+#define STRIDE ((HDR_SIZE + sizeof(struct event) + 7) & ~(size_t)7) /* ring buffer header + struct event */
 #define BUSY (1u << 31)
 #define DISCARD (1u << 30)
-#define NO_DUR UINT64_MAX
-#define EV_STATE 1
-#define EV_FORK 2
-#define EV_EXEC 3
-#define EV_EXIT 4
-#define F_VOLUNTARY 1
-#define F_THREAD 2
-#define F_GROUP_DEAD 4
 #define PREFIX_LIMIT (1u << 18) /* eventcodec: `if len(prefixes) > 1 << 18: clear` */
 #define FRAG_LIMIT (1u << 16)   /* pieces that depend on their key only */
 #define FIXED_MAX 400           /* a line's punctuation and numbers, with room to spare */
 
 /* struct event field offsets, after the 8-byte header */
-enum { O_TS = 0, O_DUR = 8, O_PID = 16, O_TID = 20, O_OPID = 24, O_OTID = 28, O_KST = 32,
-       O_FROM = 36, O_TO = 38, O_CPU = 40, O_TYPE = 42, O_CAUSE = 43, O_PRIO = 44, O_FLAGS = 46,
-       O_COMM = 48, COMM_LEN = 16 };
+enum { O_TS = offsetof(struct event, ts), O_DUR = offsetof(struct event, dur), O_PID = offsetof(struct event, pid),
+       O_TID = offsetof(struct event, tid), O_OPID = offsetof(struct event, other_pid),
+       O_OTID = offsetof(struct event, other_tid), O_KST = offsetof(struct event, kstate),
+       O_FROM = offsetof(struct event, from), O_TO = offsetof(struct event, to), O_CPU = offsetof(struct event, cpu),
+       O_TYPE = offsetof(struct event, type), O_CAUSE = offsetof(struct event, cause),
+       O_PRIO = offsetof(struct event, prio), O_FLAGS = offsetof(struct event, flags),
+       O_COMM = offsetof(struct event, comm), COMM_LEN = sizeof(((struct event *)0)->comm) };
+_Static_assert(sizeof(struct event) == 64, "struct event is 64 bytes");
 
 static PyObject *struct_error;
 static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name;
@@ -580,7 +587,7 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                 PUT(w, "null");
             else
                 w = put_u64(w, dur);
-            if (cause == 1) {
+            if (cause == CAUSE_SWITCH_OUT) {
                 const Frag *tail = tail_of(self, owner, kst, flags & F_VOLUNTARY);
                 if (tail == NULL)
                     goto error;
@@ -588,12 +595,12 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                 w = put_i64(w, prio);
                 PUT(w, ",\"next_tid\":");
                 w = put_u64(w, otid);
-            } else if (cause == 2) {
+            } else if (cause == CAUSE_SWITCH_IN) {
                 PUT(w, ",\"cause\":\"switch_in\",\"prio\":");
                 w = put_i64(w, prio);
                 PUT(w, ",\"prev_tid\":");
                 w = put_u64(w, otid);
-            } else if (cause == 5) {
+            } else if (cause == CAUSE_REAP) {
                 PUT(w, ",\"cause\":\"reap\"");
             } else {
                 const Frag *c = cause_of(self, owner, cause);
@@ -607,6 +614,10 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                 w = put_u64(w, opid);
                 PUT(w, ",\"target_cpu\":");
                 w = put_u64(w, kst);
+                if (flags & F_WAKER_IRQ)
+                    PUT(w, ",\"waker\":\"irq\"");
+                else if (flags & F_WAKER_SOFTIRQ)
+                    PUT(w, ",\"waker\":\"softirq\"");
             }
         } else if (typ == EV_FORK) {
             PUT(w, ",\"child_pid\":");

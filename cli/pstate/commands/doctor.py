@@ -102,10 +102,10 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     if tracefs:
         missing = loader.missing_tracepoints(tracefs)
         if missing:
-            r.add("tracepoints", PROBLEM, "missing: " + ", ".join(missing), "a kernel with CONFIG_TRACEPOINTS and sched events")
+            r.add("tracepoints", PROBLEM, "missing: " + ", ".join(missing), "a kernel with CONFIG_TRACEPOINTS and sched, irq and timer events")
             code = code or ExitCode.UNAVAILABLE
         else:
-            r.add("tracepoints", OK, f"{len(loader.TRACEPOINTS)} sched/task tracepoints present")
+            r.add("tracepoints", OK, f"{len(loader.TRACEPOINTS)} sched, task, irq and timer tracepoints present")
         try:
             ks = kstates.read_kernel_states(tracefs)
             letters = " ".join(f"{ks.letters[b]}={ks.names[b]}" for b in sorted(ks.letters))

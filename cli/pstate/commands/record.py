@@ -12,9 +12,9 @@ import time
 
 import click
 
-from pstate.kernel import loader
+from pstate.kernel import filtermaps, loader
 from pstate.kernel.bpfsys import BPF_ANY, BPF_NOEXIST
-from pstate.kernel.eventcodec import EVENT_SIZE, Encoder, state_code, state_mask_bit
+from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
 from pstate.kernel.kstates import KernelStates
@@ -65,36 +65,16 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
-def defines_for(filt: Filter, ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+    """The program's -D settings. Filters are not among them: they are map
+    values (pstate.kernel.filtermaps), so a new filter needs no new compile."""
     d = {
         "REPORT_MASK": f"0x{ks.report_mask:x}",
         "DEAD_BITS": f"0x{(ks.bit_of('dead') or 0) | (ks.bit_of('zombie') or 0):x}",
         "MAX_TASKS": max_tasks,
         "RB_PAGES": rb_pages,
-        "INCLUDE_IDLE": filt.include_idle,
-        "FILTER_PID": bool(filt.pids),
-        "FILTER_TID": bool(filt.tids),
-        "FILTER_CPU": bool(filt.cpus),
         "SAMPLE": sample,
     }
-    if filt.comms:
-        if len(filt.comms) > 1:
-            raise PstateError("record takes one --comm (the BPF side compares one name)", ExitCode.USAGE,
-                              hint="record without --comm and filter with `pstate replay -c A -c B`")
-        raw = filt.comms[0].encode()[:15].ljust(16, b"\0")
-        d["FILTER_COMM"] = True
-        for i, b in enumerate(raw):
-            d[f"COMM_{i}"] = b
-    if filt.states:
-        mask = 0
-        for name in filt.states:
-            code = state_code(name, ks)
-            if code is None:
-                raise PstateError(f"this kernel does not report the state {name!r}", ExitCode.USAGE)
-            mask |= state_mask_bit(code)
-        d["STATE_MASK"] = f"0x{mask:x}ULL"
-    if filt.min_dur_ns:
-        d["MIN_DUR_NS"] = f"{filt.min_dur_ns}ULL"
     if loader.pid_max() <= max_tasks:
         # every tid fits: an array indexed by tid, whose lookup costs no call
         d["TASKS_BY_TID"] = True
@@ -303,7 +283,8 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
                                  param_hint="'--buffer-size'") from None
     rb_pages = _pow2_pages(rb_bytes)
     ks = loader.kernel_states(ebpf_only=ebpf)
-    defines = defines_for(filt, ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
+    settings = filtermaps.settings_for(filt, ks)
+    defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
     if ebpf:
         click.echo(loader.program_text("record", defines))
         return
@@ -322,7 +303,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     rec = None
     code = ExitCode.OK
     try:
-        _fill_filters(prog, filt)
+        filtermaps.start(prog, settings)
         _seed(prog, ks, "TASKS_BY_TID" in defines)
 
         def new_meta() -> dict:
@@ -348,15 +329,15 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             rec.drain(limit_s=0.1)
             totals = rec.loss_records()
             totals["unread"] = 0
-            attempted = prog.counters()[loader.STAT_ATTEMPTED]
-            end = window.end_record("reopen", totals, attempted)
+            counters = prog.counters()
+            end = window.end_record("reopen", totals, counters)
             writer.record(end)
             writer.reopen()
             new = new_meta()
             new["window_begin_ts"] = end["ts"]
             writer.record(new)
             writer.flush()
-            window = _Window(new["ts"], rec, attempted)
+            window = _Window(new["ts"], rec, counters)
 
         if writer.regular:
             rec.reopen = reopen
@@ -367,8 +348,16 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
         rec.run(duration)
         # Stop the producers first: then the final drain and the counters
-        # describe the same events, and the trailer adds up exactly.
-        prog.detach()
+        # describe the same events, and the trailer adds up exactly. At the
+        # end of --duration the settings row stops them at once, and
+        # detaching (RCU grace periods, a good part of a second) waits until
+        # the stream is complete; on a signal they are detached first, so the
+        # programs never run without reporting.
+        if rec.stop_reason == "duration":
+            filtermaps.stop(prog, settings)
+            prog.settle()
+        else:
+            prog.detach()
         rec.drain(limit_s=1.0)
         totals = rec.loss_records(final=True)
         # Whatever the bounded final drain left in the ring buffer is lost too.
@@ -377,7 +366,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             writer.record({"type": "loss", "ts": time.monotonic_ns(), "reason": "unread", "count": unread,
                            "since_ts": rec.last_loss_ts})
         totals["unread"] = unread
-        end = window.end_record(rec.stop_reason or "eof", totals, prog.counters()[loader.STAT_ATTEMPTED])
+        end = window.end_record(rec.stop_reason or "eof", totals, prog.counters())
         writer.record(end)
         writer.close(sync=True)
         if strict and end["lost"]:
@@ -400,41 +389,26 @@ class _Window:
     """What one output file covers: the end trailer counts its own events
     and losses (all of the run, unless SIGHUP started new files)."""
 
-    def __init__(self, meta_ts: int, rec: Recorder, attempted: int = 0):
+    def __init__(self, meta_ts: int, rec: Recorder, counters=None):
         self.meta_ts = meta_ts
         self.events = rec.events
         self.lost = dict(rec.lost_reported)
-        self.attempted = attempted  # the kernel's event count where the window begins
+        # the kernel's counters where the window begins (events tried, pairs clamped)
+        self.attempted = counters[loader.STAT_ATTEMPTED] if counters else 0
+        self.clamped = counters[loader.STAT_CLAMPED] if counters else 0
         self.rec = rec
 
-    def end_record(self, reason: str, totals: dict, attempted: int) -> dict:
+    def end_record(self, reason: str, totals: dict, counters) -> dict:
         lost = {r: n - self.lost.get(r, 0) for r, n in totals.items()}
         now = time.monotonic_ns()
         return {
             "type": "end", "ts": now, "reason": reason,
             "events": self.rec.events - self.events, "lost": sum(lost.values()),
             **{f"lost_{r}": n for r, n in lost.items()},
-            "kernel_events": attempted - self.attempted,
+            "kernel_events": counters[loader.STAT_ATTEMPTED] - self.attempted,
+            "clamped": counters[loader.STAT_CLAMPED] - self.clamped,
             "duration_ns": now - self.meta_ts,
         }
-
-
-def _fill_filters(prog: loader.Program, filt: Filter) -> None:
-    import ctypes
-
-    one = ctypes.c_uint8(1)
-    if filt.pids:
-        t = prog.table("pid_filter")
-        for p in filt.pids:
-            t[ctypes.c_uint32(p)] = one
-    if filt.tids:
-        t = prog.table("tid_filter")
-        for p in filt.tids:
-            t[ctypes.c_uint32(p)] = one
-    if filt.cpus:
-        t = prog.table("cpu_filter")
-        for c in filt.cpus:
-            t[ctypes.c_int(c)] = one
 
 
 def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:

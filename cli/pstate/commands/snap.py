@@ -13,8 +13,7 @@ import time
 
 import click
 
-from pstate.kernel import bpfsys
-from pstate.kernel import loader
+from pstate.kernel import bpfsys, eventlayout, loader
 from pstate.snapshots import snapdir
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.stream.durations import Duration
@@ -55,10 +54,12 @@ SIGINT/SIGTERM remove the snapshot in progress and exit 130/143, unless the
 interval's snapshot was already out (exit 0).
 """
 
-# state slots of bpf/snap.bpf.c
-SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = 1, 5, 0xFF
+# state slots and row flags of bpf/snap.bpf.c (bpf/pstate.h)
+_D = eventlayout.DEFINES
+SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = _D["SLOT_RUNNING"], _D["SLOT_KERNEL"], _D["SLOT_REAPED"]
 SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
-F_EXITED, F_FREED, F_GUESSED = 1, 2, 4
+assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
+F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
 ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 

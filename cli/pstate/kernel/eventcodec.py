@@ -21,26 +21,33 @@ import struct
 import orjson
 
 from pstate import native
-from pstate.stream import schema
+from pstate.kernel import eventlayout
 from pstate.kernel.kstates import KernelStates
+from pstate.stream import schema
 
-# ring buffer header (len, pg_off) + struct event
-REC_FMT = "<IIQQIIIIIHHHBBhBx16s"
-EVENT_SIZE = struct.calcsize("<QQIIIIIHHHBBhBx16s")
-assert EVENT_SIZE == 64
+# ring buffer header (len, pg_off) + struct event (bpf/pstate.h)
+EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
+REC_FMT = "<II" + eventlayout.EVENT_FORMAT[1:]
+# encode_pure unpacks the fields (padding skipped) in this order
+_FIELD_ORDER = ("ts", "dur", "pid", "tid", "other_pid", "other_tid", "kstate", "from", "to", "cpu", "type",
+                "cause", "prio", "flags", "comm")
+assert eventlayout.unpacked_names(eventlayout.EVENT_FIELDS) == _FIELD_ORDER, "bpf/pstate.h changed struct event"
 
 BUSY = 1 << 31
 DISCARD = 1 << 30
-NO_DUR = (1 << 64) - 1
+_D = eventlayout.DEFINES
+NO_DUR = _D["NO_DUR"]
 
-ST_KERNEL = 0x1000
-SYNTHETIC = {0: schema.UNKNOWN, 1: schema.RUNNING, 2: schema.RUNNABLE, 3: schema.PREEMPTED,
-             4: schema.NEW, 5: schema.REAPED}
+ST_KERNEL = _D["ST_KERNEL"]
+SYNTHETIC = {_D["ST_UNKNOWN"]: schema.UNKNOWN, _D["ST_RUNNING"]: schema.RUNNING, _D["ST_RUNNABLE"]: schema.RUNNABLE,
+             _D["ST_PREEMPTED"]: schema.PREEMPTED, _D["ST_NEW"]: schema.NEW, _D["ST_REAPED"]: schema.REAPED}
 CODES = {name: code for code, name in SYNTHETIC.items()}
 
-EV_STATE, EV_FORK, EV_EXEC, EV_EXIT = 1, 2, 3, 4
-CAUSES = {1: "switch_out", 2: "switch_in", 3: "wakeup", 4: "wakeup_new", 5: "reap"}
-F_VOLUNTARY, F_THREAD, F_GROUP_DEAD = 1, 2, 4
+EV_STATE, EV_FORK, EV_EXEC, EV_EXIT = _D["EV_STATE"], _D["EV_FORK"], _D["EV_EXEC"], _D["EV_EXIT"]
+CAUSES = {code: name for name, code in eventlayout.with_prefix("CAUSE_").items()}
+CAUSE_SWITCH_OUT, CAUSE_SWITCH_IN, CAUSE_REAP = _D["CAUSE_SWITCH_OUT"], _D["CAUSE_SWITCH_IN"], _D["CAUSE_REAP"]
+F_VOLUNTARY, F_THREAD, F_GROUP_DEAD = _D["F_VOLUNTARY"], _D["F_THREAD"], _D["F_GROUP_DEAD"]
+F_WAKER_IRQ, F_WAKER_SOFTIRQ = _D["F_WAKER_IRQ"], _D["F_WAKER_SOFTIRQ"]
 
 # The native loop (None when not built or PSTATE_PURE=1; tests switch it).
 _encode = native.load("_encode")
@@ -55,7 +62,7 @@ def state_code(name: str, ks: KernelStates) -> int | None:
 
 
 def state_mask_bit(code: int) -> int:
-    """The bit of a state code in STATE_MASK (bpf: state_bit())."""
+    """The bit of a state code in the state mask (bpf: state_bit())."""
     if code & ST_KERNEL:
         return (code & 0xFFF) << 16
     return 1 << (code & 15)
@@ -186,22 +193,24 @@ class Encoder:
                 mid = mids.get((frm << 16) | to)
                 if mid is None:
                     mid = mids[(frm << 16) | to] = self._mid_text(frm, to)
-                if cause == 1:
+                if cause == CAUSE_SWITCH_OUT:
                     # the BPF side derives voluntary from kstate; keyed on both all the same
                     tk = (kst << 1) | (flags & F_VOLUNTARY)
                     tail = out_tails.get(tk)
                     if tail is None:
                         tail = out_tails[tk] = self._out_tail(kst, flags & F_VOLUNTARY)
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},"next_tid":{otid}}}\n')
-                elif cause == 2:
+                elif cause == CAUSE_SWITCH_IN:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
                            f'"prio":{prio},"prev_tid":{otid}}}\n')
-                elif cause == 5:
+                elif cause == CAUSE_REAP:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"}}\n')
                 else:
                     c = CAUSES.get(cause) or self._cause_name(cause)
+                    ctx = ("" if not flags & (F_WAKER_IRQ | F_WAKER_SOFTIRQ) else
+                           ',"waker":"irq"' if flags & F_WAKER_IRQ else ',"waker":"softirq"')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
-                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}}}\n')
+                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

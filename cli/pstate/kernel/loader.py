@@ -14,14 +14,13 @@ import glob
 import importlib.resources
 import mmap
 import os
+import re
 import struct
 import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import headers
-from pstate.kernel import kstates
-from pstate.kernel import progcache
+from pstate.kernel import eventlayout, headers, kstates, progcache
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -29,10 +28,14 @@ TRACEPOINTS = (
     "sched/sched_switch", "sched/sched_waking", "sched/sched_wakeup", "sched/sched_wakeup_new",
     "sched/sched_process_fork", "sched/sched_process_exec", "sched/sched_process_exit",
     "sched/sched_process_free", "task/task_newtask",
+    "irq/irq_handler_entry", "irq/irq_handler_exit", "irq/softirq_entry", "irq/softirq_exit",
+    "timer/hrtimer_expire_entry", "timer/hrtimer_expire_exit",
 )
 
-# counters map indexes (bpf/record.bpf.c)
-DROP_RINGBUF, DROP_MAP_FULL, DROP_SAMPLED, STAT_EMITTED, STAT_ATTEMPTED = range(5)
+# record's counters map indexes (bpf/pstate.h)
+_D = eventlayout.DEFINES
+DROP_RINGBUF, DROP_MAP_FULL, DROP_SAMPLED = _D["DROP_RINGBUF"], _D["DROP_MAP_FULL"], _D["DROP_SAMPLED"]
+STAT_EMITTED, STAT_ATTEMPTED, STAT_CLAMPED = _D["STAT_EMITTED"], _D["STAT_ATTEMPTED"], _D["STAT_CLAMPED"]
 DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
@@ -143,9 +146,32 @@ def find_headers(explicit: str | None = None) -> headers.HeaderTree:
         raise PstateError(f"cannot prepare kernel headers: {e}", ExitCode.UNAVAILABLE) from None
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[^\n]*$', re.M)
+
+
 def source(name: str) -> str:
-    """The C text of bpf/<name>.bpf.c, from the installed package or a checkout."""
-    return importlib.resources.files("pstate.bpf").joinpath(f"{name}.bpf.c").read_text()
+    """The C text of bpf/<name>.bpf.c, from the installed package or a checkout,
+    with its headers from bpf/ in place (see with_headers)."""
+    files = importlib.resources.files("pstate.bpf")
+    return with_headers(files.joinpath(f"{name}.bpf.c").read_text(), lambda h: files.joinpath(h).read_text())
+
+
+def with_headers(text: str, read) -> str:
+    """text with each `#include "NAME"` replaced by read(NAME), once each.
+
+    BCC compiles a text in memory, which has no directory for quoted
+    includes to be found in; and the program cache keys the text it is given,
+    so the header's content must be part of that text."""
+    seen: set[str] = set()
+
+    def put(m):
+        name = m.group(1)
+        if name in seen:
+            return f"// {name}: included above"
+        seen.add(name)
+        return f"// --- bpf/{name} ---\n" + _LOCAL_INCLUDE.sub(put, read(name)) + f"\n// --- end of bpf/{name} ---"
+
+    return _LOCAL_INCLUDE.sub(put, text)
 
 
 def cflags_of(defines: dict) -> list[str]:
@@ -271,8 +297,13 @@ class Program:
         event does not wait for a run already under way on another CPU, so
         wait (at most settle_s) until the counters stop moving.
         """
-        if not self._detach_programs():
-            return
+        if self._detach_programs():
+            self.settle(settle_s)
+
+    def settle(self, settle_s: float = 0.5) -> None:
+        """Wait (at most settle_s) until the counters stop moving: after the
+        programs were detached or told to stop, runs already under way on
+        other CPUs finish."""
         deadline = time.monotonic() + settle_s
         last = self.counters()
         while time.monotonic() < deadline:

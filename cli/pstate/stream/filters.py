@@ -1,5 +1,5 @@
-"""Event filters shared by record (compiled into the BPF program) and replay
-(applied in Python), so `record -p X` and `record | replay -p X` agree."""
+"""Event filters shared by record (map values of its BPF program, see
+pstate.kernel.filtermaps) and replay (applied in Python), so `record -p X` and `record | replay -p X` agree."""
 
 from __future__ import annotations
 

@@ -142,9 +142,11 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "kstate": ("string?", "switch_out: prev_state as the kernel prints it (R, R+, S, D, ...)"),
             "next_tid": ("int?", "switch_out: the thread that got the CPU"),
             "prev_tid": ("int?", "switch_in: the thread that left the CPU"),
-            "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt or unknown)"),
-            "waker_pid": ("int?", "wakeup: process of the waker"),
+            "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt, see waker, or unknown)"),
+            "waker_pid": ("int?", "wakeup: process of the waker (0 with waker_tid 0)"),
             "target_cpu": ("int?", "wakeup: the task's CPU when woken (it last ran there; the kernel then picks its run queue)"),
+            "waker": ("string?", "wakeup: irq or softirq when woken from interrupt context (waker_tid is then 0); "
+                      "absent when a task woke it"),
         },
     ),
     "fork": (
@@ -197,6 +199,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "lost_unread": ("int", "left in the ring buffer when the final drain (at most 1 s) ended"),
             "kernel_events": ("int?", "record: events the kernel side tried to emit after its filters; "
                               "events + lost_ringbuf_full + lost_sampled + lost_unread equals it"),
+            "clamped": ("int?", "record: durations clamped to 0 because their two timestamps, read on two CPUs, "
+                        "came out of order (never wrapped around)"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
             "replay_skipped": ("int?", "replay: input lines skipped as malformed"),
             "snapshots": ("int?", "replay of a snapshot directory: snapshot files re-emitted"),

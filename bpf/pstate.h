@@ -1,0 +1,98 @@
+// pstate.h: the one definition of what pstate's kernel side and user space
+// exchange: record's event layout, its codes and flags, and the index of
+// every counter. Included by bpf/record.bpf.c, bpf/snap.bpf.c and
+// cli/pstate/_encode.c; pstate.kernel.eventlayout reads the same text for Python.
+//
+// Rules for this file (pstate.kernel.eventlayout parses it): plain `#define NAME
+// value` lines with integer values, and one `struct event` of fixed-size
+// fields (u8/u16/u32/u64, s16/s32, char NAME[N]), one field per line.
+// Callers define u8..u64 and s16/s32 before including it.
+
+#ifndef PSTATE_H
+#define PSTATE_H
+
+// --- record: state codes (struct event from/to, task rows) ---
+#define ST_UNKNOWN 0
+#define ST_RUNNING 1
+#define ST_RUNNABLE 2
+#define ST_PREEMPTED 3
+#define ST_NEW 4
+#define ST_REAPED 5
+#define ST_KERNEL 0x1000 // | reported prev_state bits
+
+// --- record: event types (struct event type) ---
+#define EV_STATE 1
+#define EV_FORK 2
+#define EV_EXEC 3
+#define EV_EXIT 4
+
+// --- record: causes of a state event (struct event cause) ---
+#define CAUSE_SWITCH_OUT 1
+#define CAUSE_SWITCH_IN 2
+#define CAUSE_WAKEUP 3
+#define CAUSE_WAKEUP_NEW 4
+#define CAUSE_REAP 5
+
+// --- record: struct event flags ---
+#define F_VOLUNTARY 1     // switch_out: the task blocked
+#define F_THREAD 2        // fork: a new thread
+#define F_GROUP_DEAD 4    // exit: the last thread of its process
+#define F_WAKER_IRQ 8     // wakeup: woken from hard interrupt context
+#define F_WAKER_SOFTIRQ 16 // wakeup: woken from softirq context
+
+// --- record: the counters per-CPU array ---
+#define DROP_RINGBUF 0
+#define DROP_MAP_FULL 1
+#define DROP_SAMPLED 2
+#define STAT_EMITTED 3   // unused: emitted = attempted - dropped
+#define STAT_ATTEMPTED 4 // events that passed the filters
+#define STAT_CLAMPED 5   // durations whose two timestamps came out of order across CPUs, clamped to 0
+#define REC_NR_COUNTERS 6
+
+// --- record: which filter sets the settings map's task_filters asks for ---
+#define TF_CPU 1
+#define TF_TID 2
+#define TF_PID 4
+#define TF_COMM 8
+
+#define NO_DUR 0xffffffffffffffff // dur of a state whose start was not seen
+
+// --- snap: the counters per-CPU array ---
+#define SNAP_CNT_TASKS_FULL 0 // a row could not be created: tasks map full
+#define SNAP_CNT_GONE_FULL 1  // a final row could not be kept: gone map full
+#define SNAP_NR_COUNTERS 2
+
+// --- snap: row state slots and flags ---
+#define SLOT_UNKNOWN 0
+#define SLOT_RUNNING 1
+#define SLOT_RUNNABLE 2
+#define SLOT_PREEMPTED 3
+#define SLOT_NEW 4
+#define SLOT_KERNEL 5     // + index of the lowest reported prev_state bit
+#define SLOT_REAPED 0xff  // final state of a freed thread; has no counter
+#define SNAP_F_EXITED 1   // sched_process_exit seen
+#define SNAP_F_FREED 2    // final row: the kernel freed the thread, or its tid was reused
+#define SNAP_F_GUESSED 4  // first seen by a switch or wake-up: start_ts is when pstate saw it first
+
+// record's ring buffer record: 64 bytes, little-endian, after the ring
+// buffer's own 8-byte header.
+struct event {
+    u64 ts;
+    u64 dur;
+    u32 pid;
+    u32 tid;
+    u32 other_pid;
+    u32 other_tid;
+    u32 kstate;
+    u16 from;
+    u16 to;
+    u16 cpu;
+    u8 type;
+    u8 cause;
+    s16 prio;
+    u8 flags;
+    u8 pad;
+    char comm[16];
+};
+
+#endif
