@@ -200,9 +200,14 @@ def check_record(rec) -> str | None:
             return "meta record without an integer schema"
         return None
     if t in schema.EVENT_TYPES:
-        for f in _INT_FIELDS:
-            if not _valid_int(rec.get(f)):
-                return f"bad or missing \"{f}\""
+        g = rec.get
+        ts, cpu, pid, tid = g("ts"), g("cpu"), g("pid"), g("tid")
+        # the common case in one test (bool is not int here: type() is exact)
+        if not (type(ts) is int and type(cpu) is int and type(pid) is int and type(tid) is int
+                and 0 <= ts < MAX_INT and 0 <= cpu < MAX_INT and 0 <= pid < MAX_INT and 0 <= tid < MAX_INT):
+            for f in _INT_FIELDS:
+                if not _valid_int(rec.get(f)):
+                    return f"bad or missing \"{f}\""
         c = rec.get("comm")
         if c is not None and type(c) is not str:
             return "bad \"comm\""
