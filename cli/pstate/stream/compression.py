@@ -27,7 +27,7 @@ from pstate.exitcodes import ExitCode, PstateError
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
 SUFFIXES = {".zst": "zstd", ".zstd": "zstd", ".gz": "gzip"}
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # ratio 8.7 on a recording (level 3: 8.8) for three quarters of the CPU
 GZIP_LEVEL = 6
 _CHUNK = 1 << 20
 HINT = "pip install 'pstate[zstd]' (or: make setup), or write an uncompressed file"
