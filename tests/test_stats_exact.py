@@ -213,3 +213,15 @@ def test_record_state_d_through_stats_counts_its_d_sleeps_and_shows_no_time_in_s
     assert (lat["count"], lat["max_ns"]) == (len(known), max(known))
     out = run(str(path), "--by", "tid").stdout
     assert "Time in state" not in out and "FILTERED: recorded with --state" in out
+
+
+def test_a_cut_stream_in_intervals_is_clipped_to_its_window(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_bytes(replay("-b", "+0.3s", "-e", "+0.6s", test_stats.BASIC))
+    cut, whole = ([orjson.loads(x) for x in run(src, "--by", "tid", "-i", "0.15", "-f", "json").stdout.splitlines()]
+                  for src in (str(path), test_stats.BASIC))
+    assert [r["window"] for r in cut] == [r["window"] for r in whole[2:4]]
+    for c, w in zip(cut, whole[2:4]):
+        # a task with no transition yet in the cut is not in it: the rest is the same
+        assert c["groups"] == [g for g in w["groups"] if g["key"] in by_key(c)]
+    assert cut[1]["groups"] == whole[3]["groups"]

@@ -356,6 +356,8 @@ class IntervalRunner:
         agg = self.agg
         for rec in read_records([src], self.stats, strict=strict):
             t = rec["type"]
+            if t == "meta":
+                agg.begin_window(rec)  # a cut stream: clipped to its window
             if t != "state" and t not in timeinstate.LIFECYCLE:
                 continue
             ts = rec["ts"]
