@@ -11,6 +11,8 @@ import re
 import signal
 import stat as statmod
 
+import orjson
+
 from pstate import native
 from pstate.analysis.timeinstate import LIFECYCLE, Aggregator
 from pstate.exitcodes import ExitCode, PstateError
@@ -62,6 +64,8 @@ class LineDigester:
     def record(self, rec: dict, weight: int) -> None:
         if self._take is not None and rec["type"] in LIFECYCLE:
             self._take()
+        if rec["type"] == "meta":
+            self.agg.begin_window(rec)
         self.agg.add_record(rec)
 
     @property
@@ -104,6 +108,7 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
     for src in sources:
         name = "<stdin>" if src == "-" else src
         if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
+            agg.begin_window(_first_meta(src))  # the parts after the first never see it
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
                             use_native=use_native)
             continue
@@ -121,6 +126,15 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
         finally:
             if fp is not sys.stdin.buffer:
                 fp.close()
+
+
+def _first_meta(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            rec = orjson.loads(f.readline(MAX_LINE + 1))
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return rec if type(rec) is dict and rec.get("type") == "meta" else {}
 
 
 def compressed(path: str) -> bool:

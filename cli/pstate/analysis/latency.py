@@ -135,10 +135,16 @@ class LogHist:
                 "count": self.count, "total": self.total, "min": self.min, "max": self.max}
 
 
+# msecs rows only when the median is this long: its row (16 -> 31 msecs) and
+# the rows around it stay apart, so the bulk of a distribution never
+# collapses into "0 -> 1 msecs" because of one long outlier.
+MSECS_MEDIAN_NS = 16_000_000
+
+
 def pick_unit(hist: LogHist) -> tuple[str, int]:
-    """usecs, or msecs when the largest value is 100 ms or more (like
-    runqlat -m), so rows stay short."""
-    if hist.max is not None and hist.max >= 100_000_000:
+    """usecs, or msecs (like runqlat -m, so rows stay short) when the
+    largest value is 100 ms or more and the median 16 ms or more."""
+    if hist.max is not None and hist.max >= 100_000_000 and (hist.percentile(50) or 0) >= MSECS_MEDIAN_NS:
         return "msecs", 1_000_000
     return "usecs", 1_000
 

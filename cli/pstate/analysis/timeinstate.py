@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from pstate.analysis.latency import SUB_BITS, LogHist
 from pstate.stream import schema
+from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_force, stream_window
 from pstate.stream.reader import state_row
 from pstate.stream.streamio import ReadStats
 
@@ -99,6 +100,8 @@ class Group:
     transitions: dict = field(default_factory=dict)  # (from, to) -> [count, sum_ns, n_known]
     voluntary: int = 0
     involuntary: int = 0
+    impossible: int = 0  # running -> running: a switch-in with no switch-out before it
+    cpu_limit_ns: int | None = None  # on-CPU above this (its threads, the CPUs, the window): flagged
     lifecycle: dict = field(default_factory=dict)  # fork/exec/exit -> count
     latency: dict = field(default_factory=dict)  # kind -> LogHist
 
@@ -112,6 +115,10 @@ class Group:
 
     def time_in(self, states) -> int:
         return sum(self.state_ns.get(s, 0) for s in states)
+
+    @property
+    def oncpu_exceeds(self) -> bool:
+        return self.cpu_limit_ns is not None and self.state_ns.get(schema.RUNNING, 0) > self.cpu_limit_ns
 
     def category_ns(self, category: str) -> int:
         return sum(ns for s, ns in self.state_ns.items() if schema.state_category(s) == category)
@@ -128,7 +135,12 @@ class Summary:
     tasks: int = 0
     checked_tasks: int = 0  # tasks seen through the whole window
     max_abs_deviation_ns: int = 0
+    max_deviation_task: tuple | None = None  # (tid, comm) of the task behind it
     total_abs_deviation_ns: int = 0
+    impossible: int = 0  # running -> running switch-ins
+    transition_filters: list = field(default_factory=list)  # --state, --cpu, --min-dur in force
+    task_filters: list = field(default_factory=list)  # --pid, --tid, --comm in force
+    cut: bool = False  # the input said which window it covers (window_begin_ts/_end_ts)
     null_dur: int = 0
     unobserved_ns: int = 0
     interval: dict | None = None  # {"seq", "start_ts", "end_ts"} in --interval mode
@@ -139,6 +151,12 @@ class Summary:
         if self.start_ts is None or self.end_ts is None:
             return 0
         return max(0, self.end_ts - self.start_ts)
+
+    @property
+    def ledger(self) -> bool:
+        """Whether time in state can be told: no filter dropped transitions
+        of the tasks kept (counts and latencies of the kept ones stay exact)."""
+        return not self.transition_filters
 
     @property
     def lost(self) -> int:
@@ -202,6 +220,8 @@ class Aggregator:
         self.life_last_ts = 0
         self.events = 0
         self.clip_ts: int | None = None
+        self.window_end: int | None = None  # a cut stream's window_end_ts
+        self.window_cut = False  # a meta record said which window the stream covers
         self.flushers: list = []  # callables that add_buckets what native digesters hold back
 
     def sync(self) -> None:
@@ -238,6 +258,17 @@ class Aggregator:
 
     def group_name(self, g: int):
         return self.comm_names[g] if self.by == "comm" else g
+
+    def begin_window(self, meta: dict) -> None:
+        """A meta record: when it says the stream is cut (window_begin_ts),
+        durations reaching back before the window are clipped to it, as at
+        an interval start; before the first transition only."""
+        begin, end = stream_window([meta])
+        self.window_cut = self.window_cut or begin is not None or end is not None
+        if begin is not None and self.clip_ts is None and not self.tasks:
+            self.clip_ts = begin
+        if end is not None:
+            self.window_end = end if self.window_end is None else max(self.window_end, end)
 
     def add_record(self, rec: dict) -> None:
         """One checked record: state and lifecycle records count, others not."""
@@ -311,6 +342,11 @@ class Aggregator:
             hist[idx] = hist.get(idx, 0) + 1
             if clip is not None and d > ts - clip:
                 task[T_KNOWN] -= self._clip(g, frm, d, ts)
+                if task[T_FIRST_TS] == ts and task[T_SEEN_AT] == clip:
+                    # its first record reaches back before the window: there
+                    # from the window's start, nothing of it unobserved
+                    task[T_FIRST_TS] = clip
+                    task[T_HEAD_NULL] = True
         self.events += n
 
     def add_digested(self, events: int, tasks: list, cells: list, buckets: list) -> None:
@@ -472,6 +508,8 @@ class Aggregator:
             last = self.last_ts()
             ends = [e.get("ts") for e in stats.ends if type(e.get("ts")) is int]
             end_ts = max(ends + ([last] if last is not None else []), default=None)
+        if end_ts is not None and self.window_end is not None and end_ts > self.window_end:
+            end_ts = self.window_end
         by = self.by
         groups: dict = {}
 
@@ -489,7 +527,9 @@ class Aggregator:
             grp.transitions[(frm, to)] = [n, total, n - nulls]
             grp.null_dur += nulls
             if frm == schema.RUNNING:
-                if to in _INVOLUNTARY:
+                if to == schema.RUNNING:
+                    grp.impossible += n
+                elif to in _INVOLUNTARY:
                     grp.involuntary += n
                 else:
                     grp.voluntary += n
@@ -511,6 +551,7 @@ class Aggregator:
 
         clip = self.clip_ts
         checked = max_dev = total_dev = unobserved = 0
+        dev_task = None
         for tid, t in self.tasks.items():
             pid = t[T_PID]
             grp = group(self.group_of(pid, tid, t[T_COMM]))
@@ -542,7 +583,12 @@ class Aggregator:
                 total_dev += dev
                 if dev > max_dev:
                     max_dev = dev
+                    dev_task = (tid, t[T_COMM] or "")
+        ncpu = _cpus(stats.metas)
+        window = (end_ts - start_ts) if start_ts is not None and end_ts is not None else None
         for grp in groups.values():
+            if window is not None and window > 0:
+                grp.cpu_limit_ns = window * max(1, min(len(grp.tids), ncpu) if ncpu else len(grp.tids))
             grp.key = self.group_name(grp.key)
             if by == "comm":
                 grp.comm = grp.key or ""
@@ -550,9 +596,23 @@ class Aggregator:
         return Summary(
             by=by, start_ts=start_ts, end_ts=end_ts, groups=ordered, stats=stats,
             events=self.events, tasks=len(self.tasks), checked_tasks=checked,
-            max_abs_deviation_ns=max_dev, total_abs_deviation_ns=total_dev,
+            max_abs_deviation_ns=max_dev, max_deviation_task=dev_task, total_abs_deviation_ns=total_dev,
             null_dur=sum(x.null_dur for x in ordered), unobserved_ns=unobserved,
+            impossible=sum(x.impossible for x in ordered),
+            transition_filters=filters_in_force(stats.metas, TRANSITION_FILTERS),
+            task_filters=filters_in_force(stats.metas, TASK_FILTERS),
+            cut=self.window_cut,
         )
+
+
+def _cpus(metas) -> int:
+    """The CPUs a recording's tasks could use: its --cpu values, else ncpu (0: not known)."""
+    for m in metas:
+        cpus = m.get("filter_cpu") or m.get("replay_filter_cpu")
+        if isinstance(cpus, list) and cpus:
+            return len(cpus)
+    n = [m.get("ncpu") for m in metas if type(m.get("ncpu")) is int and m.get("ncpu") > 0]
+    return max(n) if n else 0
 
 
 def _sort_key(k):

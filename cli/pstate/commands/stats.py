@@ -55,6 +55,18 @@ slice (running -> anything), blocked time per sleeping state (sleeping,
 uninterruptible, stopped, ... -> runnable): count, p50, p90, p99 and max.
 Percentiles come from log-linear histograms (within 1.6%; exact for one or
 two samples); max is exact.
+A stream cut to a window (replay --begin/--end; a file record started anew
+on SIGHUP) says so in its meta record (window_begin_ts, window_end_ts): every
+duration is clipped to that window, as to an interval with --interval.
+A recording made with --state, --cpu or --min-dur holds only some
+transitions of each task: stats then shows no time in state (no percentage
+it cannot support), only the counts and latency distributions of the
+transitions kept, and says so. -p/-t/-c keep every transition of the tasks
+they keep: their time in state stays.
+Sanity: a switch-in of a task already running (running -> running, as the
+threads of some VM agents show) is counted apart as impossible, not as a
+switch; a group on a CPU longer than its threads and the CPUs allow is
+flagged; the headline names the task of the largest deviation.
 A transition counts under the pid and comm of its own record (a thread that
 execs moves to its new name). Memory grows with the number of tasks and
 latency buckets, not of events.
@@ -62,8 +74,8 @@ latency buckets, not of events.
 \b
 Input with loss records, skipped lines or a truncated end (or a run cut short
 by Ctrl-C) is summarised but flagged INCOMPLETE (json: input.complete false, input.lost_total,
-input.lost_pct, input.skipped_total). Bad lines are skipped and reported on
-stderr; --strict makes them exit 65. A newer event format exits 65.
+input.lost_pct, input.skipped_total; with --interval, of that interval).
+Bad lines are skipped and reported on stderr; --strict makes them exit 65. A newer event format exits 65.
 While its input is a pipe, stats ignores the first Ctrl-C (so that `record`,
 which gets it too, can end the stream) and prints at end of input; a second
 Ctrl-C prints what it has at once.
@@ -78,11 +90,14 @@ Ctrl-C prints what it has at once.
     interrupted},
   accounting {tasks, groups, groups_shown, tasks_whole_window,
     max_abs_deviation_ns, total_abs_deviation_ns, null_dur_transitions,
-    unobserved_ns},
+    unobserved_ns, max_deviation_tid, max_deviation_comm,
+    impossible_transitions, oncpu_exceeds_cpus [keys]},
+  ledger {time_in_state (false: states {} and observed_ns null),
+    transition_filters, task_filters, cut},
   groups [{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
     threads (by pid, comm), processes (by comm), comm, observed_ns,
-    unobserved_ns, states {STATE: {ns, pct}}, transitions, voluntary,
-    involuntary, null_dur, forks, execs, exits,
+    unobserved_ns, oncpu_exceeds_cpus, states {STATE: {ns, pct}},
+    transitions, voluntary, involuntary, impossible, null_dur, forks, execs, exits,
     latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
       hist_unit, hist [[lo, hi, count]] (with --hist)}},
     matrix (with --matrix)}],
@@ -115,7 +130,8 @@ def _sort_help() -> str:
               help="Only groups that spent at least DURATION in the --state states (without "
                    "--state: observed at least that long), e.g. 10ms.")
 @click.option("--hist", is_flag=True,
-              help="Add log2 histograms of every latency, like runqlat (usecs; msecs from 100 ms up).")
+              help="Add log2 histograms of every latency, like runqlat (usecs; msecs when the max is "
+                   "100 ms or more and the median 16 ms or more).")
 @click.option("--matrix", "with_matrix", is_flag=True,
               help="Add the transition matrix: from -> to counts and mean time in the state left.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
@@ -187,12 +203,23 @@ def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
         interrupted = True
     summary = agg.summarise(stats)
     summary.interrupted = interrupted
+    _refuse_snapshot_stream(summary)
     _emit(summary, out, opts)
     code = stats.report(PROG, strict=strict)
     if interrupted:
         print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
         return int(ExitCode.SIGINT)
     return code
+
+
+def _refuse_snapshot_stream(summary) -> None:
+    """Snapshots replayed into a pipe (pstate replay DIR | pstate stats) hold
+    no transitions: say where their analysis is instead of "0 events"."""
+    if summary.events or not any(m.get("source") == "snap" for m in summary.stats.metas):
+        return
+    raise PstateError("the input holds snapshots (from pstate snap), not an event stream",
+                      ExitCode.DATAERR,
+                      hint="give the snapshot directory or files to stats itself: pstate stats DIR/")
 
 
 def _emit(summary, out, opts, banner: str | None = None) -> None:
@@ -254,12 +281,15 @@ class IntervalRunner:
         self.done = False
         self.live = False  # a pipe was read: intervals on the wall clock
         self.t0: int | None = None  # data-time start of the current interval
+        self.mark = stats.mark()  # the input counts when the current interval began
         self.next_wall = time.monotonic() + interval_ns / 1e9
         self.dig = ingest.LineDigester(agg, stats, strict=False)
 
     def window_start(self) -> int | None:
         if self.t0 is not None:
             return self.t0
+        if self.agg.clip_ts is not None:  # a cut stream's window_begin_ts
+            return self.agg.clip_ts
         metas = [m.get("ts") for m in self.stats.metas if type(m.get("ts")) is int]
         return min(metas) if metas else self.agg.first_ts()
 
@@ -272,7 +302,8 @@ class IntervalRunner:
         if final and self.seq and not self.agg.events and (end_ts is None or end_ts == start):
             return  # nothing since the last summary
         self.seq += 1
-        summary = self.agg.summarise(self.stats, start_ts=start, end_ts=end_ts)
+        summary = self.agg.summarise(self.stats.since(self.mark), start_ts=start, end_ts=end_ts)
+        self.mark = self.stats.mark()
         summary.interval = {"seq": self.seq, "start_ts": start, "end_ts": end_ts}
         summary.interrupted = interrupted
         _emit(summary, self.out, self.opts, banner=self._banner(summary))
@@ -325,6 +356,8 @@ class IntervalRunner:
         agg = self.agg
         for rec in read_records([src], self.stats, strict=strict):
             t = rec["type"]
+            if t == "meta":
+                agg.begin_window(rec)  # a cut stream: clipped to its window
             if t != "state" and t not in timeinstate.LIFECYCLE:
                 continue
             ts = rec["ts"]

@@ -74,11 +74,13 @@ def group_dict(g: Group, by: str, *, hist: bool = False, with_matrix: bool = Fal
     out["comm"] = g.comm
     out["observed_ns"] = observed
     out["unobserved_ns"] = g.unobserved_ns
+    out["oncpu_exceeds_cpus"] = g.oncpu_exceeds
     out["states"] = {s: {"ns": ns, "pct": _pct(ns, observed)}
                      for s, ns in sorted(g.state_ns.items(), key=lambda kv: state_order(kv[0])) if ns}
     out["transitions"] = g.n_transitions
     out["voluntary"] = g.voluntary
     out["involuntary"] = g.involuntary
+    out["impossible"] = g.impossible
     out["null_dur"] = g.null_dur
     out["forks"] = g.lifecycle.get("fork", 0)
     out["execs"] = g.lifecycle.get("exec", 0)
@@ -138,7 +140,18 @@ def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: b
         "null_dur_transitions": s.null_dur,
         "unobserved_ns": s.unobserved_ns,
     }
+    dev_tid, dev_comm = s.max_deviation_task or (None, None)
+    rep["accounting"]["max_deviation_tid"] = dev_tid
+    rep["accounting"]["max_deviation_comm"] = dev_comm
+    rep["accounting"]["impossible_transitions"] = s.impossible
+    rep["accounting"]["oncpu_exceeds_cpus"] = [g.key for g in s.groups if g.oncpu_exceeds]
+    rep["ledger"] = {"time_in_state": s.ledger, "transition_filters": s.transition_filters,
+                     "task_filters": s.task_filters, "cut": s.cut}
     rep["groups"] = [group_dict(g, s.by, hist=hist, with_matrix=with_matrix) for g in groups]
+    if not s.ledger:  # no percentage the input cannot support
+        for g in rep["groups"]:
+            g["observed_ns"] = None
+            g["states"] = {}
     if with_matrix:
         rep["matrix"] = _matrix_rows(groups)
     return rep
@@ -192,10 +205,27 @@ def _headline(rep: dict) -> list[str]:
         problems.append("interrupted before the end")
     if problems:
         lines.append("INCOMPLETE: " + "; ".join(problems) + ".")
+    who = ""
+    if acc.get("max_deviation_tid") is not None:
+        who = f" (tid {acc['max_deviation_tid']} {_comm(acc['max_deviation_comm'])})"
     lines.append(
         f"accounting: {acc['tasks_whole_window']} tasks seen through the window, max deviation "
-        f"{fmt_ns(acc['max_abs_deviation_ns'])}; {acc['null_dur_transitions']} transitions of unseen "
+        f"{fmt_ns(acc['max_abs_deviation_ns'])}{who}; {acc['null_dur_transitions']} transitions of unseen "
         f"start, {fmt_ns(acc['unobserved_ns'])} unobserved")
+    if acc.get("impossible_transitions"):
+        lines.append(f"impossible: {acc['impossible_transitions']} switch-ins of a task already running "
+                     "(running -> running), counted apart, not as switches")
+    if acc.get("oncpu_exceeds_cpus"):
+        keys = ", ".join(str(k) for k in acc["oncpu_exceeds_cpus"][:8])
+        lines.append(f"FLAGGED: on-CPU above the CPUs the group could use ({rep['by']} {keys}): "
+                     "its records are inconsistent")
+    led = rep.get("ledger") or {}
+    if led.get("transition_filters"):
+        lines.append(f"FILTERED: recorded with {', '.join(led['transition_filters'])}: only the "
+                     "transitions that passed are here, so time in state is not shown; counts and "
+                     "latencies are of the transitions kept.")
+    elif led.get("task_filters"):
+        lines.append(f"filtered: recorded with {', '.join(led['task_filters'])}: only the tasks kept.")
     return [_wrap(x) for x in lines]
 
 
@@ -222,7 +252,14 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
     key_h = BY_HEADER[by]
     key_al = "left" if by == "comm" else "right"
 
-    # Time in state.
+    if rep.get("ledger", {}).get("time_in_state", True):
+        out.extend(_state_table(groups, by, key_h, key_al))
+    out.extend(_rest_tables(rep, groups, by, key_h, key_al, hist=hist, with_matrix=with_matrix))
+    return "\n".join(out) + "\n"
+
+
+def _state_table(groups: list, by: str, key_h: str, key_al: str) -> list:
+    out = []
     rows = []
     for g in groups:
         obs = g["observed_ns"]
@@ -239,8 +276,12 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
     out.append(_wrap(TABLE_LEGEND))
     out.append(tabulate(rows, headers,
                         colalign=(key_al,) + ("left",) * (0 if by == "comm" else 1) + ("right",) * 8))
+    return out
 
-    # Switches.
+
+def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, hist: bool,
+                 with_matrix: bool) -> list:
+    out = []
     rows = []
     for g in groups:
         rows.append([_key_cell(g, by), g["transitions"], g["voluntary"], g["involuntary"],
@@ -279,7 +320,7 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
                 for m in rep.get("matrix", [])]
         out.append(tabulate(rows, ["FROM", "TO", "COUNT", "MEAN", "TOTAL"],
                             colalign=("left", "left", "right", "right", "right")))
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _hist_lines(rep: dict) -> list[str]:
@@ -334,7 +375,7 @@ def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> 
     for g in groups:
         row = pre + [_num(g["key"] if c == by else g.get(c)) for c in ident] + [g["observed_ns"],
                                                                               g["unobserved_ns"]]
-        row += [g["states"].get(s, {}).get("ns", 0) for s in states]
+        row += [g["states"].get(s, {}).get("ns", 0) if g["observed_ns"] is not None else "" for s in states]
         row += [g["transitions"], g["voluntary"], g["involuntary"], g["null_dur"], g["forks"],
                 g["execs"], g["exits"]]
         for k in kinds:

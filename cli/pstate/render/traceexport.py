@@ -31,6 +31,7 @@ from typing import IO
 import orjson
 
 from pstate.stream import schema
+from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_force
 
 IDLE_COMM = "swapper/{cpu}"
 DEFAULT_PRIO = 120
@@ -44,18 +45,13 @@ _DEFAULT_BITS = {"S": 0x1, "D": 0x2, "T": 0x4, "t": 0x8, "X": 0x10, "Z": 0x20, "
 # common_flags of a trace entry: the event fired in hard or soft interrupt context
 TRACE_FLAG_HARDIRQ = 0x08
 TRACE_FLAG_SOFTIRQ = 0x10
-_FILTER_FIELDS = ("filter_pid", "filter_tid", "filter_comm", "filter_state", "filter_cpu")
 
 
 def cpu_complete(metas: list, rates: int = 0) -> tuple[bool, str]:
     """Whether a stream holds every switch of every CPU; else why not."""
-    for m in metas:
-        for f in _FILTER_FIELDS:
-            for key in (f, "replay_" + f):
-                if m.get(key):
-                    return False, f"it was recorded with --{f[len('filter_'):].replace('_', '-')}"
-        if m.get("filter_min_dur_ns") or m.get("replay_filter_min_dur_ns"):
-            return False, "it was recorded with --min-dur"
+    found = filters_in_force(metas, TASK_FILTERS + TRANSITION_FILTERS)
+    if found:
+        return False, f"it was recorded with {found[0]}"
     if rates:
         return False, "it was sampled (--max-rate)"
     return True, ""

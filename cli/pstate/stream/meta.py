@@ -61,3 +61,35 @@ def meta_record(source: str, kernel_states=None) -> dict:
     if kernel_states is not None:
         rec["kernel_states"] = kernel_states.meta()
     return rec
+
+
+# Filters that drop transitions of the tasks they keep: what is left is no
+# ledger of their time. Task filters keep every transition of the tasks kept.
+TRANSITION_FILTERS = (("filter_state", "--state"), ("filter_cpu", "--cpu"), ("filter_min_dur_ns", "--min-dur"))
+TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"))
+
+
+def filters_in_force(metas, fields=TRANSITION_FILTERS + TASK_FILTERS) -> list:
+    """The options (--state, ...) behind the filter_* and replay_filter_*
+    fields set in any of the meta records, in the order of fields."""
+    found = []
+    for field, option in fields:
+        if any(m.get(field) or m.get("replay_" + field) for m in metas):
+            found.append(option)
+    return found
+
+
+def _int(v):
+    return v if type(v) is int else None
+
+
+def stream_window(metas) -> tuple:
+    """(begin, end) of the window a cut stream covers, CLOCK_MONOTONIC ns,
+    either None: window_begin_ts/window_end_ts of its meta records (or
+    replay_begin_ts/replay_end_ts, written by replays before them). Every
+    duration reaching back before begin is clipped to it; no time counts
+    past end."""
+    begins = [b for b in (_int(m.get("window_begin_ts", m.get("replay_begin_ts"))) for m in metas)
+              if b is not None]
+    ends = [e for e in (_int(m.get("window_end_ts", m.get("replay_end_ts"))) for m in metas) if e is not None]
+    return (min(begins) if begins else None, max(ends) if ends else None)

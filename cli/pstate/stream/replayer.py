@@ -34,7 +34,7 @@ from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
-from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, fmt_wall
+from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, cut_end, fmt_wall
 
 # The native check of plainly written state records (None when not built or
 # PSTATE_PURE=1: then every line is parsed, with the same result).
@@ -567,9 +567,10 @@ class Replayer:
         out["replayed"] = True
         out["replay_speed"] = self.speed
         if self.begin_ts is not None:
-            out["replay_begin_ts"] = self.begin_ts
+            out.update(replay_begin_ts=self.begin_ts, window_begin_ts=max(self.begin_ts, out.get("window_begin_ts") or 0))
         if self.end_ts is not None:
             out["replay_end_ts"] = self.end_ts
+            out["window_end_ts"] = min(self.end_ts, _valid_ts(out.get("window_end_ts")) or self.end_ts)
         if self.filt is not None:
             out.update({f"replay_{k}": v for k, v in self.filt.meta_fields().items()})
         return orjson.dumps(out, option=orjson.OPT_APPEND_NEWLINE)
@@ -667,13 +668,15 @@ class Replayer:
         if not self.header:
             self._start_headless(None)
         end: dict = {"type": "end"}
-        if self.last_ts is not None:
-            end["ts"] = self.last_ts
+        last = (self.last_ts if not self.window.active or self.mode == "snap"  # a cut ends at its window
+                else cut_end(self.last_ts, self.end_ts, self.stats.ends[-1:]))
+        if last is not None:
+            end["ts"] = last
         end.update(reason=reason, events=self.events, lost=min(sum(self.lost.values()), MAX_INT - 1))
         for r in (*schema.LOSS_REASONS, *sorted(set(self.lost) - set(schema.LOSS_REASONS))):
             end[f"lost_{r}"] = self.lost.get(r, 0)
-        if self.last_ts is not None and self.seg_start is not None:
-            end["duration_ns"] = self.last_ts - self.seg_start
+        if last is not None and self.seg_start is not None:
+            end["duration_ns"] = last - self.seg_start
         if self.snapshots:
             end["snapshots"] = self.snapshots
         end["replay_skipped"] = self.stats.n_skipped + (1 if self.stats.truncated_tail else 0)

@@ -94,6 +94,24 @@ class ReadStats:
     def lost(self) -> int:
         return sum(self.loss.values())
 
+    def mark(self) -> dict:
+        """The counts so far, for since()."""
+        return {"skipped": dict(self.skipped), "loss": dict(self.loss)}
+
+    def since(self, mark: dict) -> "ReadStats":
+        """What was skipped and lost after mark() (stats --interval: per
+        interval, like its events); lines and records read, meta and end
+        records, the truncated tail and damaged starts as they are."""
+        def minus(now: dict, then: dict) -> dict:
+            return {k: n - then.get(k, 0) for k, n in now.items() if n - then.get(k, 0)}
+
+        view = ReadStats(**{f: getattr(self, f) for f in ("lines", "records", "metas", "ends", "unknown",
+                                                          "nul_starts", "overlaps", "truncated_tail",
+                                                          "first_bad")})
+        view.skipped = minus(self.skipped, mark["skipped"])
+        view.loss = minus(self.loss, mark["loss"])
+        return view
+
     def problems(self) -> list[str]:
         out = []
         for reason, n in sorted(self.skipped.items()):

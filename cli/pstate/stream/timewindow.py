@@ -215,3 +215,14 @@ def _mono(ref: tuple[str, int] | None, anchor: Anchor, point: TimePoint | None) 
         raise WindowError(f"{point.text} cannot be placed on a recording without a wall-clock anchor "
                           "(meta wall_ns) when it follows one that has it")
     return anchor.mono_of(ns)
+
+
+def cut_end(last_ts: int | None, end_ts: int | None, ends: list) -> int | None:
+    """Where a --begin/--end cut really ends (its trailer's ts): the window's
+    end, or the recording's own end record before it, for the tasks stay in
+    their states until then; never before the last event written."""
+    own = [e.get("ts") for e in ends if type(e.get("ts")) is int]
+    if last_ts is None or not own:
+        return last_ts
+    bound = own[-1] if end_ts is None else min(own[-1], end_ts)
+    return max(last_ts, bound)

@@ -119,7 +119,50 @@ def newer() -> bytes:
     return orjson.dumps({**META, "schema": 99, "version": "9.0"}) + b"\n"
 
 
+def state_d() -> list[dict]:
+    """What `record --state D` keeps of a dd: only its transitions into and
+    out of D (10 x: 2 ms on the CPU, then 5 ms in D), none of its time on a
+    run queue or asleep. Its ledger is not complete: no time in state."""
+    ev: list[dict] = [{**META, "filter_state": ["uninterruptible"]}]
+    for i in range(10):
+        at = T0 + 10 * MS + i * 90 * MS
+        base = {"type": "state", "cpu": 0, "pid": 500, "tid": 500, "comm": "dd"}
+        ev.append({**base, "ts": at, "from": "running", "to": "uninterruptible", "dur_ns": 2 * MS,
+                   "cause": "switch_out", "prio": 120, "voluntary": True, "kstate": "D", "next_tid": 0})
+        ev.append({**base, "ts": at + 5 * MS, "from": "uninterruptible", "to": "runnable", "dur_ns": 5 * MS,
+                   "cause": "wakeup", "waker_tid": 0, "waker_pid": 0})
+    ev.append({"type": "end", "ts": T0 + 1000 * MS, "reason": "signal", "events": 20, "lost": 0})
+    return ev
+
+
+def impossible() -> list[dict]:
+    """Three threads of an agent (pid 700) that are switched in again and
+    again without a switch-out between (running -> running, as a VM's agent
+    threads show): each on a CPU for the whole second, 3 s of on-CPU time on
+    2 CPUs. A plain sleeper beside them (pid 800), and a task whose records
+    disagree with their own timestamps (tid 900: 50 ms of its 1 s missing)."""
+    ev: list[dict] = []
+    threads = [Task(ev, 700, tid, "agent", "runnable", cpu=tid % 2) for tid in (700, 701, 702)]
+    for t in threads:
+        t.go(10 * MS, "running", "switch_in")
+    for k in range(1, 10):
+        for t in threads:
+            t.go(k * 100 * MS, "running", "switch_in")
+    s = Task(ev, 800, 800, "sleeper", "sleeping")
+    s.go(300 * MS, "runnable", "wakeup")
+    s.go(301 * MS, "running", "switch_in")
+    s.go(302 * MS, "sleeping", "switch_out")
+    liar = Task(ev, 900, 900, "liar", "sleeping")
+    liar.go(500 * MS, "runnable", "wakeup")
+    liar.go(600 * MS, "running", "switch_in")
+    ev[-1]["dur_ns"] = 50 * MS  # the record says 50 ms; its timestamps say 100 ms
+    ev.sort(key=lambda r: r["ts"])
+    return [META, *ev, {"type": "end", "ts": T0 + 1000 * MS, "reason": "signal", "events": len(ev), "lost": 0}]
+
+
 def main() -> None:
+    (HERE / "state-d.jsonl").write_bytes(dumps(state_d()))
+    (HERE / "impossible.jsonl").write_bytes(dumps(impossible()))
     (HERE / "basic.jsonl").write_bytes(dumps(basic()))
     (HERE / "lossy.jsonl").write_bytes(lossy())
     (HERE / "newer.jsonl").write_bytes(newer())
