@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import select
 import signal
@@ -20,7 +19,7 @@ from pstate.analysis import ingest
 from pstate.analysis import selection
 from pstate.stream.durations import Duration
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import StateName
+from pstate.commands.options import RenamedCommand, StateName
 from pstate.stream.streamio import MAX_LINE, ReadStats, open_input
 from pstate.stream.reader import read_records
 
@@ -36,7 +35,7 @@ Examples:
   sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
   pstate stats rec.jsonl                      per process: time in each state, latencies
   pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
-  pstate stats rec.jsonl --state D --top 5    the 5 processes most in uninterruptible sleep
+  pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
   pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
   pstate stats rec.jsonl --matrix             transition counts and mean durations
   pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
@@ -99,29 +98,30 @@ shown (Graphviz).
 def _sort_help() -> str:
     keys = ", ".join(k for k in selection.SORT_KEYS if k not in schema.STATES)
     return (f"Order groups by KEY (descending; key and comm ascending): {keys}, or a state name "
-            "(time in it). Default: time in the --state states, else time running.")
+            "(time in it). Default: time in the --in-state states, else time running.")
 
 
-@click.command(name="stats", epilog=EPILOG)
+@click.command(name="stats", epilog=EPILOG, cls=RenamedCommand,
+               renamed={"--state": "--in-state", "--min-dur": "--min-time"})
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
-@click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
+@click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
                    "preempted, ...). Repeatable: any of them.")
-@click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
-              help="Only groups that spent at least DURATION in the --state states (without "
-                   "--state: observed at least that long), e.g. 10ms.")
+@click.option("--min-time", "min_dur", type=Duration("s"), default=0, metavar="DURATION",
+              help="Only groups that spent at least DURATION in the --in-state states (without "
+                   "--in-state: observed at least that long), e.g. 10ms.")
 @click.option("--hist", is_flag=True,
               help="Add log2 histograms of every latency, like runqlat (usecs; msecs from 100 ms up).")
 @click.option("--matrix", "with_matrix", is_flag=True,
               help="Add the transition matrix: from -> to counts and mean time in the state left.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format: table (80 columns), json, csv or dot (Graphviz state graph).")
-@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Print a summary of every SECONDS while the stream flows in (of recorded time "
+@click.option("-i", "--interval", type=Duration("s", positive=True), metavar="DURATION",
+              help="Print a summary of every DURATION (e.g. 500ms, 5s, 1m; a plain number is seconds) while the stream flows in (of recorded time "
                    "for a file), each covering only its interval.")
 @click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
               help="With --interval: stop after N summaries.")
@@ -152,7 +152,7 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     if _is_snapshot_input(sources):
         ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--state": states, "--min-dur": min_dur}))
+                                     "--in-state": states, "--min-time": min_dur}))
     opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
                 hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt)
     out = sys.stdout
@@ -160,7 +160,7 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     agg = timeinstate.Aggregator(by)
     with PipeInterruptGuard(sources):
         if interval:
-            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=int(interval * 1e9),
+            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
                                   count=count, opts=opts)
         else:
             code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
@@ -459,16 +459,9 @@ def _is_snapshot_input(sources) -> bool:
 def _snapshots(paths, *, fmt, top, by, strict, interval, ignored) -> int:
     if interval:
         raise PstateError("--interval reads a stream; snapshots are already per interval", ExitCode.USAGE)
-    try:
-        snapstats = importlib.import_module("pstate.analysis.snapseries")
-    except ImportError:
-        raise PstateError("snapshot analysis is not available in this pstate", ExitCode.UNAVAILABLE) from None
+    from pstate.analysis import snapseries
+
     unused = [name for name, val in ignored.items() if val]
     if unused:
         print(f"{PROG}: warning: {', '.join(unused)} not used with snapshots", file=sys.stderr)
-    kwargs = {"fmt": fmt, "top": top, "by": by, "out": sys.stdout}
-    import inspect
-
-    if "strict" in inspect.signature(snapstats.run).parameters:
-        kwargs["strict"] = strict
-    return snapstats.run(list(paths), **kwargs)
+    return snapseries.run(list(paths), fmt=fmt, top=top, by=by, out=sys.stdout, strict=strict)
