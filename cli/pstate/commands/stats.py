@@ -10,7 +10,6 @@ import sys
 import time
 
 import click
-import orjson
 
 from pstate.stream import schema
 from pstate.render import tables
@@ -20,8 +19,10 @@ from pstate.analysis import selection
 from pstate.stream.durations import Duration
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import RenamedCommand, StateName
-from pstate.stream.streamio import MAX_LINE, ReadStats, open_input
+from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
+from pstate.stream.meta import boot_id
+from pstate.snapshots import snapdir
 
 PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot")
@@ -306,7 +307,7 @@ class IntervalRunner:
         when the stream comes from this boot, else the last event seen."""
         last = self.agg.last_ts()
         meta = self.stats.metas[-1] if self.stats.metas else None
-        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == _boot_id():
+        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == boot_id():
             now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             return max(now, last or 0, start or 0)
         if last is None:
@@ -364,19 +365,6 @@ class IntervalRunner:
                 fp.close()
 
 
-_BOOT_ID: list = []
-
-
-def _boot_id() -> str | None:
-    if not _BOOT_ID:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as f:
-                _BOOT_ID.append(f.read().strip())
-        except OSError:
-            _BOOT_ID.append(None)
-    return _BOOT_ID[0]
-
-
 # --- inputs ---------------------------------------------------------------------
 
 
@@ -426,30 +414,8 @@ class PipeInterruptGuard:
         return False
 
 
-def _first_line(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.readline(MAX_LINE + 1)
-    except OSError:
-        return b""
-
-
-def _is_snapshot_path(path: str) -> bool:
-    if path == "-":
-        return False
-    if os.path.isdir(path):
-        return True
-    if not _is_regular(path):
-        return False
-    try:
-        rec = orjson.loads(_first_line(path))
-    except orjson.JSONDecodeError:
-        return False
-    return type(rec) is dict and rec.get("type") == "meta" and rec.get("source") == "snap"
-
-
 def _is_snapshot_input(sources) -> bool:
-    flags = [_is_snapshot_path(s) for s in sources]
+    flags = [snapdir.is_snapshot_source(s) for s in sources]
     if any(flags) and not all(flags):
         raise PstateError("cannot mix snapshots and event streams in one run", ExitCode.USAGE,
                           hint="run pstate stats once on the snapshots and once on the streams")
