@@ -584,3 +584,14 @@ def test_usage_errors(monkeypatch, tmp_path):
         r = runner.invoke(main_cli, args)
         assert r.exit_code == 2, (extra, r.output)
         assert (msg or "Missing option '--dir'") in r.stderr
+
+
+def test_quiet_says_nothing_on_stderr(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    (d / ".pstate-pstate-snap-x.jsonl.tmp.100.ab12").write_text("partial")
+    r = snap("--dir", d, "-i", "0.01", "-q")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert temps(d) == [] and len(snapshots(d)) == 1
+    r = snap("--dir", d, "-i", "0.01", "-q", "-v")
+    assert r.returncode == 2 and "--quiet and --verbose contradict each other" in r.stderr

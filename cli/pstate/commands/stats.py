@@ -16,7 +16,7 @@ from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.analysis import selection
-from pstate.stream.durations import Duration
+from pstate.stream.durations import Duration, parse_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import RenamedCommand, StateName
 from pstate.stream.streamio import ReadStats, open_input
@@ -104,7 +104,7 @@ def _sort_help() -> str:
 
 @click.command(name="stats", epilog=EPILOG, cls=RenamedCommand,
                renamed={"--state": "--in-state", "--min-dur": "--min-time"})
-@click.argument("files", nargs=-1, type=click.Path(allow_dash=True))
+@click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
@@ -126,6 +126,9 @@ def _sort_help() -> str:
                    "for a file), each covering only its interval.")
 @click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
               help="With --interval: stop after N summaries.")
+@click.option("-T", "--timestamp", is_flag=True,
+              help="With --interval: open every table with its wall-clock time, taken from this "
+                   "machine's clock when the stream does not tell it.")
 @click.option("--strict", is_flag=True,
               help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -135,7 +138,7 @@ def _sort_help() -> str:
               help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
 @click.pass_context
 def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, interval, count,
-        strict, jobs, reader):
+        timestamp, strict, jobs, reader):
     """Thread State Analysis: where each task's time goes, state by state.
 
     Reads a pstate event stream (from a pipe, standard input, or recordings
@@ -143,7 +146,17 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     transitions, voluntary/involuntary switches, and latency distributions.
     Snapshot files or directories written by `pstate snap` are summarised
     too (trends per task).
+
+    As with BCC's tools, `pstate stats 1 5` is --interval 1 --count 5: a
+    leading number (a DURATION, then a count) that is not an existing file
+    is taken as the interval and count. A number that names an existing file
+    is read as that file; write ./1 to make sure a file named 1 is read.
     """
+    files, interval, count = interval_positionals(files, interval, count)
+    if timestamp and not interval:
+        raise click.UsageError("-T stamps --interval summaries: give an interval")
+    if timestamp and fmt != "table":
+        raise click.UsageError("-T stamps the table; json and csv carry each interval's start_ts and end_ts")
     if count and not interval:
         raise click.UsageError("--count needs --interval")
     sources = list(files) or ["-"]
@@ -155,7 +168,7 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
                                      "--in-state": states, "--min-time": min_dur}))
     opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
-                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt)
+                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt, timestamp=timestamp)
     out = sys.stdout
     stats = ReadStats()
     agg = timeinstate.Aggregator(by)
@@ -167,6 +180,34 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
             code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
                              jobs=jobs or _cpus())
     ctx.exit(code)
+
+
+def interval_positionals(files: tuple, interval, count) -> tuple[tuple, int | None, int | None]:
+    """BCC's [interval [count]]: leading arguments that are numbers and not
+    existing files become --interval and --count (unless those were given)."""
+    files = list(files)
+    lead = []
+    while files and len(lead) < 2 and _number(files[0], first=not lead) and not os.path.exists(files[0]):
+        lead.append(files.pop(0))
+    if not lead:
+        return tuple(files), interval, count
+    if interval is not None or (len(lead) == 2 and count is not None):
+        raise click.UsageError(f"{' '.join(lead)}: give the interval either as a number or with --interval, not both")
+    interval = Duration("s", positive=True).convert(lead[0], None, None)
+    if len(lead) == 2:
+        count = click.IntRange(min=1).convert(lead[1], None, None)
+    return tuple(files), interval, count
+
+
+def _number(text: str, first: bool) -> bool:
+    """An interval (5, 0.5, 500ms) or, after it, a count (5)."""
+    if not first:
+        return text.isdigit()
+    try:
+        parse_ns(text)
+    except ValueError:
+        return False
+    return True
 
 
 # --- whole input ---------------------------------------------------------------
@@ -319,6 +360,8 @@ class IntervalRunner:
         wall = None
         if type(meta.get("wall_ns")) is int and type(meta.get("ts")) is int and summary.end_ts is not None:
             wall = meta["wall_ns"] + (summary.end_ts - meta["ts"])
+        elif self.opts.get("timestamp"):
+            wall = time.time_ns()
         return tables.interval_banner(wall)
 
     # A regular file: intervals of recorded time, exact at record granularity.
