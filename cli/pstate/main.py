@@ -112,8 +112,6 @@ def main() -> None:
 
         silence_stdout()
         sys.exit(ExitCode.OK)
-    except SystemExit:
-        raise
     sys.exit(ExitCode.OK)
 
 

@@ -122,7 +122,7 @@ class Recorder:
     def unread(self) -> int:
         return max(0, self.ring.available()) // self.ring.stride
 
-    def loss_records(self, final: bool = False) -> dict:
+    def loss_records(self) -> dict:
         counters = self.prog.counters()
         now = time.monotonic_ns()
         totals = {}
@@ -378,7 +378,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         else:
             prog.detach()
         rec.drain(limit_s=1.0)
-        totals = rec.loss_records(final=True)
+        totals = rec.loss_records()
         # Whatever the bounded final drain left in the ring buffer is lost too.
         unread = rec.unread()
         if unread:
