@@ -121,7 +121,7 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
             continue
         cs += [
             ct.Contender(f"snap{suffix}", f"pstate snap ({what})", "snap",
-                         _self("pstate", d, "snap", "--out", "{dir}", "--interval", "60", "-v"),
+                         _self("pstate", d, "snap", "--dir", "{dir}", "--interval", "60", "-v"),
                          ready="text:collecting into"),
             ct.Contender(f"record_min_dur{suffix}", f"pstate record --min-dur 1ms ({what})", "record",
                          _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms"), ready="meta"),

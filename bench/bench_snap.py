@@ -63,7 +63,7 @@ class Snap:
         if reference:
             cmd = ["bpftrace", "-e", BPFTRACE_COUNT]
         else:
-            cmd = [sys.executable, "-m", "pstate", "snap", "-v", "--out", out_dir, "--every", str(every),
+            cmd = [sys.executable, "-m", "pstate", "snap", "-v", "--dir", out_dir, "--every", str(every),
                    "--keep", "5"]
         self.proc = subprocess.Popen(["taskset", "-c", str(cpu), *cmd], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env)

@@ -117,7 +117,7 @@ def run_record(cache: str, after: float, nocache: bool = False, extra: tuple = (
 
 
 def run_snap(cache: str, out: str, nocache: bool = False) -> dict:
-    cmd = [sys.executable, "-m", "pstate", "snap", "-v", "--out", out, "-i", "0.2", "-n", "1"]
+    cmd = [sys.executable, "-m", "pstate", "snap", "-v", "--dir", out, "-i", "0.2", "-n", "1"]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_env(cache, nocache))
     first = cpu_first = None

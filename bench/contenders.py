@@ -81,7 +81,7 @@ def default_contenders(headers: str | None = None) -> list[Contender]:
         pstate_record("record", "pstate record (all events)"),
         pstate_record("record_min_dur", "pstate record --min-dur 1ms", "--min-dur", "1ms"),
         Contender("snap", "pstate snap (running)", "snap",
-                  ["taskset", "-c", TRACER_CPU, pstate_bin(), "snap", "--out", "{dir}", "--interval", "60", "-v"],
+                  ["taskset", "-c", TRACER_CPU, pstate_bin(), "snap", "--dir", "{dir}", "--interval", "60", "-v"],
                   ready="text:collecting into"),
         # Started with its events disabled (-D -1) and enabled through the
         # control FIFO: the "ack" says perf is recording on every CPU.

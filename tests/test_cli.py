@@ -65,12 +65,12 @@ def test_unknown_command():
     (["--buffer-size", ""], "Invalid value for '--buffer-size': '' is not a size from 4k to 2G (e.g. 16M)"),
     (["--buffer-size", "M"], "Invalid value for '--buffer-size': 'M' is not a size from 4k to 2G (e.g. 16M)"),
     (["--state", "bogus"], f"Invalid value for '--state': 'bogus' is not one of {STATES}."),
-    (["-d", "0"], "Invalid value for '-d' / '--duration': 0.0 is not in the range x>0."),
+    (["-d", "0"], "Invalid value for '-d' / '--duration': '0' is not a positive duration (use e.g. 500ms, 5s, 1m)"),
     (["--max-tasks", "5"], "Invalid value for '--max-tasks': 5 is not in the range 1024<=x<=4194304."),
     (["--cpu", "5000"], "Invalid value for '--cpu': 5000 is not in the range 0<=x<=4095."),
     (["-p", "x"], "Invalid value for '-p' / '--pid': 'x' is not a valid integer."),
     (["--max-rate", "10"], "Invalid value for '--max-rate': 10 is not in the range x>=1000."),
-    (["--drain-interval", "2"], "Invalid value for '--drain-interval': 2.0 is not in the range 0.0005<=x<=1.0."),
+    (["--drain-interval", "2"], "Invalid value for '--drain-interval': must be from 500us to 1s"),
     (["--bogus"], "No such option '--bogus'."),
 ])
 def test_record_usage_errors(args, error):

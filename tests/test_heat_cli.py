@@ -123,7 +123,7 @@ def test_latency_measure_names_are_case_insensitive():
     ([str(DATA / "snaps"), "--live"], "--live reads a stream, not a snapshot directory"),
     ([str(DATA / "snaps"), "--latency"], "snapshots hold time per state"),
     ([str(DATA / "snaps"), SMALL], "give one snapshot directory, or recordings, not both"),
-    ([SMALL, "--latency", "--state", "D"], "--latency and --state draw different maps"),
+    ([SMALL, "--latency", "--shade", "D"], "--latency and --shade draw different maps"),
     ([SMALL, SMALL, "--live"], "--live reads one stream"),
 ])
 def test_usage_errors_exit_2(args, msg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -195,7 +196,7 @@ def test_decimates_a_fast_stream_and_says_so():
         assert res.parsed == res.lines and "sampling 1/" not in text
 
 
-def _pty_run(args, stdin, send=None, wait=30.0):
+def _pty_run(args, stdin, send=None, wait=30.0, env_extra=None):
     """Run pstate with stdout on a pty of 100x30; return (rc, output)."""
     master, slave = pty.openpty()
     import fcntl
@@ -204,7 +205,7 @@ def _pty_run(args, stdin, send=None, wait=30.0):
 
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     p = subprocess.Popen([sys.executable, "-m", "pstate", *args], stdin=stdin, stdout=slave,
-                         stderr=subprocess.PIPE, start_new_session=True, env=_env())
+                         stderr=subprocess.PIPE, start_new_session=True, env=_env(**(env_extra or {})))
     os.close(slave)
     out = b""
     t0 = time.monotonic()
@@ -285,3 +286,21 @@ def test_live_from_a_file_reads_all_of_it():
     assert "input ended (end of input): 245 lines  6 tasks  lost 3" in final
     assert "sampling" not in final
     assert p.stderr.decode() == "pstate heat: warning: the input reports 3 lost events; results are incomplete\n"
+
+
+def test_a_dumb_terminal_gets_plain_frames_without_cursor_movement():
+    with open(SMALL, "rb") as fp:
+        rc, out, err = _pty_run(["heat", "--live", "--window", "1s"], fp, env_extra={"TERM": "dumb"})
+    assert rc == 0, err
+    assert "\x1b" not in out  # no alternate screen, cursor movement nor colour
+    frames = out.replace("\r\n", "\n").split("\n\n")
+    assert frames[0].startswith("Live:")
+    assert "input ended (end of input)" in frames[-2] + frames[-1]
+
+
+def test_the_header_counts_the_rows_it_chooses_from():
+    res, text = run_pipe(SMALL.read_bytes(), window_ns=1_000_000_000, top=3)
+    for frame in text.split("\n\n"):
+        m = re.match(r"Live: dominant state per thread, busiest (\d+) of (\d+),", frame)
+        if m:
+            assert int(m[1]) <= int(m[2])

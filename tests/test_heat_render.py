@@ -55,8 +55,8 @@ GOLDEN_CASES = {
     "state-by-pid-w80.txt": [SMALL, "--width", "80", "--by", "pid"],
     "state-by-comm-w80.txt": [SMALL, "--width", "80", "--by", "comm"],
     "state-bands-w80.txt": [SMALL, "--width", "80", "--bucket", "5ms"],
-    "share-D-w80.txt": [SMALL, "--width", "80", "--state", "D"],
-    "share-D-w80-256.ansi": [SMALL, "--width", "80", "--state", "D", "--color", "256"],
+    "share-D-w80.txt": [SMALL, "--width", "80", "--shade", "D"],
+    "share-D-w80-256.ansi": [SMALL, "--width", "80", "--shade", "D", "--color", "256"],
     "latency-runq-w80.txt": [SMALL, "--width", "80", "--latency"],
     "latency-runq-w40.txt": [SMALL, "--width", "40", "--latency=runq"],
     "latency-oncpu-w120.txt": [SMALL, "--width", "120", "--latency=oncpu"],
@@ -65,8 +65,8 @@ GOLDEN_CASES = {
     "snaps-w80.txt": [SNAPS, "--width", "80"],
     "snaps-w40.txt": [SNAPS, "--width", "40"],
     "snaps-w80-256.ansi": [SNAPS, "--width", "80", "--color", "256"],
-    "snaps-delta-D-w80.txt": [SNAPS_DELTA, "--width", "80", "--state", "D"],
-    "snaps-by-tid-w120.txt": [SNAPS, "--width", "120", "--by", "tid", "--state", "uninterruptible"],
+    "snaps-delta-D-w80.txt": [SNAPS_DELTA, "--width", "80", "--shade", "D"],
+    "snaps-by-tid-w120.txt": [SNAPS, "--width", "120", "--by", "tid", "--shade", "uninterruptible"],
 }
 
 
@@ -82,7 +82,7 @@ def test_golden(name):
 
 
 @pytest.mark.parametrize("width", [40, 80, 120])
-@pytest.mark.parametrize("mode", [[SMALL], [SMALL, "--state", "D"], [SMALL, "--latency"], [SNAPS],
+@pytest.mark.parametrize("mode", [[SMALL], [SMALL, "--shade", "D"], [SMALL, "--latency"], [SNAPS],
                                   [SMALL, "--by", "comm", "--latency=blocked"]])
 @pytest.mark.parametrize("color", ["never", "256"])
 def test_every_line_fits_the_width(width, mode, color):

@@ -183,7 +183,7 @@ def test_record_without_privilege_exits_77_with_a_clear_message(world_readable):
 
 
 def test_snap_without_privilege_exits_77(world_readable):
-    p = _run_unprivileged(world_readable, "snap", "--out", str(world_readable / "snaps"))
+    p = _run_unprivileged(world_readable, "snap", "--dir", str(world_readable / "snaps"))
     _assert_no_traceback(p)
     err = p.stderr.decode(errors="replace")
     assert p.returncode == 77, (p.returncode, err)

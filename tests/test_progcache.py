@@ -542,7 +542,7 @@ def test_warm_snap_loads_from_the_cache(root_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
     out = tmp_path / "snaps"
     for want in ("compiled", "loaded from the program cache"):
-        p = subprocess.run(pstate_cmd("snap", "--out", str(out), "-i", "0.2", "-n", "1"), capture_output=True,
+        p = subprocess.run(pstate_cmd("snap", "--dir", str(out), "-i", "0.2", "-n", "1"), capture_output=True,
                            env=clean_env(), timeout=120)
         assert p.returncode == 0, p.stderr
         assert f"pstate: snap: {want}".encode() in p.stderr, p.stderr

@@ -403,7 +403,7 @@ def test_directory_without_snapshots(tmp_path):
     r = replay(tmp_path)
     assert (r.exit_code, r.stdout) == (66, "")
     assert r.stderr == (f"Error: {tmp_path} holds no snapshots (pstate-snap-*.jsonl)\n"
-                        "  fix: give a recording file, or the --out directory of pstate snap\n")
+                        "  fix: give a recording file, or the --dir directory of pstate snap\n")
 
 
 def test_unwritable_output(tmp_path):

@@ -103,7 +103,7 @@ def test_threads_older_than_snap_keep_their_proc_seed(kind_opts, tmp_path):
         wait_state(zombie, "Z")
         wait_state(sleeper.pid, "S")
         born = {p: proc_start_ns(p) for p in (sleeper.pid, stopped.pid, ticker.pid, zombie)}
-        snap = snap_start("--out", tmp_path, "-i", "1.5", *kind_opts)
+        snap = snap_start("--dir", tmp_path, "-i", "1.5", *kind_opts)
         wait_collecting(snap)
         time.sleep(0.4)
         t_stop = time.monotonic_ns()

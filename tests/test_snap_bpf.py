@@ -83,7 +83,7 @@ def test_thread_leaker_is_the_top_leak_suspect(tmp_path):
     try:
         assert leaker.stdout.readline() == b"ready\n"
         time.sleep(0.3)
-        r = snap_run("--out", tmp_path, "--every", "0.3", "--count", "6")
+        r = snap_run("--dir", tmp_path, "--every", "0.3", "--count", "6")
         assert r.returncode == 0, r.stderr
     finally:
         leaker.kill()
@@ -115,7 +115,7 @@ print(" ".join(map(str, pids)), flush=True)
 
 def test_short_lived_children_appear_as_churn(tmp_path):
     parent = py(CHURN)
-    snap = snap_start("--out", tmp_path, "-i", "3")
+    snap = snap_start("--dir", tmp_path, "-i", "3")
     try:
         wait_collecting(snap)
         t0 = time.monotonic_ns()
@@ -164,7 +164,7 @@ def test_one_shot_sleeper_time_matches_the_truth(tmp_path):
     try:
         sleeper.stdin.write(b"g")
         sleeper.stdin.flush()
-        r = snap_run("--out", tmp_path, "-i", "1")
+        r = snap_run("--dir", tmp_path, "-i", "1")
         assert r.returncode == 0, r.stderr
         sleeper.stdin.close()
         spans = json.loads(sleeper.stdout.readline())
@@ -190,7 +190,7 @@ def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
     open interval a snapshot reports is never given to another state later)."""
     for mode, extra in (("cumulative", []), ("delta", ["--clear"])):
         d = tmp_path / mode
-        r = snap_run("--out", d, "--every", "0.3", "--count", "3", *extra)
+        r = snap_run("--dir", d, "--every", "0.3", "--count", "3", *extra)
         assert r.returncode == 0, r.stderr
         snaps = read_dir(d)
         assert [s.mode for s in snaps] == [mode] * 3
@@ -229,13 +229,13 @@ def prog_ids_of(pid: int) -> set[int]:
 
 
 def test_second_instance_is_refused_and_nothing_is_left_behind(tmp_path):
-    first = snap_start("--out", tmp_path, "-i", "30")
+    first = snap_start("--dir", tmp_path, "-i", "30")
     try:
         wait_collecting(first)
         ours = prog_ids_of(first.pid)
         assert len(ours) >= 6
         t0 = time.monotonic()
-        second = snap_run("--out", tmp_path, "-i", "1")
+        second = snap_run("--dir", tmp_path, "-i", "1")
         assert second.returncode == 75
         assert time.monotonic() - t0 < 2
         assert f"locked by pid {first.pid}" in second.stderr
@@ -281,7 +281,7 @@ def test_pid_reuse_gives_distinct_identities(tmp_path):
     """The kernel hands out the same pid twice (forced through ns_last_pid):
     the snapshot holds two threads and stats two processes, never one."""
     w = py(REUSE)
-    snap = snap_start("--out", tmp_path, "-i", "1.5")
+    snap = snap_start("--dir", tmp_path, "-i", "1.5")
     try:
         wait_collecting(snap)
         w.stdin.write(b"g")
@@ -306,7 +306,7 @@ def test_pid_reuse_gives_distinct_identities(tmp_path):
 
 
 def test_full_map_says_truncated(tmp_path):
-    r = snap_run("--out", tmp_path, "-i", "0.2", "--max-tasks", "64")
+    r = snap_run("--dir", tmp_path, "-i", "0.2", "--max-tasks", "64")
     assert r.returncode == 0, r.stderr
     (s,) = read_dir(tmp_path)
     assert s.meta["truncated"] is True and s.meta["map_full"] > 0

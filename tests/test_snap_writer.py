@@ -104,7 +104,7 @@ def lines(p: Path) -> list[dict]:
 
 def test_one_shot_writes_exactly_one_complete_file(tmp_path):
     out = tmp_path / "out"
-    r = snap("--out", out, "-i", "0.05")
+    r = snap("--dir", out, "-i", "0.05")
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""  # quiet on success: cron mails nothing
     files = snapshots(out)
@@ -131,7 +131,7 @@ def test_one_shot_writes_exactly_one_complete_file(tmp_path):
 @pytest.mark.parametrize("umask", [0o000, 0o077, 0o777])
 def test_files_are_0600_whatever_the_umask(tmp_path, umask):
     out = tmp_path / "new"
-    r = snap("--out", out, "-i", "0.01", umask=umask)
+    r = snap("--dir", out, "-i", "0.01", umask=umask)
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     for p in out.iterdir():
@@ -139,14 +139,14 @@ def test_files_are_0600_whatever_the_umask(tmp_path, umask):
 
 
 def test_group_makes_files_0640(tmp_path):
-    r = snap("--out", tmp_path / "g", "-i", "0.01", "--group", "root")
+    r = snap("--dir", tmp_path / "g", "-i", "0.01", "--group", "root")
     assert r.returncode == 0, r.stderr
     f = snapshots(tmp_path / "g")[0]
     assert stat.S_IMODE(f.stat().st_mode) == 0o640 and f.stat().st_gid == 0
 
 
 def test_csv_format(tmp_path):
-    r = snap("--out", tmp_path, "-i", "0.01", "--format", "csv")
+    r = snap("--dir", tmp_path, "-i", "0.01", "--format", "csv")
     assert r.returncode == 0, r.stderr
     (f,) = snapshots(tmp_path, "csv")
     text = f.read_text().splitlines()
@@ -162,7 +162,7 @@ PROM_LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? -?[0-9.e+]+
 
 
 def test_prom_format_is_one_stable_file(tmp_path):
-    r = snap("--out", tmp_path, "--every", "0.05", "--count", "3", "--format", "prom")
+    r = snap("--dir", tmp_path, "--every", "0.05", "--count", "3", "--format", "prom")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([snapdir.PROM_NAME, snapdir.STATUS_NAME,
                                                                  snapdir.LOCK_NAME])
@@ -182,7 +182,7 @@ def test_prom_format_is_one_stable_file(tmp_path):
 
 
 def test_clear_makes_each_snapshot_a_delta(tmp_path):
-    r = snap("--out", tmp_path, "--every", "0.05", "--count", "3", "--clear")
+    r = snap("--dir", tmp_path, "--every", "0.05", "--count", "3", "--clear")
     assert r.returncode == 0, r.stderr
     metas, prev_end = [], None
     for f in snapshots(tmp_path):
@@ -237,16 +237,16 @@ def test_refuses_group_or_world_writable_dir(tmp_path, mode):
     d = tmp_path / "d"
     d.mkdir()
     d.chmod(mode)
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 77
-    assert f"--out {d} is group- or world-writable (mode {mode:04o})" in r.stderr
+    assert f"--dir {d} is group- or world-writable (mode {mode:04o})" in r.stderr
     assert "Traceback" not in r.stderr and list(d.iterdir()) == []
 
 
 def test_refuses_symlinked_out(tmp_path):
     (tmp_path / "real").mkdir(mode=0o700)
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    r = snap("--out", tmp_path / "link", "-i", "0.01")
+    r = snap("--dir", tmp_path / "link", "-i", "0.01")
     assert r.returncode == 77 and "is a symbolic link" in r.stderr
     assert list((tmp_path / "real").iterdir()) == []
 
@@ -257,7 +257,7 @@ def test_refuses_symlinked_lock_file(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
     (d / snapdir.LOCK_NAME).symlink_to(canary)
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 77 and "lock file" in r.stderr
     assert canary.read_text() == "keep"
 
@@ -267,15 +267,15 @@ def test_refuses_dir_owned_by_someone_else(tmp_path):
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
     os.chown(d, 65534, 65534)
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 77 and "owned by uid 65534" in r.stderr
 
 
 def test_bad_out_paths(tmp_path):
-    r = snap("--out", tmp_path / "a" / "b", "-i", "0.01")
+    r = snap("--dir", tmp_path / "a" / "b", "-i", "0.01")
     assert r.returncode == 73 and "no such directory, and its parent" in r.stderr
     (tmp_path / "file").write_text("x")
-    r = snap("--out", tmp_path / "file", "-i", "0.01")
+    r = snap("--dir", tmp_path / "file", "-i", "0.01")
     assert r.returncode == 73 and "is not a directory" in r.stderr
 
 
@@ -289,7 +289,7 @@ def test_stale_temp_files_are_removed_never_through_symlinks(tmp_path):
     (d / ".pstate-evil.tmp.1.ab").symlink_to(canary)
     (d / ".pstate-dir.tmp.1.ab").mkdir()
     (d / "notes.txt").write_text("mine")
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 0, r.stderr
     assert "removed 3 temp files an interrupted run left" in r.stderr
     assert sorted(temps(d)) == [".pstate-dir.tmp.1.ab", ".pstate-evil.tmp.1.ab"]
@@ -307,7 +307,7 @@ def test_second_instance_exits_75_at_once(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b"4242\n")
         t0 = time.monotonic()
-        r = snap("--out", d, "-i", "5")
+        r = snap("--dir", d, "-i", "5")
         assert time.monotonic() - t0 < 2
         assert r.returncode == 75
         assert f"{d} is locked by pid 4242 (another pstate snap writes there)" in r.stderr
@@ -318,7 +318,7 @@ def test_second_instance_exits_75_at_once(tmp_path):
 
 def test_twenty_concurrent_runs_one_writes(tmp_path):
     d = tmp_path / "d"
-    procs = [subprocess.Popen(fake_cmd("--out", d, "-i", "4"), stdout=subprocess.DEVNULL,
+    procs = [subprocess.Popen(fake_cmd("--dir", d, "-i", "4"), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, env=fake_env(), text=True) for _ in range(20)]
     results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
     codes = sorted(c for c, _ in results)
@@ -329,7 +329,7 @@ def test_twenty_concurrent_runs_one_writes(tmp_path):
 
 def test_a_killed_holder_does_not_block_the_next_run(tmp_path):
     d = tmp_path / "d"
-    p = start("--out", d, "-i", "30", "-v")
+    p = start("--dir", d, "-i", "30", "-v")
     try:
         wait_line(p, "collecting")
         p.kill()
@@ -338,7 +338,7 @@ def test_a_killed_holder_does_not_block_the_next_run(tmp_path):
         if p.poll() is None:
             p.kill()
     t0 = time.monotonic()
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - t0 < 5 and len(snapshots(d)) == 1
 
@@ -352,7 +352,7 @@ def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
     rng = random.Random(4)
     left = 0
     for _ in range(50):
-        p = start("--out", d, "--every", "0.02", "--keep", "3", FAKE_SNAP_ROWS=3000)
+        p = start("--dir", d, "--every", "0.02", "--keep", "3", FAKE_SNAP_ROWS=3000)
         time.sleep(rng.uniform(0.15, 0.35))
         p.kill()
         p.wait()
@@ -360,7 +360,7 @@ def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
         left += bool(temps(d))
         for f in snapshots(d):
             assert snapdir.read_snapshot(str(f)) is not None, f  # complete, with its end record
-    r = snap("--out", d, "-i", "0.01")
+    r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 0
     assert temps(d) == []
     print(f"{left} of 50 kills left a temp file behind; the next run removed them")
@@ -368,7 +368,7 @@ def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
 
 def test_sigterm_exits_143_within_2s_and_leaves_nothing(tmp_path):
     d = tmp_path / "d"
-    p = start("--out", d, "-i", "30", "-v")
+    p = start("--dir", d, "-i", "30", "-v")
     wait_line(p, "collecting")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
@@ -380,7 +380,7 @@ def test_sigterm_exits_143_within_2s_and_leaves_nothing(tmp_path):
 
 
 def test_sigint_exits_130(tmp_path):
-    p = start("--out", tmp_path, "-i", "30", "-v")
+    p = start("--dir", tmp_path, "-i", "30", "-v")
     wait_line(p, "collecting")
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=5) == 130
@@ -396,7 +396,7 @@ def test_sigterm_at_random_moments(tmp_path):
     seen = set()
     for i in range(12):
         d = tmp_path / f"d{i}"
-        p = start("--out", d, "--every", "0.05", FAKE_SNAP_ROWS=3000, FAKE_SNAP_SLOW=0.02)
+        p = start("--dir", d, "--every", "0.05", FAKE_SNAP_ROWS=3000, FAKE_SNAP_SLOW=0.02)
         time.sleep(rng.uniform(0.3, 0.6))
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
@@ -429,7 +429,7 @@ def tiny_fs(tmp_path):
 
 def test_disk_full_is_a_clear_error_and_keeps_earlier_snapshots(tiny_fs):
     d = tiny_fs
-    r = snap("--out", d, "-i", "0.01", FAKE_SNAP_ROWS=20)
+    r = snap("--dir", d, "-i", "0.01", FAKE_SNAP_ROWS=20)
     assert r.returncode == 0, r.stderr
     (first,) = snapshots(d)
     before = sha(first)
@@ -443,7 +443,7 @@ def test_disk_full_is_a_clear_error_and_keeps_earlier_snapshots(tiny_fs):
     finally:
         os.close(fd)
     os.truncate(d / "filler", max(0, (d / "filler").stat().st_size - 16384))
-    r = snap("--out", d, "-i", "0.01", FAKE_SNAP_ROWS=3000)
+    r = snap("--dir", d, "-i", "0.01", FAKE_SNAP_ROWS=3000)
     assert r.returncode == 73, r.stderr
     assert f"cannot write snapshot {d}/pstate-snap-" in r.stderr
     assert "No space left on device (ENOSPC)" in r.stderr and "earlier snapshots are intact" in r.stderr
@@ -463,10 +463,10 @@ def test_keep_keeps_exactly_n_and_only_touches_own_files(tmp_path):
     foreign = "pstate-snap-20000101T000000.000000Z-000000.jsonl"
     (d / foreign).symlink_to(tmp_path / "elsewhere")
     (d / "pstate-snap-20000101T000000.000000Z-000000.csv").write_text("other format")
-    r = snap("--out", d, "--every", "0.02", "--count", "7", "--keep", "3")
+    r = snap("--dir", d, "--every", "0.02", "--count", "7", "--keep", "3")
     assert r.returncode == 0, r.stderr
     assert [snapdir.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [5, 6, 7]
-    r = snap("--out", d, "--every", "0.02", "--count", "2", "--keep", "3")
+    r = snap("--dir", d, "--every", "0.02", "--count", "2", "--keep", "3")
     assert r.returncode == 0, r.stderr
     assert [snapdir.parse_name(f.name)[1] for f in snapshots(d) if not f.is_symlink()] == [7, 8, 9]
     assert (d / "notes.txt").exists() and (d / foreign).is_symlink()
@@ -484,7 +484,7 @@ def test_max_age_deletes_old_files_by_name_time(tmp_path):
     out.close()
     planted = snapdir.snapshot_name(now - 5 * 3600 * S, 1, "jsonl")  # old, but not pstate's
     (d / planted).write_text("{}\n")
-    r = snap("--out", d, "-i", "0.01", "--max-age", "1h")
+    r = snap("--dir", d, "-i", "0.01", "--max-age", "1h")
     assert r.returncode == 0, r.stderr
     names = [f.name for f in snapshots(d)]
     assert not set(old) & set(names)
@@ -503,7 +503,7 @@ def test_retention_deletes_only_what_pstate_wrote(tmp_path):
     for name, data in foreign.items():
         (d / name).write_bytes(data)
     before = {n: sha(d / n) for n in foreign}
-    r = snap("--out", d, "--every", "0.02", "--count", "5", "--keep", "2", "--max-age", "1m")
+    r = snap("--dir", d, "--every", "0.02", "--count", "5", "--keep", "2", "--max-age", "1m")
     assert r.returncode == 0, r.stderr
     mine = [f.name for f in snapshots(d) if f.name not in foreign]
     assert [snapdir.parse_name(n)[1] for n in mine] == [4, 5]  # pstate's own newest two
@@ -580,7 +580,18 @@ def test_usage_errors(monkeypatch, tmp_path):
         ([], None),
     ]
     for extra, msg in cases:
-        args = ["snap"] + (["--out", str(tmp_path / "u")] if extra else []) + extra
+        args = ["snap"] + (["--dir", str(tmp_path / "u")] if extra else []) + extra
         r = runner.invoke(main_cli, args)
         assert r.exit_code == 2, (extra, r.output)
-        assert (msg or "Missing option '--out'") in r.stderr
+        assert (msg or "Missing option '--dir'") in r.stderr
+
+
+def test_quiet_says_nothing_on_stderr(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir(mode=0o700)
+    (d / ".pstate-pstate-snap-x.jsonl.tmp.100.ab12").write_text("partial")
+    r = snap("--dir", d, "-i", "0.01", "-q")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert temps(d) == [] and len(snapshots(d)) == 1
+    r = snap("--dir", d, "-i", "0.01", "-q", "-v")
+    assert r.returncode == 2 and "--quiet and --verbose contradict each other" in r.stderr

@@ -250,7 +250,7 @@ def test_umask_000_first_run_creates_0755_directories_and_0600_output(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     snaps = tmp_path / "snaps"
     p = subprocess.run(["sh", "-c", 'umask 000 && exec "$@"', "sh",
-                        *pstate_cmd("snap", "--out", str(snaps), "-i", "0.2")],
+                        *pstate_cmd("snap", "--dir", str(snaps), "-i", "0.2")],
                        capture_output=True, timeout=120, env=env(PSTATE_CACHE_DIR=cache))
     assert p.returncode == 0, p.stderr
     assert stat.S_IMODE(snaps.stat().st_mode) == 0o700
@@ -313,7 +313,7 @@ def test_foreign_files_survive_retention_and_cache_pruning(tmp_path, cache):
         f.write_bytes(b'{"mine": true}\n')
         os.utime(f, ns=(1, 1))  # older than anything pstate writes
     before = digests(foreign + junk)
-    p = subprocess.run(pstate_cmd("snap", "--out", str(snaps), "--every", "0.3", "--count", "4", "--keep", "2",
+    p = subprocess.run(pstate_cmd("snap", "--dir", str(snaps), "--every", "0.3", "--count", "4", "--keep", "2",
                                   "--max-age", "1h"),
                        capture_output=True, timeout=120, env=env(PSTATE_CACHE_DIR=cache))
     assert p.returncode == 0, p.stderr

@@ -71,7 +71,7 @@ Examples:
   pstate stats rec.jsonl --by tid --hist    per-thread times and latency histograms
   pstate replay rec.jsonl --speed 10 | pstate heat --live
   pstate export rec.jsonl -o rec.pftrace    open it in ui.perfetto.dev
-  sudo pstate snap --out /var/lib/pstate    one snapshot, e.g. from cron
+  sudo pstate snap --dir /var/lib/pstate    one snapshot, e.g. from cron
   pstate doctor                             check bcc, headers, tracefs, privileges
 
 Every command has its own --help and man page (man pstate-record).
@@ -112,8 +112,6 @@ def main() -> None:
 
         silence_stdout()
         sys.exit(ExitCode.OK)
-    except SystemExit:
-        raise
     sys.exit(ExitCode.OK)
 
 

@@ -500,7 +500,7 @@ def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: i
         bad = problems or stats.n_skipped or stats.records or stats.truncated_tail
         raise PstateError(f"no complete snapshots in {', '.join(paths)}",
                           ExitCode.DATAERR if bad else ExitCode.NOINPUT,
-                          hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --out DIR)")
+                          hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --dir DIR)")
     rep = analyse(snaps, by=group_by, min_run=min_run)
     if rep["truncated"]:
         print(f"pstate stats: warning: {rep['truncated']} snapshot(s) are truncated (the task map was full); "

@@ -18,7 +18,7 @@ from pstate.snapshots import snapdir
 from pstate.stream.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.commands.options import Choice, StateName, task_filter_options
+from pstate.commands.options import Choice, RenamedCommand, StateName, task_filter_options
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import read_records
 
@@ -33,11 +33,11 @@ EPILOG = """\b
 Examples:
   pstate heat rec.jsonl                      dominant state per thread over the recording
   pstate heat rec.jsonl --by pid --top 10    the 10 busiest processes
-  pstate heat rec.jsonl --state D            share of each bucket in D, per thread
+  pstate heat rec.jsonl --shade D            share of each bucket in D, per thread
   pstate heat rec.jsonl --latency            run-queue latency heat map (log2 rows)
   pstate heat rec.jsonl --latency=D          how long uninterruptible sleeps lasted, when
   pstate heat rec.jsonl --bucket 100ms       fixed buckets (long maps wrap into bands)
-  pstate heat /var/lib/pstate --state D      processes x snapshots, time in D
+  pstate heat /var/lib/pstate --shade D      processes x snapshots, time in D
   sudo pstate record | pstate heat --live    live dashboard, Ctrl-C or q to quit
   pstate replay rec.jsonl --speed 10 | pstate heat --live --window 30s
   pstate heat rec.jsonl --no-color | less    plain ASCII glyphs
@@ -71,21 +71,22 @@ class MeasureChoice(Choice):
             raise
 
 
-@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+               cls=RenamedCommand, renamed={"--state": "--shade", "-n": "--top"})
 @click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
 @click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,
               flag_value="runq", default=None, metavar="[MEASURE]",
               help="Draw a latency heat map instead: x = time, y = log2 duration, shade = count. "
                    "MEASURE: runq (run-queue wait, the default), preempt (wait after preemption), "
                    "wait (both), blocked (S or D), S, D, oncpu (on-CPU slices).")
-@click.option("--state", "shade", type=StateName(), default=None, metavar="STATE",
+@click.option("--shade", "shade", type=StateName(), default=None, metavar="STATE",
               help="Shade each cell by the share of the bucket spent in STATE (e.g. D, preempted) "
                    "instead of showing the dominant state; rows are the tasks with the most of it. "
                    "For a snapshot directory: the measure drawn (default running).")
 @click.option("--by", type=click.Choice(["tid", "pid", "comm"]), default=None,
               help="One row per thread, process or command name "
                    "[default: tid; pid for snapshots].")
-@click.option("-n", "--top", type=click.IntRange(1, 10000), default=None, metavar="N",
+@click.option("--top", type=click.IntRange(1, 10000), default=None, metavar="N",
               help="Show the N most active rows (busy time: all but sleeping, idle, parked) "
                    "[default: what fits the terminal, or 20].")
 @click.option("--bucket", type=Duration("s"), default=None, metavar="DURATION",
@@ -119,7 +120,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     cell shows the state the task spent most of that bucket in (running,
     runnable, preempted, sleeping, D, ...). The latency map (--latency) shows
     how many waits of each log2 duration ended in each bucket. From a snapshot
-    directory (pstate snap --out DIR) rows are processes and columns are
+    directory (pstate snap --dir DIR) rows are processes and columns are
     snapshots. Input: recordings, a stream on standard input, or a directory.
     """
     ctx = click.get_current_context()
@@ -131,7 +132,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     fit_height = height is not None or isatty
     H = height or (term.lines if isatty else 0)
     if latency and shade:
-        raise PstateError("--latency and --state draw different maps; pick one", ExitCode.USAGE)
+        raise PstateError("--latency and --shade draw different maps; pick one", ExitCode.USAGE)
     shade_i = hm.STATE_INDEX.get(shade) if shade else None
     if shade and shade_i is None:
         shade_i = hm.OTHER
@@ -145,7 +146,7 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
                               hint=f"pstate heat {dirs[0]} draws the snapshots")
         if latency:
             raise PstateError("snapshots hold time per state, not single waits: no latency map",
-                              ExitCode.USAGE, hint="use --state STATE (e.g. --state runnable)")
+                              ExitCode.USAGE, hint="use --shade STATE (e.g. --shade runnable)")
         stats = ReadStats()
         lines = snapshot_map(dirs[0], stats, strict, shade or "running", by or "pid", top, W,
                              H if fit_height else 0, filt, style)

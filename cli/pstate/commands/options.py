@@ -120,3 +120,48 @@ def input_options(fn):
         click.option("--strict", is_flag=True,
                      help="Exit non-zero (65) on any malformed, truncated or skipped input line."),
     ])
+
+
+class RenamedCommand(click.Command):
+    """A command whose options had other spellings: each old spelling still
+    works for one release, rewritten to the new one with a warning on stderr.
+    `renamed` maps old -> new (e.g. {"-n": "--top"}); the docs list it."""
+
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.renamed = dict(renamed or {})
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, rename_args(args, self.renamed, ctx.command_path))
+
+
+def rename_args(args: list[str], renamed: dict[str, str], prog: str) -> list[str]:
+    """args with every old spelling of `renamed` replaced by its new one
+    (`-n5`, `--old=V` and `--old V` alike), warning once per spelling."""
+    out, warned = [], set()
+    for i, arg in enumerate(args):
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        old = _old_spelling(arg, renamed)
+        if old is None:
+            out.append(arg)
+            continue
+        new = renamed[old]
+        if old not in warned:
+            warned.add(old)
+            click.echo(f"{prog}: {old} is deprecated and goes in the next release: use {new}", err=True)
+        rest = arg[len(old):]
+        if not rest:
+            out.append(new)
+        else:
+            out.extend([new, rest[1:] if rest.startswith("=") else rest])
+    return out
+
+
+def _old_spelling(arg: str, renamed: dict[str, str]) -> str | None:
+    for old in renamed:
+        if arg == old or (old.startswith("--") and arg.startswith(old + "=")) or \
+                (not old.startswith("--") and len(old) == 2 and arg.startswith(old) and not arg.startswith("--")):
+            return old
+    return None

@@ -16,6 +16,7 @@ from pstate.kernel import filtermaps, loader
 from pstate.kernel.bpfsys import BPF_ANY, BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
+from pstate.stream.durations import Duration
 from pstate.stream.filters import Filter
 from pstate.kernel.kstates import KernelStates
 from pstate.stream.meta import meta_record
@@ -121,7 +122,7 @@ class Recorder:
     def unread(self) -> int:
         return max(0, self.ring.available()) // self.ring.stride
 
-    def loss_records(self, final: bool = False) -> dict:
+    def loss_records(self) -> dict:
         counters = self.prog.counters()
         now = time.monotonic_ns()
         totals = {}
@@ -215,6 +216,19 @@ class Recorder:
                 time.sleep(self.drain_s)
 
 
+def _check_pids(pids, quiet: bool) -> None:
+    """-p names processes that exist now: like perf -p, a pid that matches
+    nothing is an error, not a silent empty recording."""
+    missing = [p for p in pids if not os.path.exists(f"/proc/{p}")]
+    if pids and len(missing) == len(pids):
+        raise PstateError(f"no such process: {', '.join(map(str, missing))}", ExitCode.NOINPUT,
+                          hint="give the pid of a running process (pgrep NAME finds one), or -c NAME "
+                               "to follow processes by name")
+    if missing and not quiet:
+        print(f"pstate record: warning: no such process: {', '.join(map(str, missing))}; "
+              "recording the others", file=sys.stderr)
+
+
 def _reader_gone_check(writer: LineWriter):
     """A function telling whether the reader of a pipe or socket output left."""
     import select
@@ -251,14 +265,15 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @filter_options
 @output_options
-@click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).")
+@click.option("-d", "--duration", type=Duration("s", positive=True), metavar="DURATION",
+              help="Stop after this long, e.g. 500ms, 30s, 1m; a plain number is seconds "
+                   "(default: until Ctrl-C or SIGTERM).")
 @click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
               help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages.")
 @click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True, metavar="N",
               help="Threads the kernel side can track at once.")
-@click.option("--drain-interval", type=click.FloatRange(0.0005, 1.0), default=0.005, show_default=True,
-              metavar="SECONDS", help="How often the ring buffer is drained (no per-event wake-ups).")
+@click.option("--drain-interval", type=Duration("s", positive=True), default="5ms", show_default=True,
+              metavar="DURATION", help="How often the ring buffer is drained, 500us to 1s (no per-event wake-ups).")
 @click.option("--max-rate", type=click.IntRange(1000), metavar="EVENTS/S",
               help="Above this rate keep only one event in N (recorded as rate and loss records).")
 @click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
@@ -281,7 +296,11 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     except (ValueError, IndexError, OverflowError):
         raise click.BadParameter(f"{buffer_size!r} is not a size from 4k to 2G (e.g. 16M)",
                                  param_hint="'--buffer-size'") from None
+    if not 500_000 <= drain_interval <= 1_000_000_000:
+        raise click.BadParameter("must be from 500us to 1s", param_hint="'--drain-interval'")
     rb_pages = _pow2_pages(rb_bytes)
+    if not ebpf:
+        _check_pids(filt.pids, quiet)
     ks = loader.kernel_states(ebpf_only=ebpf)
     settings = filtermaps.settings_for(filt, ks)
     defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
@@ -315,7 +334,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
             return meta
 
         meta = new_meta()
-        rec = Recorder(prog, ks, writer, drain_s=drain_interval, max_rate=max_rate,
+        rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
                        rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"))
         window = _Window(meta["ts"], rec)
 
@@ -346,7 +365,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         writer.flush()
         if not quiet:
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
-        rec.run(duration)
+        rec.run(duration / 1e9 if duration else None)
         # Stop the producers first: then the final drain and the counters
         # describe the same events, and the trailer adds up exactly. At the
         # end of --duration the settings row stops them at once, and
@@ -359,7 +378,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         else:
             prog.detach()
         rec.drain(limit_s=1.0)
-        totals = rec.loss_records(final=True)
+        totals = rec.loss_records()
         # Whatever the bounded final drain left in the ring buffer is lost too.
         unread = rec.unread()
         if unread:

@@ -49,7 +49,7 @@ def resolve_sources(files: tuple[str, ...]) -> list[tuple[str, bool]]:
             snaps = snapdir.list_dir(f)
             if not snaps:
                 raise PstateError(f"{f} holds no snapshots ({SNAPSHOT_GLOB})", ExitCode.NOINPUT,
-                                  hint="give a recording file, or the --out directory of pstate snap")
+                                  hint="give a recording file, or the --dir directory of pstate snap")
             sources += [(p, True) for p in snaps]
             continue
         if f != "-" and not os.path.exists(f):

@@ -17,6 +17,7 @@ from pstate.kernel import bpfsys, eventlayout, loader
 from pstate.snapshots import snapdir
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.stream.durations import Duration
+from pstate.commands.options import RenamedCommand
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel.kstates import KernelStates
@@ -25,11 +26,11 @@ from pstate.snapshots.writer import Plan, Sample, SnapDir, Snapper, Stopper
 
 EPILOG = """\b
 Examples:
-  sudo pstate snap --out /var/lib/pstate          one 5 s snapshot (from cron)
-  sudo pstate snap --out /var/lib/pstate -k 1440  ... keeping the newest 1440
-  sudo pstate snap --out DIR --every 10s --max-age 24h    a daemon
-  sudo pstate snap --out DIR --every 1m --clear   each file covers its minute
-  sudo pstate snap --out /var/lib/node_exporter/textfile --every 15s \\
+  sudo pstate snap --dir /var/lib/pstate          one 5 s snapshot (from cron)
+  sudo pstate snap --dir /var/lib/pstate -k 1440  ... keeping the newest 1440
+  sudo pstate snap --dir DIR --every 10s --max-age 24h    a daemon
+  sudo pstate snap --dir DIR --every 1m --clear   each file covers its minute
+  sudo pstate snap --dir /var/lib/node_exporter/textfile --every 15s \\
        --format prom --group prometheus           for Prometheus
   pstate stats DIR/                               trends, churn, leak suspects
   jq -c 'select(.type=="task" and .uninterruptible_ns > 0)' DIR/pstate-snap-*
@@ -385,14 +386,15 @@ def _gid(group: str | None) -> int | None:
         raise click.BadParameter(f"no such group: {group}", param_hint="--group") from None
 
 
-@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-o", "--out", "out_dir", type=click.Path(), metavar="DIR",
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]},
+               cls=RenamedCommand, renamed={"-o": "--dir", "--out": "--dir", "-e": "--every"})
+@click.option("--dir", "out_dir", type=click.Path(), metavar="DIR",
               help="Directory for the snapshot files (created 0700 if missing and its parent exists). Required.")
 @click.option("-i", "--interval", type=Duration("s"), default=None, metavar="DURATION",
               help="Time each snapshot covers, e.g. 500ms, 5s, 1m.  [default: 5s]")
 @click.option("-n", "--count", type=click.IntRange(min=0), default=None, metavar="N",
               help="Take N snapshots, one per interval (0: until stopped).  [default: 1]")
-@click.option("-e", "--every", type=Duration("s"), default=None, metavar="DURATION",
+@click.option("--every", type=Duration("s"), default=None, metavar="DURATION",
               help="Keep running, one snapshot per DURATION, until stopped: --interval DURATION --count 0.")
 @click.option("--clear", is_flag=True,
               help="Each snapshot holds the deltas over its own interval, not totals since the start.")
@@ -411,9 +413,10 @@ def _gid(group: str | None) -> int | None:
 @click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
               metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr when collecting starts and each file written.")
+@click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (errors are still reported).")
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max_tasks, group, kernel_headers,
-        verbose, ebpf):
+        verbose, quiet, ebpf):
     """Write point-in-time snapshots of every thread's time per scheduler state.
 
     A BPF program counts, per thread, the time spent running, runnable,
@@ -424,7 +427,9 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     with `pstate stats DIR/` (trends, churn, leak suspects).
     """
     if out_dir is None and not ebpf:
-        raise click.UsageError("Missing option '--out' (the directory for the snapshot files).")
+        raise click.UsageError("Missing option '--dir' (the directory for the snapshot files).")
+    if quiet and verbose:
+        raise click.UsageError("--quiet and --verbose contradict each other: give one")
     if every is not None and interval is not None and every != interval:
         raise click.UsageError("--every is the interval of a running snap: give --every or --interval, not both")
     if every is not None:
@@ -455,7 +460,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
         out = SnapDir(out_dir, gid=gid)
         out.lock()
         stale = out.clean_temps()
-        if stale:
+        if stale and not quiet:
             print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
                   f"in {out_dir}", file=sys.stderr)
         if stopper.stopped:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import select
 import signal
@@ -11,18 +10,19 @@ import sys
 import time
 
 import click
-import orjson
 
 from pstate.stream import schema
 from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.analysis import selection
-from pstate.stream.durations import Duration
+from pstate.stream.durations import Duration, parse_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import StateName
-from pstate.stream.streamio import MAX_LINE, ReadStats, open_input
+from pstate.commands.options import RenamedCommand, StateName
+from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
+from pstate.stream.meta import boot_id
+from pstate.snapshots import snapdir
 
 PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot")
@@ -36,7 +36,7 @@ Examples:
   sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
   pstate stats rec.jsonl                      per process: time in each state, latencies
   pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
-  pstate stats rec.jsonl --state D --top 5    the 5 processes most in uninterruptible sleep
+  pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
   pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
   pstate stats rec.jsonl --matrix             transition counts and mean durations
   pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
@@ -114,21 +114,22 @@ shown (Graphviz).
 def _sort_help() -> str:
     keys = ", ".join(k for k in selection.SORT_KEYS if k not in schema.STATES)
     return (f"Order groups by KEY (descending; key and comm ascending): {keys}, or a state name "
-            "(time in it). Default: time in the --state states, else time running.")
+            "(time in it). Default: time in the --in-state states, else time running.")
 
 
-@click.command(name="stats", epilog=EPILOG)
-@click.argument("files", nargs=-1, type=click.Path(allow_dash=True))
+@click.command(name="stats", epilog=EPILOG, cls=RenamedCommand,
+               renamed={"--state": "--in-state", "--min-dur": "--min-time"})
+@click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
-@click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
+@click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
                    "preempted, ...). Repeatable: any of them.")
-@click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
-              help="Only groups that spent at least DURATION in the --state states (without "
-                   "--state: observed at least that long), e.g. 10ms.")
+@click.option("--min-time", "min_dur", type=Duration("s"), default=0, metavar="DURATION",
+              help="Only groups that spent at least DURATION in the --in-state states (without "
+                   "--in-state: observed at least that long), e.g. 10ms.")
 @click.option("--hist", is_flag=True,
               help="Add log2 histograms of every latency, like runqlat (usecs; msecs when the max is "
                    "100 ms or more and the median 16 ms or more).")
@@ -136,11 +137,14 @@ def _sort_help() -> str:
               help="Add the transition matrix: from -> to counts and mean time in the state left.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format: table (80 columns), json, csv or dot (Graphviz state graph).")
-@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
-              help="Print a summary of every SECONDS while the stream flows in (of recorded time "
+@click.option("-i", "--interval", type=Duration("s", positive=True), metavar="DURATION",
+              help="Print a summary of every DURATION (e.g. 500ms, 5s, 1m; a plain number is seconds) while the stream flows in (of recorded time "
                    "for a file), each covering only its interval.")
 @click.option("-n", "--count", type=click.IntRange(min=1), metavar="N",
               help="With --interval: stop after N summaries.")
+@click.option("-T", "--timestamp", is_flag=True,
+              help="With --interval: open every table with its wall-clock time, taken from this "
+                   "machine's clock when the stream does not tell it.")
 @click.option("--strict", is_flag=True,
               help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
@@ -150,7 +154,7 @@ def _sort_help() -> str:
               help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
 @click.pass_context
 def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, interval, count,
-        strict, jobs, reader):
+        timestamp, strict, jobs, reader):
     """Thread State Analysis: where each task's time goes, state by state.
 
     Reads a pstate event stream (from a pipe, standard input, or recordings
@@ -158,7 +162,17 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     transitions, voluntary/involuntary switches, and latency distributions.
     Snapshot files or directories written by `pstate snap` are summarised
     too (trends per task).
+
+    As with BCC's tools, `pstate stats 1 5` is --interval 1 --count 5: a
+    leading number (a DURATION, then a count) that is not an existing file
+    is taken as the interval and count. A number that names an existing file
+    is read as that file; write ./1 to make sure a file named 1 is read.
     """
+    files, interval, count = interval_positionals(files, interval, count)
+    if timestamp and not interval:
+        raise click.UsageError("-T stamps --interval summaries: give an interval")
+    if timestamp and fmt != "table":
+        raise click.UsageError("-T stamps the table; json and csv carry each interval's start_ts and end_ts")
     if count and not interval:
         raise click.UsageError("--count needs --interval")
     sources = list(files) or ["-"]
@@ -168,20 +182,48 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     if _is_snapshot_input(sources):
         ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--state": states, "--min-dur": min_dur}))
+                                     "--in-state": states, "--min-time": min_dur}))
     opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
-                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt)
+                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt, timestamp=timestamp)
     out = sys.stdout
     stats = ReadStats()
     agg = timeinstate.Aggregator(by)
     with PipeInterruptGuard(sources):
         if interval:
-            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=int(interval * 1e9),
+            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
                                   count=count, opts=opts)
         else:
             code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
                              jobs=jobs or _cpus())
     ctx.exit(code)
+
+
+def interval_positionals(files: tuple, interval, count) -> tuple[tuple, int | None, int | None]:
+    """BCC's [interval [count]]: leading arguments that are numbers and not
+    existing files become --interval and --count (unless those were given)."""
+    files = list(files)
+    lead = []
+    while files and len(lead) < 2 and _number(files[0], first=not lead) and not os.path.exists(files[0]):
+        lead.append(files.pop(0))
+    if not lead:
+        return tuple(files), interval, count
+    if interval is not None or (len(lead) == 2 and count is not None):
+        raise click.UsageError(f"{' '.join(lead)}: give the interval either as a number or with --interval, not both")
+    interval = Duration("s", positive=True).convert(lead[0], None, None)
+    if len(lead) == 2:
+        count = click.IntRange(min=1).convert(lead[1], None, None)
+    return tuple(files), interval, count
+
+
+def _number(text: str, first: bool) -> bool:
+    """An interval (5, 0.5, 500ms) or, after it, a count (5)."""
+    if not first:
+        return text.isdigit()
+    try:
+        parse_ns(text)
+    except ValueError:
+        return False
+    return True
 
 
 # --- whole input ---------------------------------------------------------------
@@ -337,7 +379,7 @@ class IntervalRunner:
         when the stream comes from this boot, else the last event seen."""
         last = self.agg.last_ts()
         meta = self.stats.metas[-1] if self.stats.metas else None
-        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == _boot_id():
+        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == boot_id():
             now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             return max(now, last or 0, start or 0)
         if last is None:
@@ -349,6 +391,8 @@ class IntervalRunner:
         wall = None
         if type(meta.get("wall_ns")) is int and type(meta.get("ts")) is int and summary.end_ts is not None:
             wall = meta["wall_ns"] + (summary.end_ts - meta["ts"])
+        elif self.opts.get("timestamp"):
+            wall = time.time_ns()
         return tables.interval_banner(wall)
 
     # A regular file: intervals of recorded time, exact at record granularity.
@@ -395,19 +439,6 @@ class IntervalRunner:
         finally:
             if fp is not sys.stdin.buffer:
                 fp.close()
-
-
-_BOOT_ID: list = []
-
-
-def _boot_id() -> str | None:
-    if not _BOOT_ID:
-        try:
-            with open("/proc/sys/kernel/random/boot_id") as f:
-                _BOOT_ID.append(f.read().strip())
-        except OSError:
-            _BOOT_ID.append(None)
-    return _BOOT_ID[0]
 
 
 # --- inputs ---------------------------------------------------------------------
@@ -459,30 +490,8 @@ class PipeInterruptGuard:
         return False
 
 
-def _first_line(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.readline(MAX_LINE + 1)
-    except OSError:
-        return b""
-
-
-def _is_snapshot_path(path: str) -> bool:
-    if path == "-":
-        return False
-    if os.path.isdir(path):
-        return True
-    if not _is_regular(path):
-        return False
-    try:
-        rec = orjson.loads(_first_line(path))
-    except orjson.JSONDecodeError:
-        return False
-    return type(rec) is dict and rec.get("type") == "meta" and rec.get("source") == "snap"
-
-
 def _is_snapshot_input(sources) -> bool:
-    flags = [_is_snapshot_path(s) for s in sources]
+    flags = [snapdir.is_snapshot_source(s) for s in sources]
     if any(flags) and not all(flags):
         raise PstateError("cannot mix snapshots and event streams in one run", ExitCode.USAGE,
                           hint="run pstate stats once on the snapshots and once on the streams")
@@ -492,16 +501,9 @@ def _is_snapshot_input(sources) -> bool:
 def _snapshots(paths, *, fmt, top, by, strict, interval, ignored) -> int:
     if interval:
         raise PstateError("--interval reads a stream; snapshots are already per interval", ExitCode.USAGE)
-    try:
-        snapstats = importlib.import_module("pstate.analysis.snapseries")
-    except ImportError:
-        raise PstateError("snapshot analysis is not available in this pstate", ExitCode.UNAVAILABLE) from None
+    from pstate.analysis import snapseries
+
     unused = [name for name, val in ignored.items() if val]
     if unused:
         print(f"{PROG}: warning: {', '.join(unused)} not used with snapshots", file=sys.stderr)
-    kwargs = {"fmt": fmt, "top": top, "by": by, "out": sys.stdout}
-    import inspect
-
-    if "strict" in inspect.signature(snapstats.run).parameters:
-        kwargs["strict"] = strict
-    return snapstats.run(list(paths), **kwargs)
+    return snapseries.run(list(paths), fmt=fmt, top=top, by=by, out=sys.stdout, strict=strict)

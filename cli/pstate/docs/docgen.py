@@ -22,7 +22,7 @@ from click.formatting import join_options
 from click.shell_completion import get_completion_class
 
 from pstate import __version__
-from pstate.docs import manprose
+from pstate.docs import flagtable, manprose
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 
@@ -442,6 +442,7 @@ def overview_page(ctx: click.Context) -> str:
         lines += blocks(prose["description"])
     lines += [section("COMMANDS"), *definitions(commands, term=None)]
     lines += [section("OPTIONS"), *options_section(ctx, {})]
+    lines += flag_table_section()
     extra = prose_sections(prose)
     lines += extra.get("OVERHEAD", [])
     if cli.epilog:
@@ -451,6 +452,22 @@ def overview_page(ctx: click.Context) -> str:
     lines += see_also([f"{PROG}-{name}(1)" for name in COMMANDS] + ["pstate-events(5)",
                                                                   *prose.get("see_also", [])])
     return "\n".join(lines) + "\n"
+
+
+def flag_table_section() -> list[str]:
+    """OPTIONS OF EVERY COMMAND: each spelling once, with its value type and the
+    commands that take it (one meaning each: tests/test_flagtable.py)."""
+    rows = flagtable.option_rows()
+    items = [(bold(spellings), what) for spellings, what in flagtable.table_lines(rows)]
+    renamed = sorted({f"{old} ({r.command}: now {r.spellings[-1]})" for r in rows for old in r.renamed_from})
+    lines = [section("OPTIONS OF EVERY COMMAND"),
+             *fill("Each option means the same in every command that takes it; a DURATION is "
+                   "written 500ms, 5s or 1m, and a plain number is seconds.")]
+    lines += definitions(items, term=None)
+    if renamed:
+        lines += fill("Old spellings still accepted in this release, with a warning: "
+                      + ", ".join(renamed) + ".")
+    return lines
 
 
 def field_type(typ: str) -> str:

@@ -136,7 +136,7 @@ PAGES: dict[str, dict] = {
                 sudo pstate record | pstate stats
                 sudo pstate record -o rec.jsonl
                 pstate replay rec.jsonl --speed 10 | pstate heat --live
-                sudo pstate snap --out /var/lib/pstate
+                sudo pstate snap --dir /var/lib/pstate
                 pstate stats /var/lib/pstate
 
             `record` writes one JSON object per line: a meta header, then one
@@ -342,7 +342,7 @@ PAGES: dict[str, dict] = {
     "replay": {
         "arguments": {
             "files": "Recordings or streams to replay one after another (`-` or none: standard "
-                     "input), or the --out directory of pstate snap.",
+                     "input), or the --dir directory of pstate snap.",
         },
         "fields": ["The output has the format of the input, pstate-events(5): a meta record marked "
                    "\"replayed\": true that keeps the original's fields (so wall-clock times stay "

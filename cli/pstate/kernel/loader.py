@@ -35,7 +35,7 @@ TRACEPOINTS = (
 # record's counters map indexes (bpf/pstate.h)
 _D = eventlayout.DEFINES
 DROP_RINGBUF, DROP_MAP_FULL, DROP_SAMPLED = _D["DROP_RINGBUF"], _D["DROP_MAP_FULL"], _D["DROP_SAMPLED"]
-STAT_EMITTED, STAT_ATTEMPTED, STAT_CLAMPED = _D["STAT_EMITTED"], _D["STAT_ATTEMPTED"], _D["STAT_CLAMPED"]
+STAT_ATTEMPTED, STAT_CLAMPED = _D["STAT_ATTEMPTED"], _D["STAT_CLAMPED"]
 DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
@@ -413,8 +413,6 @@ class RingReader:
     struct.iter_unpack, then advances the consumer position once.
     """
 
-    BUSY = 1 << 31
-    DISCARD = 1 << 30
     HDR = 8
 
     def __init__(self, map_fd: int, size: int, record_size: int):

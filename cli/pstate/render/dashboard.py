@@ -163,10 +163,11 @@ class Dashboard:
 
     OVERHEAD = 6  # title, axis (2), legend, status, spare
 
-    def __init__(self, opts: LiveOptions, out_fd: int, tty: bool):
+    def __init__(self, opts: LiveOptions, out_fd: int, tty: bool, cursor: bool | None = None):
         self.opts = opts
         self.out_fd = out_fd
         self.tty = tty
+        self.cursor = tty if cursor is None else cursor  # redraw in place, else frame after frame
         self.prev: list[str] = []
         self.size = self._size()
         self.lw = 7 if opts.measure else max(8, min(20, self.size[0] // 4))
@@ -225,18 +226,19 @@ class Dashboard:
                            scale_max=vmax, scale_mode="log", scale_title="count", footer=[status])
         else:
             scores = model.scores(opts.shade)
-            status = status_of(len(scores))
+            total = len(model.candidates(scores))
+            status = status_of(total)
             keys = model.rank(scores, min(opts.top or rows_max, rows_max))
             overlay = model.overlay(keys)
             rows, seen = heatviews.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
             unit = {"tid": "thread", "pid": "process", "comm": "command"}[opts.by]
             if opts.shade is None:
-                title = f"Live: dominant state per {unit}, busiest {len(keys)} of {len(scores)}, last {win}"
+                title = f"Live: dominant state per {unit}, busiest {len(keys)} of {total}, last {win}"
                 kind = "state"
             else:
                 name = hm.STATE_NAMES[opts.shade]
                 letter = schema.STATES.get(name, ("?",))[0]
-                title = f"Live: share {name} ({letter}), top {len(keys)} of {len(scores)} by it, last {win}"
+                title = f"Live: share {name} ({letter}), top {len(keys)} of {total} by it, last {win}"
                 kind = "share"
             view = heatviews.View(kind, title, [model.label(k) for k in keys], rows, axis=axis,
                            scale_max=1.0, scale_title="share", scale_unit="%",
@@ -246,7 +248,7 @@ class Dashboard:
         return hr.render(view, width, opts.style, label_w=self.lw)
 
     def draw(self, lines: list[str]) -> None:
-        if not self.tty:
+        if not self.cursor:
             _write(self.out_fd, "\n".join(lines) + "\n\n")
             return
         out = []
@@ -259,6 +261,12 @@ class Dashboard:
         self.prev = lines
         if out:
             _write(self.out_fd, "".join(out))
+
+
+def can_move_cursor(environ=None) -> bool:
+    """Whether the terminal takes the alternate screen and cursor movement:
+    not with TERM=dumb (plain frames, one after the other, then)."""
+    return (os.environ if environ is None else environ).get("TERM") != "dumb"
 
 
 def _write(fd: int, text: str) -> None:
@@ -344,12 +352,13 @@ def run_live(in_fd: int, out_fd: int, opts: LiveOptions, tty: bool | None = None
              stop_after: float | None = None) -> LiveResult:
     """Run the dashboard until the input ends or the user stops it."""
     tty = os.isatty(out_fd) if tty is None else tty
+    cursor = tty and can_move_cursor()
     res = LiveResult()
     stats = res.stats
-    dash = Dashboard(opts, out_fd, tty)
+    dash = Dashboard(opts, out_fd, tty, cursor)
     model = hm.Window(dash.bucket, dash.ncols, opts.by, opts.filt, opts.measure)
     feeder = Feeder(model, stats, opts.name, opts.strict)
-    term = _Terminal(out_fd, opts.keys) if tty else None
+    term = _Terminal(out_fd, opts.keys) if cursor else None
     period = 1.0 / opts.refresh
     resized = []
     old_handlers = {}

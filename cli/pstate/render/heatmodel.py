@@ -293,10 +293,13 @@ class Tracker:
             return str(key)
         return f"{self.comm.get(key, '?')} {key}"
 
+    def candidates(self, score) -> set:
+        """The rows rank() chooses from: those with a score or an event."""
+        return set(score) | set(self.events)
+
     def rank(self, score, top: int) -> list:
         """Keys by score (desc), then events (desc), then key; at most top."""
-        keys = set(score) | set(self.events)
-        order = sorted(keys, key=lambda k: (-score.get(k, 0), -self.events.get(k, 0), str(k)))
+        order = sorted(self.candidates(score), key=lambda k: (-score.get(k, 0), -self.events.get(k, 0), str(k)))
         return order[:top]
 
 

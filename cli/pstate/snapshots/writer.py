@@ -5,7 +5,7 @@ Nothing here touches BPF: the loop takes a collector (commands/snap.py has
 the BPF one), so every rule below is testable with a fake.
 
 Directory rules (a root job from cron writes here):
-- --out must be a real directory (not a symlink), owned by root or the
+- --dir must be a real directory (not a symlink), owned by root or the
   caller, and not group- or world-writable; a missing one is created 0700
   when its parent exists. Every file operation goes through one directory
   file descriptor opened with O_NOFOLLOW, so a path swapped later is never
@@ -60,13 +60,13 @@ def _errname(e: OSError) -> str:
 
 
 def open_out_dir(path: str, create: bool = True) -> int:
-    """Check --out and return an O_DIRECTORY|O_NOFOLLOW descriptor of it."""
+    """Check --dir and return an O_DIRECTORY|O_NOFOLLOW descriptor of it."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         parent = os.path.dirname(os.path.abspath(path))
         if not create or not os.path.isdir(parent):
-            raise PstateError(f"--out {path}: no such directory, and its parent {parent} does not exist either",
+            raise PstateError(f"--dir {path}: no such directory, and its parent {parent} does not exist either",
                               ExitCode.CANTCREAT, hint=f"mkdir -p -m 0700 {path}") from None
         try:
             os.mkdir(path, 0o700)
@@ -74,34 +74,34 @@ def open_out_dir(path: str, create: bool = True) -> int:
         except FileExistsError:
             pass
         except OSError as e:
-            raise PstateError(f"cannot create --out {path}: {e.strerror}",
+            raise PstateError(f"cannot create --dir {path}: {e.strerror}",
                               ExitCode.NOPERM if e.errno in (errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
                               ) from None
         st = os.lstat(path)
     except OSError as e:
-        raise PstateError(f"--out {path}: {e.strerror}", ExitCode.CANTCREAT) from None
+        raise PstateError(f"--dir {path}: {e.strerror}", ExitCode.CANTCREAT) from None
     if stat.S_ISLNK(st.st_mode):
-        raise PstateError(f"--out {path} is a symbolic link; pstate writes only into a real directory",
+        raise PstateError(f"--dir {path} is a symbolic link; pstate writes only into a real directory",
                           ExitCode.NOPERM, hint=f"pass the directory it points to: {os.path.realpath(path)}")
     if not stat.S_ISDIR(st.st_mode):
-        raise PstateError(f"--out {path} is not a directory", ExitCode.CANTCREAT)
+        raise PstateError(f"--dir {path} is not a directory", ExitCode.CANTCREAT)
     if st.st_mode & 0o022:
         raise PstateError(
-            f"--out {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"--dir {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
             "another user could replace or plant snapshots there",
             ExitCode.NOPERM, hint=f"chmod go-w {path}, or use a directory of your own")
     if st.st_uid not in (0, os.geteuid()):
-        raise PstateError(f"--out {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
+        raise PstateError(f"--dir {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
                           hint=f"chown {os.geteuid()} {path}, or use a directory of your own")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as e:
         code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
-        raise PstateError(f"cannot open --out {path}: {e.strerror}", code) from None
+        raise PstateError(f"cannot open --dir {path}: {e.strerror}", code) from None
     st2 = os.fstat(fd)
     if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
         os.close(fd)
-        raise PstateError(f"--out {path} changed while it was being opened", ExitCode.NOPERM)
+        raise PstateError(f"--dir {path} changed while it was being opened", ExitCode.NOPERM)
     return fd
 
 
@@ -130,7 +130,7 @@ def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
 
 
 class SnapDir:
-    """The --out directory, locked for this process."""
+    """The --dir directory, locked for this process."""
 
     def __init__(self, path: str, *, create: bool = True, gid: int | None = None):
         self.path = path
@@ -161,7 +161,7 @@ class SnapDir:
             if not isinstance(e, BlockingIOError):
                 os.close(fd)
                 raise PstateError(f"cannot lock {self.where(snapdir.LOCK_NAME)}: {e.strerror}",
-                                  ExitCode.CANTCREAT, hint="use a local file system for --out") from None
+                                  ExitCode.CANTCREAT, hint="use a local file system for --dir") from None
             holder = ""
             try:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()

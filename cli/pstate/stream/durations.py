@@ -25,16 +25,21 @@ class Duration(click.ParamType):
 
     name = "DURATION"
 
-    def __init__(self, default_unit: str = "s"):
+    def __init__(self, default_unit: str = "s", positive: bool = False):
         self.default_unit = default_unit
+        self.positive = positive
 
     def convert(self, value, param, ctx):
         if isinstance(value, int):
-            return value
-        try:
-            return parse_ns(value, self.default_unit)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+            ns = value
+        else:
+            try:
+                ns = parse_ns(value, self.default_unit)
+            except ValueError as e:
+                self.fail(str(e), param, ctx)
+        if self.positive and ns <= 0:
+            self.fail(f"{value!r} is not a positive duration (use e.g. 500ms, 5s, 1m)", param, ctx)
+        return ns
 
 
 def fmt_ns(ns: float | int | None, digits: int = 3) -> str:

@@ -1,0 +1,82 @@
+"""The option table: one meaning and one value type per spelling across
+pstate's commands, the task filter bundle the same as record's everywhere,
+durations written one way, and old spellings working for one release."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from pstate.docs import flagtable
+from pstate.main import cli
+
+ROWS = flagtable.option_rows()
+BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--include-idle")
+
+
+def test_every_spelling_has_one_meaning_and_one_value_type():
+    assert flagtable.conflicts(ROWS) == []
+
+
+def test_the_table_covers_every_command():
+    from pstate.main import COMMANDS
+
+    assert {r.command for r in ROWS} == set(COMMANDS)
+    assert all(r.help for r in ROWS), [r for r in ROWS if not r.help]
+
+
+def test_a_conflict_is_found():
+    rows = [flagtable.OptionRow("a", ("-n", "--count"), "count", "INTEGER", "x"),
+            flagtable.OptionRow("b", ("-n", "--top"), "top", "INTEGER", "y")]
+    assert flagtable.conflicts(rows) == ["-n means different things: a: count (INTEGER), b: top (INTEGER)"]
+
+
+def test_the_filter_bundle_means_record_s_filters_wherever_it_appears():
+    spelled = flagtable.by_spelling(ROWS)
+    record = {s: r for s in BUNDLE for r in spelled[s] if r.command == "record"}
+    assert set(record) == set(BUNDLE)
+    for spelling in BUNDLE:
+        for row in spelled[spelling]:
+            assert (row.meaning, row.value, row.help) == \
+                (record[spelling].meaning, record[spelling].value, record[spelling].help), row
+
+
+def test_durations_are_one_type_everywhere():
+    timed = {"duration", "interval", "every", "min_dur", "max_age", "bucket", "window", "drain_interval"}
+    for row in ROWS:
+        if row.meaning in timed:
+            assert row.value == "DURATION", row
+
+
+@pytest.mark.parametrize("cmd, old, new", [
+    ("heat", "--state", "--shade"), ("heat", "-n", "--top"),
+    ("snap", "-o", "--dir"), ("snap", "--out", "--dir"), ("snap", "-e", "--every"),
+    ("stats", "--state", "--in-state"), ("stats", "--min-dur", "--min-time"),
+])
+def test_old_spellings_are_listed_as_renamed(cmd, old, new):
+    row = next(r for r in ROWS if r.command == cmd and new in r.spellings)
+    assert old in row.renamed_from
+
+
+def test_an_old_spelling_still_works_with_a_warning_on_stderr(tmp_path):
+    from pstate.commands.options import rename_args
+
+    renamed = {"-n": "--top", "--state": "--shade"}
+    assert rename_args(["-n", "5", "x"], renamed, "p") == ["--top", "5", "x"]
+    assert rename_args(["-n5", "--state=D", "--", "-n"], renamed, "p") == \
+        ["--top", "5", "--shade", "D", "--", "-n"]
+    rec = tmp_path / "r.jsonl"
+    rec.write_text('{"type":"meta","schema":1,"source":"record","ts":0}\n')
+    r = CliRunner().invoke(cli, ["stats", "--state", "D", "--min-dur", "1ms", str(rec)], prog_name="pstate")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.splitlines()[:2] == [
+        "pstate stats: --state is deprecated and goes in the next release: use --in-state",
+        "pstate stats: --min-dur is deprecated and goes in the next release: use --min-time"]
+
+
+def test_the_table_is_in_pstate_1():
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "man" / "pstate.1").read_text()
+    assert "OPTIONS OF EVERY COMMAND" in page
+    assert "\\-\\-shade" in page
