@@ -1,6 +1,6 @@
 """Turn the BPF program's binary events into JSON lines, in batches.
 
-The kernel side (bpf/record.bpf.c, struct event) writes fixed 64-byte records.
+The kernel side (bpf/record.bpf.c, struct event) writes fixed 72-byte records.
 This is the hot loop of `pstate record`: one f-string per event, with
 per-batch struct.iter_unpack and caches for names, instead of building a dict
 and serialising it.
@@ -30,7 +30,7 @@ EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
 REC_FMT = "<II" + eventlayout.EVENT_FORMAT[1:]
 # encode_pure unpacks the fields (padding skipped) in this order
 _FIELD_ORDER = ("ts", "dur", "pid", "tid", "other_pid", "other_tid", "kstate", "from", "to", "cpu", "type",
-                "cause", "prio", "flags", "comm")
+                "cause", "prio", "flags", "comm", "stack")
 assert eventlayout.unpacked_names(eventlayout.EVENT_FIELDS) == _FIELD_ORDER, "bpf/pstate.h changed struct event"
 
 BUSY = 1 << 31
@@ -80,6 +80,9 @@ class Encoder:
         self._out_tails: dict[int, str] = {}  # prev_state << 1 | voluntary -> switch_out fields before prio
         self.resolve_tgid = resolve_tgid or tgid_from_proc
         self._native = _encode.Encoder() if _encode is not None else None
+        # record --stacks: pstate.kernel.stacks.StackTable, which turns a
+        # wake-up's stack map id into its stack_id and reason
+        self.stacks = None
 
     def name(self, code: int) -> str:
         n = self._names.get(code)
@@ -130,6 +133,11 @@ class Encoder:
         return (f',"cause":"switch_out","voluntary":{"true" if voluntary else "false"},'
                 f'"kstate":"{self.kletter(kstate)}","prio":')
 
+    def _stack_tail(self, stack: int) -> str:
+        """',"stack_id":..,"reason":".."' of a wake-up whose blocked state
+        has kernel stack map id stack - 1 ('' when it cannot be read)."""
+        return self.stacks.tail(stack - 1) if self.stacks is not None else ""
+
     def _cause_name(self, cause: int) -> str:
         return CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
 
@@ -173,7 +181,7 @@ class Encoder:
         out_tails = self._out_tails
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
-             comm) in struct.iter_unpack(REC_FMT, view):
+             comm, stack) in struct.iter_unpack(REC_FMT, view):
             if hdr & BUSY:
                 break
             consumed += 1
@@ -210,7 +218,8 @@ class Encoder:
                     ctx = ("" if not flags & (F_WAKER_IRQ | F_WAKER_SOFTIRQ) else
                            ',"waker":"irq"' if flags & F_WAKER_IRQ else ',"waker":"softirq"')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
-                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}}}\n')
+                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}'
+                           f'{self._stack_tail(stack) if stack else ""}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')
