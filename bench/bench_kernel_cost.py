@@ -6,7 +6,8 @@ is bracketed by untraced ones), for:
 
 - floor: empty BPF programs on record's tracepoints, so the cost of the
   tracepoints themselves is known;
-- snap, record --min-dur 1ms, record (all events): the BPF C in bpf/;
+- snap, record --min-dur 1ms, record (all events), record --stacks (the
+  storm is all S: what taking D stacks costs every other switch): the BPF C in bpf/;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
   change is measured side by side with what it replaces.
 
@@ -127,10 +128,14 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
                          _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms"), ready="meta"),
             ct.Contender(f"record{suffix}", f"pstate record ({what})", "record",
                          _self("pstate", d, "record", "-q", "-o", "{out}"), ready="meta"),
+            ct.Contender(f"record_stacks{suffix}", f"pstate record --stacks ({what})", "record",
+                         _self("pstate", d, "record", "-q", "-o", "{out}", "--stacks"), ready="meta"),
             ct.Contender(f"record_filters{suffix}", f"pstate record -c perf --cpu 1 ({what})",
                          "record", _self("pstate", d, "record", "-q", "-o", "{out}", "-c", "perf",
                                          "--cpu", "1"), ready="meta"),
         ]
+        if suffix:  # the BPF C of an older revision may have no stack map
+            cs = [c for c in cs if not c.key.startswith("record_stacks")]
     return cs
 
 

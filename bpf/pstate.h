@@ -47,7 +47,8 @@
 #define STAT_EMITTED 3   // unused: emitted = attempted - dropped
 #define STAT_ATTEMPTED 4 // events that passed the filters
 #define STAT_CLAMPED 5   // durations whose two timestamps came out of order across CPUs, clamped to 0
-#define REC_NR_COUNTERS 6
+#define STAT_STACK_FAILED 6 // record --stacks: no stack id (a different stack held its slot, or the map was full)
+#define REC_NR_COUNTERS 7
 
 // --- record: which filter sets the settings map's task_filters asks for ---
 #define TF_CPU 1
@@ -74,7 +75,7 @@
 #define SNAP_F_FREED 2    // final row: the kernel freed the thread, or its tid was reused
 #define SNAP_F_GUESSED 4  // first seen by a switch or wake-up: start_ts is when pstate saw it first
 
-// record's ring buffer record: 64 bytes, little-endian, after the ring
+// record's ring buffer record: 72 bytes, little-endian, after the ring
 // buffer's own 8-byte header.
 struct event {
     u64 ts;
@@ -93,6 +94,8 @@ struct event {
     u8 flags;
     u8 pad;
     char comm[16];
+    u32 stack; // wakeup: the stack map id + 1 of the blocked state's kernel stack (record --stacks); 0: none
+    u32 pad2;
 };
 
 #endif

@@ -16,6 +16,8 @@
 //                  a call; an all-zero row is a thread not seen
 //   RB_PAGES       ring buffer size in pages
 //   SAMPLE         keep one event in sample_every[0] (--max-rate)
+//   STACK_ENTRIES  record --stacks: size of the stack-trace map (unset: no map,
+//                  no stacks; the program cache keeps no stack map)
 //
 // Filters are map values, written by user space before the first event
 // (pstate/filtermaps.py), so one compiled program serves every filter: the
@@ -45,6 +47,8 @@ struct task_state {
     u32 wake_cpu;
     u8 wake_flags; // WAKE_PENDING | F_WAKER_*
     u8 pad[3];
+    u32 stack; // stack map id + 1 of the kernel stack it blocked with (settings.stack_mask); 0: none
+    u32 pad2;
 };
 
 // The filters (see the top of this file). Until user space has written
@@ -58,6 +62,7 @@ struct settings {
     u8 include_idle;  // report the idle task (tid 0) too
     u8 active;
     u16 pad;
+    u64 stack_mask;   // prev_state bits whose switch-out takes the kernel stack (record --stacks; 0: none)
 };
 
 struct comm_key {
@@ -87,6 +92,12 @@ BPF_HASH(tid_filter, u32, u8, 1024);
 BPF_HASH(comm_filter, struct comm_key, u8, 256);
 BPF_ARRAY(cpu_filter, u8, 4096);
 BPF_PERCPU_ARRAY(irq_state, struct irq_ctx, 1);
+// Kernel stacks of tasks blocking in the states of settings.stack_mask. User
+// space reads each slot when the wake-up that ends the blocked state arrives,
+// and frees it.
+#ifdef STACK_ENTRIES
+BPF_STACK_TRACE(stacks, STACK_ENTRIES);
+#endif
 #ifdef SAMPLE
 BPF_ARRAY(sample_every, u32, 1);
 BPF_PERCPU_ARRAY(sample_tick, u32, 1);
@@ -232,7 +243,7 @@ static __always_inline void submit(struct event *e) {
 // One event of any type, through the task and CPU filters.
 static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
                                  const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                 u32 kstate, u32 other_pid, u32 other_tid) {
+                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack) {
     if (!task_match(cfg, cpu, tgid, tid, comm))
         return;
     struct event *e = reserve();
@@ -254,6 +265,8 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
     e->flags = flags;
     e->pad = 0;
     __builtin_memcpy(e->comm, comm, 16);
+    e->stack = stack;
+    e->pad2 = 0;
     submit(e);
 }
 
@@ -261,9 +274,9 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
 // test, and the one that fails most often under --state or --min-dur
 static __always_inline void emit_state(struct settings *cfg, u64 now, u32 cpu, u32 tgid, u32 tid,
                                        const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                       u32 kstate, u32 other_pid, u32 other_tid) {
+                                       u32 kstate, u32 other_pid, u32 other_tid, u32 stack) {
     emit(cfg, EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid,
-         other_tid);
+         other_tid, stack);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -319,15 +332,34 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
             __builtin_memcpy(comm, args->prev_comm, 16);
             emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
-                       args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next);
+                       args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0);
         }
+        // The stack of a task blocking in a --stacks state; every other
+        // switch pays one test of the settings row. Only a reported task's:
+        // user space frees a slot when it reads the wake-up, so a stack it
+        // never sees would hold its slot for good.
+        u32 stack = 0;
+#ifdef STACK_ENTRIES
+        if (bits & cfg->stack_mask) {
+            bpf_get_current_comm(comm, sizeof(comm)); // prev is current
+            if (task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm)) {
+                int id = stacks.get_stackid(args, 0);
+                if (id >= 0)
+                    stack = (u32)id + 1;
+                else
+                    count(STAT_STACK_FAILED);
+            }
+        }
+#endif
         // A thread's tgid never changes under its tid (exec moves the row
         // to the new tid): a row that has it keeps it.
         set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now);
+        if (ts)
+            ts->stack = stack;
     } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         __builtin_memcpy(comm, args->prev_comm, 16);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
-                   args->prev_prio, 0, kstate, 0, next);
+                   args->prev_prio, 0, kstate, 0, next, 0);
     }
 
     if (next != 0) {
@@ -344,13 +376,13 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         if (transition_match(cfg, from, ST_RUNNING, dur)) {
             __builtin_memcpy(comm, args->next_comm, 16);
             emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
-                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
+                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
         }
         set_state(next, ts, 0, ST_RUNNING, now);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         __builtin_memcpy(comm, args->next_comm, 16);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
-                   args->next_prio, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev);
+                   args->next_prio, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
     }
     return 0;
 }
@@ -376,9 +408,12 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct
     u16 from = ST_UNKNOWN;
     u64 dur = NO_DUR;
     u32 tgid = 0;
+    u32 stack = 0;
     if (ts) {
         from = ts->state;
         tgid = ts->tgid;
+        stack = ts->stack;
+        ts->stack = 0;
         if (ts->since && from != ST_UNKNOWN) {
             dur = elapsed(now, ts->since);
             if (now < ts->since)
@@ -390,7 +425,7 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct
         if (ctx)
             waker_pid = waker_tid = 0;
         emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
-                   target_cpu, waker_pid, waker_tid);
+                   target_cpu, waker_pid, waker_tid, stack);
     }
     set_state(tid, ts, 0, ST_RUNNABLE, now);
 }
@@ -534,7 +569,7 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
     char comm[16];
     bpf_get_current_comm(comm, sizeof(comm));
     emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
-         other_pid, other_tid);
+         other_pid, other_tid, 0);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
@@ -599,6 +634,6 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     char comm[16];
     TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
     emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0, 0,
-               0, 0);
+               0, 0, 0);
     return 0;
 }

@@ -32,9 +32,9 @@ def running_kernel_states() -> KernelStates | None:
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=64) -> bytes:
+        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=72, stack=0) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm)
+                       prio, flags, comm, stack)
 
 
 class Resolver:
@@ -48,13 +48,27 @@ class Resolver:
         return 0 if tid % 3 == 0 else tid // 10 * 10
 
 
-def both(batches, ks=KS):
+class FakeStacks:
+    """A stand-in for pstate.kernel.stacks.StackTable: a tail per kernel id."""
+
+    def __init__(self):
+        self.calls = []
+
+    def tail(self, kid):
+        self.calls.append(kid)
+        return "" if kid % 4 == 3 else f',"stack_id":{kid // 2},"reason":"f\\u00e9{kid}é"'
+
+
+def both(batches, ks=KS, stacks=False):
     """Encode the batches with a native and a pure Encoder; check all agrees.
 
     Returns the pure lines of every batch."""
     r_nat, r_pure, r_bytes = Resolver(), Resolver(), Resolver()
     nat, pure, byt = (Encoder(ks, resolve_tgid=r) for r in (r_nat, r_pure, r_bytes))
     assert nat._native is not None and byt._native is not None
+    if stacks:
+        for e in (nat, pure, byt):
+            e.stacks = FakeStacks()
     out = []
     for batch in batches:
         view = memoryview(batch)
@@ -66,7 +80,19 @@ def both(batches, ks=KS):
         assert (data, nlines, consumed) == ("".join(want).encode(), len(want), want_n)
         out.append(want)
     assert r_nat.calls == r_pure.calls == r_bytes.calls
+    if stacks:
+        assert nat.stacks.calls == pure.stacks.calls == byt.stacks.calls
     return out
+
+
+def test_wakeups_with_stacks_carry_the_same_tail():
+    recs = [rec(cause=c, stack=s, flags=f, frm=K | 2, to=ec.CODES["runnable"])
+            for c in (ec._D["CAUSE_WAKEUP"], ec._D["CAUSE_SWITCH_OUT"]) for s in (0, 1, 2, 3, 4, 2**32 - 1)
+            for f in (0, ec.F_WAKER_IRQ)]
+    (lines,) = both([b"".join(recs)], stacks=True)
+    with_stack = [x for x in lines if "stack_id" in x]
+    assert with_stack and all('"cause":"wakeup"' in x for x in with_stack)
+    assert not any("stack_id" in x for x in lines if "switch_out" in x)
 
 
 COMMS = [b"worker", b"", b"kworker/0:1H-kb", b"ab\0garbage", b'say "hi"', b"back\\slash", b"tab\tnl\n",
@@ -122,8 +148,8 @@ def test_odd_comms(comm):
 
 
 def test_busy_and_discarded_records():
-    batch = [rec(ts=1), rec(ts=2, hdr=64 | ec.DISCARD), rec(ts=3, hdr=64 | ec.DISCARD | 0x1234),
-             rec(ts=4), rec(ts=5, hdr=64 | ec.BUSY), rec(ts=6)]
+    batch = [rec(ts=1), rec(ts=2, hdr=72 | ec.DISCARD), rec(ts=3, hdr=72 | ec.DISCARD | 0x1234),
+             rec(ts=4), rec(ts=5, hdr=72 | ec.BUSY), rec(ts=6)]
     (lines,) = both([b"".join(batch)])
     assert len(lines) == 2
     both([rec(hdr=ec.BUSY | ec.DISCARD)])  # busy wins
@@ -214,10 +240,10 @@ def test_errors_from_python_propagate_and_leave_the_encoder_usable():
     assert enc.encode(rec(pid=0, tid=5), 1) == enc.encode_pure(rec(pid=0, tid=5), 1)
 
     class BadText(Encoder):
-        def _mid_text(self, frm, to):
+        def mid_text(self, frm, to):
             return 5
 
-    with pytest.raises(TypeError, match="_mid_text must return str"):
+    with pytest.raises(TypeError, match="mid_text must return str"):
         BadText(KS).encode(rec(), 1)
     with pytest.raises(TypeError):
         BadText(KS).encode_bytes(rec(), 1)
@@ -289,7 +315,7 @@ records = st.builds(
     pid=st.one_of(st.just(0), st.sampled_from([100, 200]), u32), tid=st.one_of(st.integers(0, 12), u32),
     opid=u32, otid=u32, kstate=kstates, frm=codes, to=codes, cpu=st.integers(0, 0xFFFF),
     prio=st.integers(-32768, 32767), flags=st.integers(0, 255), comm=comms,
-    hdr=st.sampled_from([64] * 12 + [64 | ec.DISCARD, 64 | ec.BUSY, 0, ec.DISCARD | 7]),
+    hdr=st.sampled_from([72] * 12 + [72 | ec.DISCARD, 72 | ec.BUSY, 0, ec.DISCARD | 7]),
 )
 
 

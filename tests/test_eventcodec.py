@@ -21,9 +21,9 @@ SLEEPING, DISK, ZOMBIE = K | 1, K | 2, K | 0x20
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=64) -> bytes:
+        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=72, stack=0) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm)
+                       prio, flags, comm, stack)
 
 
 @pytest.fixture(autouse=True, params=["native", "pure"])
@@ -47,7 +47,7 @@ def documented(rec: dict) -> set:
 
 
 def test_record_layout_matches_the_bpf_struct():
-    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 72  # one ring buffer slot, 8-aligned
+    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 80  # one ring buffer slot, 8-aligned
 
 
 def test_switch_out_voluntary():
@@ -116,13 +116,13 @@ def test_every_emitted_field_is_documented_and_every_record_valid():
 
 
 def test_busy_record_stops_the_batch():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=64 | ec.BUSY), rec(ts=4))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=72 | ec.BUSY), rec(ts=4))
     assert consumed == 2
     assert [r["ts"] for r in recs] == [1, 2]
 
 
 def test_discarded_records_are_consumed_but_not_written():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=64 | ec.DISCARD), rec(ts=3))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=72 | ec.DISCARD), rec(ts=3))
     assert consumed == 3
     assert [r["ts"] for r in recs] == [1, 3]
 

@@ -7,11 +7,13 @@
  * released), with their count. This file only writes numbers
  * and fixed punctuation. Every other piece of text is asked of `owner` (the
  * Python Encoder) on a cache miss and kept here as UTF-8:
- *   owner._prefix_text(pid, tid, comm)  '"pid":..,"tid":..,"comm":"..."'
+ *   owner.prefix_text(pid, tid, comm)  '"pid":..,"tid":..,"comm":"..."'
  *                                       (tgid resolution, comm escaping)
- *   owner._mid_text(from, to)           '"from":"..","to":"..","dur_ns":'
- *   owner._out_tail(kstate, voluntary)  switch_out fields up to "prio":
- *   owner._cause_name(cause)            a wake-up cause's name
+ *   owner.mid_text(from, to)           '"from":"..","to":"..","dur_ns":'
+ *   owner.out_tail(kstate, voluntary)  switch_out fields up to "prio":
+ *   owner.cause_name(cause)            a wake-up cause's name
+ *   owner.stack_tail(stack)            a wake-up's ',"stack_id":..,"reason":".."'
+ *                                       (record --stacks; asked every time)
  * The prefix cache is keyed by tid and checked against (comm, pid) and is
  * emptied past the same size as the Python one, so owner.pid() runs, and
  * resolve_tgid is called, for the same records on both paths. The other
@@ -47,11 +49,12 @@ enum { O_TS = offsetof(struct event, ts), O_DUR = offsetof(struct event, dur), O
        O_FROM = offsetof(struct event, from), O_TO = offsetof(struct event, to), O_CPU = offsetof(struct event, cpu),
        O_TYPE = offsetof(struct event, type), O_CAUSE = offsetof(struct event, cause),
        O_PRIO = offsetof(struct event, prio), O_FLAGS = offsetof(struct event, flags),
-       O_COMM = offsetof(struct event, comm), COMM_LEN = sizeof(((struct event *)0)->comm) };
-_Static_assert(sizeof(struct event) == 64, "struct event is 64 bytes");
+       O_COMM = offsetof(struct event, comm), COMM_LEN = sizeof(((struct event *)0)->comm),
+       O_STACK = offsetof(struct event, stack) };
+_Static_assert(sizeof(struct event) == 72, "struct event is 72 bytes");
 
 static PyObject *struct_error;
-static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name;
+static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name, *s_stack_tail;
 
 /* ---------- little-endian loads ---------- */
 
@@ -435,7 +438,7 @@ static const Frag *prefix_of(EncoderObject *self, PyObject *owner, uint32_t pid,
     Frag f;
     PyObject *r = call_owner(owner, s_prefix_text, 3, PyLong_FromUnsignedLong(pid), PyLong_FromUnsignedLong(tid),
                              PyBytes_FromStringAndSize((const char *)comm, COMM_LEN));
-    if (frag_from(&f, r, "_prefix_text") < 0)
+    if (frag_from(&f, r, "prefix_text") < 0)
         return NULL;
     /* As in Python: empty the cache when it is over the limit, then store
      * (the slot is looked up again: clearing or growing moves it). */
@@ -468,7 +471,7 @@ static const Frag *mid_of(EncoderObject *self, PyObject *owner, uint16_t frm, ui
         return m;
     Frag f;
     PyObject *r = call_owner(owner, s_mid_text, 2, PyLong_FromLong(frm), PyLong_FromLong(to), NULL);
-    if (frag_from(&f, r, "_mid_text") < 0)
+    if (frag_from(&f, r, "mid_text") < 0)
         return NULL;
     return ftable_put(&self->mids, key, f); /* re-entry is refused: still absent */
 }
@@ -481,7 +484,7 @@ static const Frag *tail_of(EncoderObject *self, PyObject *owner, uint32_t kst, i
     Frag f;
     PyObject *r = call_owner(owner, s_out_tail, 2, PyLong_FromUnsignedLong(kst), PyLong_FromLong(voluntary ? 1 : 0),
                              NULL);
-    if (frag_from(&f, r, "_out_tail") < 0)
+    if (frag_from(&f, r, "out_tail") < 0)
         return NULL;
     return ftable_put(&self->tails, key, f); /* re-entry is refused: still absent */
 }
@@ -492,7 +495,7 @@ static const Frag *cause_of(EncoderObject *self, PyObject *owner, unsigned cause
         return c;
     Frag f;
     PyObject *r = call_owner(owner, s_cause_name, 1, PyLong_FromUnsignedLong(cause), NULL, NULL);
-    if (frag_from(&f, r, "_cause_name") < 0)
+    if (frag_from(&f, r, "cause_name") < 0)
         return NULL;
     frag_free(c);
     *c = f;
@@ -618,6 +621,23 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                     PUT(w, ",\"waker\":\"irq\"");
                 else if (flags & F_WAKER_SOFTIRQ)
                     PUT(w, ",\"waker\":\"softirq\"");
+                uint32_t stack = ld32(e + O_STACK);
+                if (stack) {
+                    Frag st;
+                    PyObject *r = call_owner(owner, s_stack_tail, 1, PyLong_FromUnsignedLong(stack), NULL, NULL);
+                    if (frag_from(&st, r, "stack_tail") < 0)
+                        goto error;
+                    size_t at = (size_t)(w - out->p);
+                    if (reserve(out, at, (size_t)st.len + FIXED_MAX) < 0) {
+                        frag_free(&st);
+                        goto error;
+                    }
+                    w = out->p + at;
+                    memcpy(w, st.s, (size_t)st.len);
+                    w += st.len;
+                    ascii &= st.ascii;
+                    frag_free(&st);
+                }
             }
         } else if (typ == EV_FORK) {
             PUT(w, ",\"child_pid\":");
@@ -764,11 +784,12 @@ PyMODINIT_FUNC PyInit__encode(void) {
     Py_DECREF(structmod);
     if (struct_error == NULL)
         return NULL;
-    s_prefix_text = PyUnicode_InternFromString("_prefix_text");
-    s_mid_text = PyUnicode_InternFromString("_mid_text");
-    s_out_tail = PyUnicode_InternFromString("_out_tail");
-    s_cause_name = PyUnicode_InternFromString("_cause_name");
-    if (!s_prefix_text || !s_mid_text || !s_out_tail || !s_cause_name)
+    s_prefix_text = PyUnicode_InternFromString("prefix_text");
+    s_mid_text = PyUnicode_InternFromString("mid_text");
+    s_out_tail = PyUnicode_InternFromString("out_tail");
+    s_cause_name = PyUnicode_InternFromString("cause_name");
+    s_stack_tail = PyUnicode_InternFromString("stack_tail");
+    if (!s_prefix_text || !s_mid_text || !s_out_tail || !s_cause_name || !s_stack_tail)
         return NULL;
     if (PyType_Ready(&EncoderType) < 0 || PyType_Ready(&ChunkType) < 0)
         return NULL;

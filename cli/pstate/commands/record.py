@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import math
 import os
@@ -12,7 +13,7 @@ import time
 
 import click
 
-from pstate.kernel import filtermaps, loader
+from pstate.kernel import filtermaps, loader, stacks
 from pstate.kernel.bpfsys import BPF_ANY, BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
@@ -66,7 +67,7 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
-def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool) -> dict:
+def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool, stack_entries: int = 0) -> dict:
     """The program's -D settings. Filters are not among them: they are map
     values (pstate.kernel.filtermaps), so a new filter needs no new compile."""
     d = {
@@ -76,6 +77,8 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
         "RB_PAGES": rb_pages,
         "SAMPLE": sample,
     }
+    if stack_entries:
+        d["STACK_ENTRIES"] = stack_entries
     if loader.pid_max() <= max_tasks:
         # every tid fits: an array indexed by tid, whose lookup costs no call
         d["TASKS_BY_TID"] = True
@@ -84,7 +87,7 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
 
 class Recorder:
     def __init__(self, prog: loader.Program, ks: KernelStates, writer: LineWriter, *,
-                 drain_s: float, max_rate: int | None, rb_size: int):
+                 drain_s: float, max_rate: int | None, rb_size: int, with_stacks: bool = False):
         self.prog = prog
         self.writer = writer
         self.enc = Encoder(ks)
@@ -99,6 +102,8 @@ class Recorder:
         self.reopen_asked = False  # SIGHUP with -o FILE: start the file anew
         self.reopen = None  # what does it (a function of no arguments)
         self.reader_gone = _reader_gone_check(writer)
+        if with_stacks:
+            self.enc.stacks = stacks.StackTable(prog.table("stacks").map_fd, prog.lib)
 
     def drain(self, limit_s: float | None = None) -> int:
         """Decode and write what the ring buffer holds. Returns records read."""
@@ -111,6 +116,9 @@ class Recorder:
             data, nlines, consumed = self.enc.encode_bytes(view, n)
             view.release()
             self.ring.commit(consumed)
+            if self.enc.stacks is not None:
+                for r in self.enc.stacks.take_pending():
+                    self.writer.record(r)  # before the wake-ups that name it
             if nlines:
                 self.writer.raw(data, nlines)
                 self.events += nlines
@@ -280,9 +288,15 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
               metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
 @click.option("--strict", is_flag=True, help="Exit 3 if any event was lost.")
 @click.option("-q", "--quiet", is_flag=True, help="No banner and no warnings on stderr.")
+@click.option("--stacks", "stack_states", is_flag=False, flag_value="D", metavar="STATES",
+              help="Take the kernel stack of a task as it blocks in these states (comma-separated letters or "
+                   "names; --stacks alone: D): stack records, and stack_id and reason on the wake-up that ends "
+                   "the state. Example: --stacks=D,S.")
+@click.option("--stack-entries", type=click.IntRange(1, 1 << 20), default=16384, hidden=True,
+              help="Slots of the kernel's stack map.")
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drain_interval, max_rate,
-        kernel_headers, strict, quiet, ebpf):
+        kernel_headers, strict, quiet, stack_states, stack_entries, ebpf):
     """Stream every scheduler state transition as JSON lines.
 
     Each state record says which thread went from which state to which, and
@@ -303,7 +317,10 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         _check_pids(filt.pids, quiet)
     ks = loader.kernel_states(ebpf_only=ebpf)
     settings = filtermaps.settings_for(filt, ks)
-    defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate))
+    if stack_states:
+        settings = dataclasses.replace(settings, stack_mask=_stack_mask(stack_states, ks))
+    defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate),
+                          stack_entries=stack_entries if stack_states else 0)
     if ebpf:
         click.echo(loader.program_text("record", defines))
         return
@@ -335,7 +352,7 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
 
         meta = new_meta()
         rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
-                       rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"))
+                       rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states))
         window = _Window(meta["ts"], rec)
 
         def reopen() -> None:
@@ -415,12 +432,14 @@ class _Window:
         # the kernel's counters where the window begins (events tried, pairs clamped)
         self.attempted = counters[loader.STAT_ATTEMPTED] if counters else 0
         self.clamped = counters[loader.STAT_CLAMPED] if counters else 0
+        self.stack_failed = counters[loader.STAT_STACK_FAILED] if counters else 0
+        self.stack_lost = rec.enc.stacks.lost if rec.enc.stacks is not None else 0
         self.rec = rec
 
     def end_record(self, reason: str, totals: dict, counters) -> dict:
         lost = {r: n - self.lost.get(r, 0) for r, n in totals.items()}
         now = time.monotonic_ns()
-        return {
+        end = {
             "type": "end", "ts": now, "reason": reason,
             "events": self.rec.events - self.events, "lost": sum(lost.values()),
             **{f"lost_{r}": n for r, n in lost.items()},
@@ -428,6 +447,25 @@ class _Window:
             "clamped": counters[loader.STAT_CLAMPED] - self.clamped,
             "duration_ns": now - self.meta_ts,
         }
+        st = self.rec.enc.stacks
+        if st is not None:
+            end["stack_failed"] = counters[loader.STAT_STACK_FAILED] - self.stack_failed
+            end["stack_lost"] = st.lost - self.stack_lost
+        return end
+
+
+def _stack_mask(spec: str, ks: KernelStates) -> int:
+    """The prev_state bits of --stacks' states (letters such as D or names
+    such as uninterruptible)."""
+    by_letter = {letter: bit for bit, letter in ks.letters.items()}
+    mask = 0
+    for part in (p.strip() for p in spec.split(",")):
+        bit = by_letter.get(part) or (ks.bit_of(part) if part else None)
+        if not bit:
+            raise click.BadParameter(f"{part!r} is not a blocked state this kernel reports (e.g. D, S)",
+                                     param_hint="'--stacks'")
+        mask |= bit
+    return mask
 
 
 def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:

@@ -1,6 +1,6 @@
 """Turn the BPF program's binary events into JSON lines, in batches.
 
-The kernel side (bpf/record.bpf.c, struct event) writes fixed 64-byte records.
+The kernel side (bpf/record.bpf.c, struct event) writes fixed 72-byte records.
 This is the hot loop of `pstate record`: one f-string per event, with
 per-batch struct.iter_unpack and caches for names, instead of building a dict
 and serialising it.
@@ -30,7 +30,7 @@ EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
 REC_FMT = "<II" + eventlayout.EVENT_FORMAT[1:]
 # encode_pure unpacks the fields (padding skipped) in this order
 _FIELD_ORDER = ("ts", "dur", "pid", "tid", "other_pid", "other_tid", "kstate", "from", "to", "cpu", "type",
-                "cause", "prio", "flags", "comm")
+                "cause", "prio", "flags", "comm", "stack")
 assert eventlayout.unpacked_names(eventlayout.EVENT_FIELDS) == _FIELD_ORDER, "bpf/pstate.h changed struct event"
 
 BUSY = 1 << 31
@@ -80,6 +80,9 @@ class Encoder:
         self._out_tails: dict[int, str] = {}  # prev_state << 1 | voluntary -> switch_out fields before prio
         self.resolve_tgid = resolve_tgid or tgid_from_proc
         self._native = _encode.Encoder() if _encode is not None else None
+        # record --stacks: pstate.kernel.stacks.StackTable, which turns a
+        # wake-up's stack map id into its stack_id and reason
+        self.stacks = None
 
     def name(self, code: int) -> str:
         n = self._names.get(code)
@@ -120,17 +123,22 @@ class Encoder:
 
     # Text pieces of a line. Both loops call these on a cache miss only.
 
-    def _prefix_text(self, pid: int, tid: int, comm: bytes) -> str:
+    def prefix_text(self, pid: int, tid: int, comm: bytes) -> str:
         return f'"pid":{self.pid(pid, tid)},"tid":{tid},"comm":{self.comm(comm)}'
 
-    def _mid_text(self, frm: int, to: int) -> str:
+    def mid_text(self, frm: int, to: int) -> str:
         return f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'
 
-    def _out_tail(self, kstate: int, voluntary: int) -> str:
+    def out_tail(self, kstate: int, voluntary: int) -> str:
         return (f',"cause":"switch_out","voluntary":{"true" if voluntary else "false"},'
                 f'"kstate":"{self.kletter(kstate)}","prio":')
 
-    def _cause_name(self, cause: int) -> str:
+    def stack_tail(self, stack: int) -> str:
+        """',"stack_id":..,"reason":".."' of a wake-up whose blocked state
+        has kernel stack map id stack - 1 ('' when it cannot be read)."""
+        return self.stacks.tail(stack - 1) if self.stacks is not None else ""
+
+    def cause_name(self, cause: int) -> str:
         return CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
 
     def _all_names(self) -> dict[int, str]:
@@ -173,7 +181,7 @@ class Encoder:
         out_tails = self._out_tails
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
-             comm) in struct.iter_unpack(REC_FMT, view):
+             comm, stack) in struct.iter_unpack(REC_FMT, view):
             if hdr & BUSY:
                 break
             consumed += 1
@@ -182,7 +190,7 @@ class Encoder:
             # "pid":..,"tid":..,"comm":.. is the same for most events of a thread
             pre = prefixes.get(tid)
             if pre is None or pre[0] != comm or pre[1] != pid:
-                pre = (comm, pid, self._prefix_text(pid, tid, comm))
+                pre = (comm, pid, self.prefix_text(pid, tid, comm))
                 if len(prefixes) > 1 << 18:
                     prefixes.clear()
                 prefixes[tid] = pre
@@ -192,13 +200,13 @@ class Encoder:
                 # '"from":"..","to":"..","dur_ns":' for this pair of states
                 mid = mids.get((frm << 16) | to)
                 if mid is None:
-                    mid = mids[(frm << 16) | to] = self._mid_text(frm, to)
+                    mid = mids[(frm << 16) | to] = self.mid_text(frm, to)
                 if cause == CAUSE_SWITCH_OUT:
                     # the BPF side derives voluntary from kstate; keyed on both all the same
                     tk = (kst << 1) | (flags & F_VOLUNTARY)
                     tail = out_tails.get(tk)
                     if tail is None:
-                        tail = out_tails[tk] = self._out_tail(kst, flags & F_VOLUNTARY)
+                        tail = out_tails[tk] = self.out_tail(kst, flags & F_VOLUNTARY)
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},"next_tid":{otid}}}\n')
                 elif cause == CAUSE_SWITCH_IN:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
@@ -206,11 +214,12 @@ class Encoder:
                 elif cause == CAUSE_REAP:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"}}\n')
                 else:
-                    c = CAUSES.get(cause) or self._cause_name(cause)
+                    c = CAUSES.get(cause) or self.cause_name(cause)
                     ctx = ("" if not flags & (F_WAKER_IRQ | F_WAKER_SOFTIRQ) else
                            ',"waker":"irq"' if flags & F_WAKER_IRQ else ',"waker":"softirq"')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
-                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}}}\n')
+                           f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}'
+                           f'{self.stack_tail(stack) if stack else ""}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

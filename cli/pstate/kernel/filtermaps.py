@@ -38,6 +38,7 @@ class Settings:
     tids: tuple[int, ...] = ()
     comms: tuple[bytes, ...] = ()
     cpus: tuple[int, ...] = ()
+    stack_mask: int = 0  # record --stacks: prev_state bits whose switch-out takes the stack
 
 
 def comm_key(name: str) -> bytes:
@@ -104,4 +105,5 @@ def _write(prog, s: Settings, active: int) -> None:
     row.task_filters = s.task_filters
     row.include_idle = 1 if s.include_idle else 0
     row.active = active
+    row.stack_mask = s.stack_mask
     t[ctypes.c_int(0)] = row

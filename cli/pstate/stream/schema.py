@@ -152,6 +152,20 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "target_cpu": ("int?", "wakeup: the task's CPU when woken (it last ran there; the kernel then picks its run queue)"),
             "waker": ("string?", "wakeup: irq or softirq when woken from interrupt context (waker_tid is then 0); "
                       "absent when a task woke it"),
+            "stack_id": ("int?", "wakeup, record --stacks: the stack record of the kernel stack the task blocked "
+                         "with (the state in from); absent when not taken"),
+            "reason": ("string?", "wakeup, with stack_id: the first function of that stack, from the leaf, that "
+                       "is not scheduler plumbing (schedule, io_schedule, schedule_timeout, bit_wait_io, "
+                       "wait_for_completion, ...: pstate.kernel.stacks.PLUMBING), e.g. __iomap_dio_rw"),
+        },
+    ),
+    "stack": (
+        "record --stacks: a kernel stack that blocked tasks had, written once per distinct stack before the "
+        "first wake-up naming it",
+        {
+            "stack_id": ("int", "the id state records name it by (unique within the stream)"),
+            "frames": ("string", "the frames, root first, joined by ';' (the folded convention), each "
+                       "function+0xoffset from /proc/kallsyms, then ' [module]' for a module's"),
         },
     ),
     "fork": (
@@ -207,6 +221,9 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "clamped": ("int?", "record: durations clamped to 0 because their two timestamps, read on two CPUs, "
                         "came out of order (never wrapped around)"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
+            "stack_failed": ("int?", "record --stacks: blocking switch-outs whose stack the kernel could not "
+                             "keep (its stack map slot held another stack, or the map was full)"),
+            "stack_lost": ("int?", "record --stacks: wake-ups whose stack could not be read back"),
             "replay_skipped": ("int?", "replay: input lines skipped as malformed"),
             "snapshots": ("int?", "replay of a snapshot directory: snapshot files re-emitted"),
         },

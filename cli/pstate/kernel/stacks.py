@@ -1,0 +1,130 @@
+"""record --stacks: kernel stacks of blocked states, as `stack` records.
+
+The BPF side (bpf/record.bpf.c, STACK_ENTRIES) takes the kernel stack of a
+task as it switches out into one of the --stacks states and puts the stack
+map id (+ 1) in the wake-up event that ends the state. StackTable reads that
+map slot when the wake-up is encoded and frees it, so the kernel can reuse
+the id; stream stack ids are given per distinct stack *content*, so a
+reused kernel id never redefines one. A slot already freed (two tasks
+blocked with the same stack; the first wake-up freed it) is taken from the
+last content read under that id.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import time
+
+import orjson
+
+MAX_DEPTH = 127  # PERF_MAX_STACK_DEPTH: a stack map value holds this many u64 addresses
+
+# Scheduler plumbing: the frames a blocked task's stack has above the code
+# that made it wait. `reason` is the first frame, from the leaf, not in this
+# list (and not starting with one of PLUMBING_PREFIXES).
+PLUMBING = frozenset((
+    "__schedule", "schedule", "schedule_idle", "preempt_schedule", "preempt_schedule_common",
+    "io_schedule", "io_schedule_timeout", "schedule_timeout", "schedule_timeout_uninterruptible",
+    "schedule_timeout_interruptible", "schedule_timeout_killable", "schedule_hrtimeout", "schedule_hrtimeout_range",
+    "schedule_hrtimeout_range_clock", "schedule_preempt_disabled", "bit_wait", "bit_wait_io", "bit_wait_timeout",
+    "__wait_on_bit", "out_of_line_wait_on_bit", "__wait_on_bit_lock", "out_of_line_wait_on_bit_lock",
+    "wait_for_completion", "wait_for_completion_io", "wait_for_completion_timeout",
+    "wait_for_completion_io_timeout", "wait_for_completion_killable", "wait_for_completion_interruptible",
+    "__wait_for_common", "wait_for_common", "wait_for_common_io", "do_wait_for_common",
+    "rwsem_down_read_slowpath", "rwsem_down_write_slowpath", "__mutex_lock", "__mutex_lock_slowpath",
+    "mutex_lock", "down_read", "down_write", "__rt_mutex_slowlock", "rt_mutex_slowlock",
+    "folio_wait_bit_common", "__folio_lock", "__folio_lock_killable", "io_wait_event",
+    "__cond_resched", "_cond_resched",
+))
+PLUMBING_PREFIXES = ("schedule_", "__schedule", "wait_for_completion")
+
+
+def symbol_name(frame: str) -> str:
+    """The function of a frame: "name+0x1a [mod]" -> "name"."""
+    return frame.split("+", 1)[0].split(" ", 1)[0]
+
+
+def reason_of(leaf_first: list[str]) -> str:
+    """The first frame from the leaf that is not scheduler plumbing."""
+    for frame in leaf_first:
+        name = symbol_name(frame)
+        if name not in PLUMBING and not name.startswith(PLUMBING_PREFIXES):
+            return name
+    return symbol_name(leaf_first[-1]) if leaf_first else "unknown"
+
+
+class Kallsyms:
+    """Addresses to "function+0xoff" (" [module]" for a module's), from
+    /proc/kallsyms (root sees the addresses)."""
+
+    def __init__(self, path: str = "/proc/kallsyms"):
+        addrs, names = [], []
+        with open(path, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3 or parts[1] not in (b"t", b"T", b"w", b"W"):
+                    continue
+                name = parts[2].decode("utf-8", "replace")
+                if len(parts) > 3:
+                    name += " " + parts[3].decode("utf-8", "replace")
+                addrs.append(int(parts[0], 16))
+                names.append(name)
+        order = sorted(range(len(addrs)), key=addrs.__getitem__)
+        self.addrs = [addrs[i] for i in order]
+        self.names = [names[i] for i in order]
+
+    def frame(self, ip: int) -> str:
+        i = bisect.bisect_right(self.addrs, ip) - 1
+        if i < 0 or not self.addrs[i]:
+            return f"0x{ip:x}"
+        name, _, mod = self.names[i].partition(" ")
+        off = ip - self.addrs[i]
+        return f"{name}+0x{off:x}" + (f" {mod}" if mod else "")
+
+
+class StackTable:
+    """Kernel stack map ids to stream stack ids, reasons and `stack` records.
+
+    tail(kernel_id) gives a wake-up's ',"stack_id":..,"reason":".."' and
+    queues a stack record the first time its content is seen; the recorder
+    writes the queued records (take_pending) before the lines that use them.
+    """
+
+    def __init__(self, map_fd: int, calls, symbols: Kallsyms | None = None):
+        self.fd = map_fd
+        self.calls = calls
+        self.symbols = symbols or Kallsyms()
+        self._by_content: dict[tuple, tuple[int, str]] = {}  # addresses -> (stream id, tail)
+        self._last: dict[int, tuple] = {}  # kernel id -> addresses last read under it
+        self.pending: list[dict] = []
+        self.lost = 0  # wake-ups whose slot could not be read
+
+    def _read(self, kid: int) -> tuple | None:
+        key = ctypes.c_uint32(kid)
+        val = (ctypes.c_uint64 * MAX_DEPTH)()
+        if self.calls.bpf_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(val)) != 0:
+            return self._last.get(kid)
+        self.calls.bpf_delete_elem(self.fd, ctypes.byref(key))
+        ips = tuple(ip for ip in val if ip)
+        self._last[kid] = ips
+        return ips
+
+    def tail(self, kid: int) -> str:
+        ips = self._read(kid)
+        if not ips:
+            self.lost += 1
+            return ""
+        known = self._by_content.get(ips)
+        if known is None:
+            leaf_first = [self.symbols.frame(ip) for ip in ips]
+            sid = len(self._by_content) + 1
+            reason = reason_of(leaf_first)
+            known = (sid, f',"stack_id":{sid},"reason":{orjson.dumps(reason).decode()}')
+            self._by_content[ips] = known
+            self.pending.append({"type": "stack", "ts": time.monotonic_ns(), "stack_id": sid, "frames": ";".join(reversed(leaf_first))})
+        return known[1]
+
+    def take_pending(self) -> list[dict]:
+        out, self.pending = self.pending, []
+        return out

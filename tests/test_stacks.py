@@ -1,0 +1,86 @@
+"""pstate.kernel.stacks without a kernel: symbols, reasons, and stream ids
+kept per stack content when the kernel reuses a stack map slot."""
+
+from __future__ import annotations
+
+import ctypes
+
+import orjson
+
+from pstate.kernel import stacks
+
+KALLSYMS = b"""\
+ffffffff81000000 T _stext
+ffffffff81100000 T __schedule
+ffffffff81100400 T schedule
+ffffffff81100800 T io_schedule
+ffffffff81200000 t __iomap_dio_rw
+ffffffff81300000 T do_nanosleep
+ffffffff81400000 d some_data
+ffffffffc0100000 t ext4_file_write_iter\t[ext4]
+"""
+
+
+class FakeMap:
+    """bpf_lookup_elem/bpf_delete_elem over a dict of kernel id -> addresses."""
+
+    def __init__(self):
+        self.slots: dict[int, list[int]] = {}
+
+    def bpf_lookup_elem(self, fd, key, val):
+        kid = ctypes.cast(key, ctypes.POINTER(ctypes.c_uint32)).contents.value
+        if kid not in self.slots:
+            return -1
+        arr = ctypes.cast(val, ctypes.POINTER(ctypes.c_uint64 * stacks.MAX_DEPTH)).contents
+        for i, ip in enumerate(self.slots[kid]):
+            arr[i] = ip
+        return 0
+
+    def bpf_delete_elem(self, fd, key):
+        self.slots.pop(ctypes.cast(key, ctypes.POINTER(ctypes.c_uint32)).contents.value, None)
+        return 0
+
+
+def _table(tmp_path):
+    p = tmp_path / "kallsyms"
+    p.write_bytes(KALLSYMS)
+    m = FakeMap()
+    return stacks.StackTable(3, m, stacks.Kallsyms(str(p))), m
+
+
+IO = [0xFFFFFFFF81100010, 0xFFFFFFFF81100810, 0xFFFFFFFF81200683, 0xFFFFFFFFC010037C]
+SLEEP = [0xFFFFFFFF81100010, 0xFFFFFFFF81100410, 0xFFFFFFFF81300020]
+
+
+def test_frames_root_first_with_module_and_reason(tmp_path):
+    t, m = _table(tmp_path)
+    m.slots[0] = IO
+    tail = t.tail(0)
+    assert orjson.loads("{" + tail[1:] + "}") == {"stack_id": 1, "reason": "__iomap_dio_rw"}
+    (r,) = t.take_pending()
+    assert r["type"] == "stack" and r["stack_id"] == 1
+    assert r["frames"] == "ext4_file_write_iter+0x37c [ext4];__iomap_dio_rw+0x683;io_schedule+0x10;__schedule+0x10"
+    assert 0 not in m.slots, "the slot is freed once read"
+
+
+def test_a_reused_kernel_id_gets_a_new_stream_id(tmp_path):
+    t, m = _table(tmp_path)
+    m.slots[0] = IO
+    a = t.tail(0)
+    m.slots[0] = SLEEP  # the kernel reused slot 0 for another stack
+    b = t.tail(0)
+    assert a != b and '"stack_id":2' in b and '"reason":"do_nanosleep"' in b
+    m.slots[5] = IO  # the first stack again, under another kernel id: its stream id
+    assert t.tail(5) == a
+    assert [r["stack_id"] for r in t.take_pending()] == [1, 2]
+    # a second wake-up with a slot the first one freed: the content last read there
+    assert t.tail(5) == a and t.lost == 0
+    assert t.tail(9) == "" and t.lost == 1
+
+
+def test_reason_skips_plumbing():
+    assert stacks.reason_of(["__schedule+0x1", "schedule+0x2", "schedule_hrtimeout_range_clock+0x3",
+                             "do_epoll_wait+0x4"]) == "do_epoll_wait"
+    assert stacks.reason_of(["__schedule+0x1", "io_schedule+0x2", "bit_wait_io+0x3", "__wait_on_bit+0x4",
+                             "out_of_line_wait_on_bit+0x5", "jbd2_log_wait_commit+0x6 [jbd2]"]) == "jbd2_log_wait_commit"
+    assert stacks.reason_of(["__schedule+0x1"]) == "__schedule"
