@@ -216,3 +216,20 @@ def test_flight_options_need_their_directory_and_flight():
     assert res.exit_code == 2 and "--trigger needs --flight DURATION" in res.output
     res = CliRunner().invoke(record.cli, ["--flight", "5s", "--flight-memory", "10k", "-o", "x"])
     assert res.exit_code == 2 and "at least 1M" in res.output
+
+
+def test_the_native_scan_and_its_twin_agree():
+    from pstate import native
+
+    mod = native.load("_encode")
+    if mod is None:
+        pytest.skip("the C extension is not built (PSTATE_PURE=1?)")
+    long_d = slot(1, frm=D, to=RUNNABLE, dur=7 * MS, cause=WAKEUP)
+    cases = [b"", batch(*background(0, 30)), batch(*background(0, 5), long_d, *background(0, 5)),
+             batch(slot(1, dur=ec.NO_DUR)), batch(slot(1, dur=9 * MS, hdr=64 | ec.DISCARD), slot(2, dur=3)),
+             batch(slot(1, dur=5), slot(2, dur=50, hdr=64 | ec.BUSY), slot(3, dur=99)),
+             batch(slot(1, dur=(1 << 63) - 1))]
+    for data in cases:
+        assert mod.scan(data) == flight.scan_pure(memoryview(data)), data[:80]
+    assert flight.scan_pure(memoryview(cases[5])) == (1, 5)
+    assert flight.scan_pure(memoryview(cases[3])) == (1, -1)

@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import signal
+import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import click
 import orjson
 
+from pstate import native
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
 from pstate.stream import schema
@@ -43,8 +45,6 @@ ENCODE_CHUNK = 8192  # slots encoded per write while a dump is written
 
 def _offsets() -> dict[str, int]:
     """Byte offset of every struct event field within a ring-buffer slot."""
-    import struct
-
     out, pos = {}, HDR
     for name, code in eventlayout.EVENT_FIELDS:
         out[name] = pos
@@ -111,28 +111,80 @@ def _field(batch, i: int, name: str, size: int) -> int:
     return int.from_bytes(batch[at:at + size], "little")
 
 
-def match(trig: Trigger, batch) -> int | None:
-    """Index of the first slot of batch (bytes of whole slots) that fires trig, or None."""
+_COLUMNS: dict[int, struct.Struct] = {}
+
+
+def columns(view, n: int) -> tuple[tuple, tuple]:
+    """(headers, durations) of n slots, in one struct call: the only two
+    fields every batch needs. Durations read signed: the unknown one (all
+    ones) is -1, which max() passes over."""
+    st = _COLUMNS.get(n)
+    if st is None:
+        if len(_COLUMNS) > 64:
+            _COLUMNS.clear()
+        gap = OFF["dur"] - 4
+        st = _COLUMNS[n] = struct.Struct("<" + f"I{gap}xq{STRIDE - OFF['dur'] - 8}x" * n)
+    vals = st.unpack_from(view)
+    return vals[0::2], vals[1::2]
+
+
+def scan_pure(view) -> tuple[int, int]:
+    """(slots before the first busy one, the longest known dur among them
+    that are not discarded, or -1): all a batch needs when no trigger fires.
+    The C twin is pstate._encode.scan."""
+    n = len(view) // STRIDE
+    if not n:
+        return 0, -1
+    hdrs, durs = columns(view, n)
+    top = max(hdrs)
+    if top < eventcodec.DISCARD:  # both flags are above any length: max() sees them
+        return n, max(max(durs), -1)
+    consumed = next((i for i, h in enumerate(hdrs) if h & eventcodec.BUSY), n)
+    return consumed, max((d for h, d in zip(hdrs[:consumed], durs) if not h & eventcodec.DISCARD), default=-1)
+
+
+_encode = native.load("_encode")
+scan = getattr(_encode, "scan", None) or scan_pure
+
+
+def _long_durations(durs, min_ns: int) -> list[int]:
+    """Slots whose dur is at least min_ns, in order (long states are few)."""
+    return [i for i, d in enumerate(durs) if d >= min_ns]
+
+
+def _comm_slots(batch, comm: bytes) -> list[int]:
+    """Slots whose comm is comm, found by bytes.find (in C)."""
+    needle = comm + b"\0"
+    out, at = [], batch.find(needle)
+    while at >= 0:
+        if at % STRIDE == OFF["comm"]:
+            out.append(at // STRIDE)
+        at = batch.find(needle, at + 1)
+    return out
+
+
+def match(trig: Trigger, batch, longest=None) -> int | None:
+    """Index of the first slot of batch (bytes of whole slots) that fires trig, or None.
+    longest: scan()'s longest dur of the batch, when known."""
     n = len(batch) // STRIDE
     if not n:
         return None
     mv = memoryview(batch)
-    if trig.min_ns is None or not (trig.runq or trig.codes & {eventcodec.CODES[schema.RUNNING]}):
-        # the state code is the selective column: a kernel state left or entered
-        col = mv.cast("H")[(OFF["to"] if trig.min_ns is None else OFF["from"]) // 2::STRIDE // 2].tolist()
-        cand = sorted(i for code in trig.codes for i in _positions(col, code))
-        if trig.min_ns is not None:
-            cand = [i for i in cand if trig.min_ns <= _field(batch, i, "dur", 8) < eventcodec.NO_DUR]
+    if trig.min_ns is not None:
+        if longest is None:
+            longest = scan(batch)[1]
+        if longest < trig.min_ns:
+            return None  # the usual batch: decided in C
+        cand = _long_durations(columns(mv, n)[1], trig.min_ns)
+    elif trig.comm is not None:
+        cand = _comm_slots(batch, trig.comm)
     else:
-        # run-queue waits are every switch-in: the dur column decides, in C
-        durs = mv.cast("Q")[OFF["dur"] // 8::STRIDE // 8]
-        if max(durs) < trig.min_ns:
-            return None
-        cand = [i for i, d in enumerate(durs) if trig.min_ns <= d < eventcodec.NO_DUR]
+        col = mv.cast("H")[OFF["to"] // 2::STRIDE // 2].tolist()
+        cand = sorted(i for code in trig.codes for i in _positions(col, code))
     for i in cand:
         if not _live(batch, i) or _field(batch, i, "type", 1) != eventcodec.EV_STATE:
             continue
-        if trig.min_ns is not None and _field(batch, i, "from", 2) not in trig.codes:
+        if _field(batch, i, "from" if trig.min_ns is not None else "to", 2) not in trig.codes:
             continue
         if trig.runq and _field(batch, i, "cause", 1) != eventcodec.CAUSE_SWITCH_IN:
             continue
@@ -180,6 +232,8 @@ class FlightRecorder:
         self.files: list[str] = []
         self.last_dump_end = None
         self.manual_asked = False
+        self.spare = None  # one evicted batch, reused (at most one batch beyond the cap)
+        self.writing = False  # a dump holds the ring's batches: none is reused meanwhile
         self.skipped = 0  # triggers the hold-off or --max-dumps ignored
         # (monotonic ns, drops per reason so far), once a second: a dump's end record counts its window's
         self.lost_counts = lost_counts or dict
@@ -189,21 +243,22 @@ class FlightRecorder:
 
     def feed(self, view, n: int) -> int:
         """Keep the committed slots of view; look for triggers. Returns slots consumed."""
-        mv = view.cast("I")
-        consumed = n
-        for i in range(n):  # the kernel still writing a slot: stop before it (rare; the last ones)
-            if mv[i * STRIDE // 4] & eventcodec.BUSY:
-                consumed = i
-                break
+        consumed, longest = scan(view)  # stops before a slot the kernel is still writing
         if not consumed:
             return 0
-        batch = bytes(view[:consumed * STRIDE])
+        size = consumed * STRIDE
+        spare, self.spare = self.spare, None
+        if spare is not None and len(spare) == size:
+            spare[:] = view[:size]  # the batch evicted last: memory already mapped, no page faults
+            batch = spare
+        else:
+            batch = bytearray(view[:size])
         q = memoryview(batch).cast("Q")
         first, last = q[OFF["ts"] // 8], q[(consumed - 1) * STRIDE // 8 + OFF["ts"] // 8]
         self.ring.append((first, last, batch))
         self.bytes += len(batch) + BATCH_OVERHEAD
         for trig in self.triggers:
-            i = match(trig, batch)
+            i = match(trig, batch, longest)
             if i is not None:
                 self._fire(trig, batch, i)
         self._evict(last)
@@ -219,7 +274,10 @@ class FlightRecorder:
         while len(ring) > 1 and (ring[1][0] <= keep_from or self.bytes > self.memory):
             if ring[1][0] > keep_from:
                 self.shrunk_ts = ring[1][0]
-            self.bytes -= len(ring.popleft()[2]) + BATCH_OVERHEAD
+            old = ring.popleft()[2]
+            self.bytes -= len(old) + BATCH_OVERHEAD
+            if not self.writing:
+                self.spare = old  # the next batch goes into it
         self.peak_bytes = max(self.peak_bytes, self.bytes)
 
     # --- triggers ---
@@ -300,7 +358,11 @@ class FlightRecorder:
                     shrunk=begin > want_ts and begin > self.start_ts, triggers=dump.fired,
                     memory_bytes=self.memory)
         name = self._name(trig["ts"])
-        events = self._publish(name, meta, trig, batches, end_ts, reason, between)
+        self.writing = True
+        try:
+            events = self._publish(name, meta, trig, batches, end_ts, reason, between)
+        finally:
+            self.writing = False
         self.dumps += 1
         self.last_dump_end = end_ts
         self.files.append(name)
