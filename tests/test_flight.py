@@ -11,8 +11,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from pstate.commands import stats as stats_cmd
 from pstate.kernel import eventcodec as ec
+from pstate.main import cli as pstate_cli
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import flight
 from pstate.snapshots.writer import SnapDir
@@ -137,7 +137,7 @@ def test_a_dump_holds_the_window_before_and_after_and_reads_as_complete(tmp_path
     assert end["events"] == len(events) and any(r["tid"] == 4242 for r in events)
     assert all(meta["window_begin_ts"] <= r["ts"] <= meta["window_end_ts"] for r in events)
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".pstate-") and "tmp" in n]
-    res = CliRunner().invoke(stats_cmd.cli, ["--strict", str(tmp_path / fr.files[0])])
+    res = CliRunner().invoke(pstate_cli, ["stats", "--strict", str(tmp_path / fr.files[0])])
     assert res.exit_code == 0, res.output
     assert oct(os.stat(tmp_path / fr.files[0]).st_mode & 0o777) == "0o600"
 
@@ -210,11 +210,9 @@ def test_sigusr1_is_a_manual_trigger(tmp_path, monkeypatch):
 
 
 def test_flight_options_need_their_directory_and_flight():
-    from pstate.commands import record
-
-    res = CliRunner().invoke(record.cli, ["--trigger", "D>=100ms"])
+    res = CliRunner().invoke(pstate_cli, ["record", "--trigger", "D>=100ms"])
     assert res.exit_code == 2 and "--trigger needs --flight DURATION" in res.output
-    res = CliRunner().invoke(record.cli, ["--flight", "5s", "--flight-memory", "10k", "-o", "x"])
+    res = CliRunner().invoke(pstate_cli, ["record", "--flight", "5s", "--flight-memory", "10k", "-o", "x"])
     assert res.exit_code == 2 and "at least 1M" in res.output
 
 

@@ -55,10 +55,7 @@ DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
 
 def _size(text: str) -> int:
     """"16M" -> bytes. Raises ValueError for anything but a sane positive size."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b")
-    mult = units.get(t[-1:], None)
-    value = float(t[:-1]) * mult if mult else float(t)
+    value = flightrec.size_bytes(text)
     if not (4096 <= value <= (1 << 31)):  # the kernel caps a ring buffer below 4 GiB
         raise ValueError(text)
     return int(value)

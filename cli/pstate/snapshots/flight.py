@@ -448,7 +448,7 @@ def _write_error(path: str, e: OSError) -> PstateError:
 
 
 def size_bytes(text: str) -> int:
-    """'256M' -> bytes (k/M/G suffixes)."""
+    """'256M' -> bytes (k/M/G suffixes; record's --buffer-size too). ValueError or IndexError otherwise."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().rstrip("b")
     mult = units.get(t[-1:])
