@@ -771,9 +771,41 @@ static PyTypeObject EncoderType = {
     .tp_methods = enc_methods,
 };
 
+/* record --flight's look at a batch (the twin: pstate.snapshots.flight.scan_pure):
+ * (slots before the first busy one, the longest known dur among those not
+ * discarded, or -1). */
+static PyObject *mod_scan(PyObject *Py_UNUSED(mod), PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *p = buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)STRIDE, i;
+    long long longest = -1;
+    for (i = 0; i < n; i++, p += STRIDE) {
+        u32 hdr;
+        memcpy(&hdr, p, 4);
+        if (hdr & BUSY)
+            break;
+        if (hdr & DISCARD)
+            continue;
+        u64 dur;
+        memcpy(&dur, p + HDR_SIZE + O_DUR, 8);
+        if (dur != (u64)NO_DUR && (long long)dur > longest)
+            longest = (long long)dur;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("nL", i, longest);
+}
+
+static PyMethodDef mod_methods[] = {
+    {"scan", mod_scan, METH_O, "(slots before the first busy one, longest known dur or -1) of a batch"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef encode_module = {
     PyModuleDef_HEAD_INIT, .m_name = "pstate._encode",
     .m_doc = "Native loop of eventcodec.Encoder.encode (pstate record).", .m_size = -1,
+    .m_methods = mod_methods,
 };
 
 PyMODINIT_FUNC PyInit__encode(void) {

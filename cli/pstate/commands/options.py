@@ -106,7 +106,7 @@ def filter_options(fn):
 def output_options(fn):
     """-o/--output and --unbuffered for commands that write a stream."""
     return _apply(fn, [
-        click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+        click.option("-o", "--output", type=click.Path(allow_dash=True), default=None,
                      metavar="FILE", help="Write to FILE instead of standard output."),
         click.option("-u", "--unbuffered", is_flag=True,
                      help="Flush every batch of lines at once (the default on a terminal)."),

@@ -20,6 +20,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.durations import Duration
 from pstate.stream.filters import Filter
 from pstate.kernel.kstates import KernelStates
+from pstate.snapshots import flight as flightrec
 from pstate.stream.meta import meta_record
 from pstate.commands.options import filter_options, output_options
 from pstate.stream.outfiles import discard, open_output
@@ -33,6 +34,9 @@ Examples:
   sudo pstate record -c nginx --state D       nginx tasks entering or leaving D
   sudo pstate record --min-dur 5ms            only states that lasted >= 5 ms
   sudo pstate record --max-rate 200000        sample when the rate gets higher
+  sudo pstate record --flight 30s --trigger 'D>=100ms' -o /var/tmp/flight
+                                              the last 30 s, written when a task
+                                              was in D for 100 ms (or on SIGUSR1)
   sudo pstate record | jq -c 'select(.to=="uninterruptible")'
 
 \b
@@ -53,10 +57,7 @@ DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
 
 def _size(text: str) -> int:
     """"16M" -> bytes. Raises ValueError for anything but a sane positive size."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b")
-    mult = units.get(t[-1:], None)
-    value = float(t[:-1]) * mult if mult else float(t)
+    value = flightrec.size_bytes(text)
     if not (4096 <= value <= (1 << 31)):  # the kernel caps a ring buffer below 4 GiB
         raise ValueError(text)
     return int(value)
@@ -104,6 +105,7 @@ class Recorder:
         self.reader_gone = _reader_gone_check(writer)
         if with_stacks:
             self.enc.stacks = stacks.StackTable(prog.table("stacks").map_fd, prog.lib)
+        self.flight = None  # --flight: batches go to its ring, not to the writer
 
     def drain(self, limit_s: float | None = None) -> int:
         """Decode and write what the ring buffer holds. Returns records read."""
@@ -113,7 +115,10 @@ class Recorder:
             view, n = self.ring.read(DRAIN_BATCH)
             if not n:
                 break
-            data, nlines, consumed = self.enc.encode_bytes(view, n)
+            if self.flight is not None:
+                nlines, consumed = 0, self.flight.feed(view, n)
+            else:
+                data, nlines, consumed = self.enc.encode_bytes(view, n)
             view.release()
             self.ring.commit(consumed)
             if self.enc.stacks is not None:
@@ -217,6 +222,8 @@ class Recorder:
             elif now >= sync_at and self.writer.regular:
                 self.writer.sync()
                 sync_at = now + SYNC_S
+            if self.flight is not None:
+                self.flight.tick(lambda: self.drain(limit_s=0.05))
             if end and now >= end:
                 self.stop_reason = "duration"
                 break
@@ -273,6 +280,7 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @filter_options
 @output_options
+@flightrec.flight_options
 @click.option("-d", "--duration", type=Duration("s", positive=True), metavar="DURATION",
               help="Stop after this long, e.g. 500ms, 30s, 1m; a plain number is seconds "
                    "(default: until Ctrl-C or SIGTERM).")
@@ -295,7 +303,7 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
 @click.option("--stack-entries", type=click.IntRange(1, 1 << 20), default=16384, hidden=True,
               help="Slots of the kernel's stack map.")
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
-def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drain_interval, max_rate,
+def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tasks, drain_interval, max_rate,
         kernel_headers, strict, quiet, stack_states, stack_entries, ebpf):
     """Stream every scheduler state transition as JSON lines.
 
@@ -328,14 +336,16 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
     # The output is opened before any program is attached: a FIFO nobody
     # reads, or a refused file, must not leave every context switch paying
     # for a recorder that records nothing.
-    out = open_output(output) if output and output != "-" else None
+    if flight:
+        flight = flightrec.prepare(flight, ks, output)  # -o DIR: the directory of the recordings
+    out = open_output(output) if output and output != "-" and not flight else None
     try:
         prog = loader.Program("record", defines, kernel_headers)
     except BaseException:
         if out is not None:
             discard(out)
         raise
-    writer = LineWriter(out, unbuffered=unbuffered)
+    writer = LineWriter(out if not flight else open_output(os.devnull), unbuffered=unbuffered)
     rec = None
     code = ExitCode.OK
     try:
@@ -354,6 +364,8 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
                        rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states))
         window = _Window(meta["ts"], rec)
+        if flight:
+            rec.flight = flightrec.start(flight, rec.enc, new_meta, meta["ts"], quiet, lambda: rec.lost_reported)
 
         def reopen() -> None:
             # SIGHUP: the current file ends as a complete recording, and the
@@ -395,6 +407,8 @@ def cli(filt: Filter, output, unbuffered, duration, buffer_size, max_tasks, drai
         else:
             prog.detach()
         rec.drain(limit_s=1.0)
+        if rec.flight is not None:
+            rec.flight.close()
         totals = rec.loss_records()
         # Whatever the bounded final drain left in the ring buffer is lost too.
         unread = rec.unread()

@@ -220,6 +220,28 @@ PAGES: dict[str, dict] = {
             syncs it; on standard output SIGHUP ends the run like SIGTERM. A
             regular output file is fsync'd every 5 seconds, so a crash loses
             seconds of events, not what the page cache held.
+
+            `--flight DURATION -o DIR` is a flight recorder: record keeps the
+            most recent DURATION of events in memory as the kernel wrote them
+            (binary, not yet JSON), writes nothing, and when a `--trigger`
+            condition holds or SIGUSR1 arrives goes on recording for `--after`,
+            then writes the window to a new file in DIR named by the trigger's
+            time (flight-20261201T110706.352Z.jsonl), published like a
+            snapshot (a temp file, fsync, a rename that never replaces), and
+            goes on recording. Each file is a complete recording of its window:
+            a meta record with window_begin_ts and window_end_ts, a trigger
+            record (what fired, on which task, when, and the window the file
+            really covers), the events, an end record. `--flight-memory` always
+            wins: when the window does not fit, the oldest events go and the
+            trigger record says shrunk. A trigger inside a file's `--after`
+            extends that file (by one window at most) instead of starting
+            another; `--hold-off` ignores triggers for a while after a file,
+            and `--max-dumps` ends the writing of files for the run. A
+            condition is STATE>=DURATION (a task left STATE after at least
+            DURATION: D>=100ms, uninterruptible>=1s), runq>=DURATION (a
+            run-queue wait before a switch-in), or [comm=NAME:]STATE (a task,
+            or one named NAME, entered STATE: comm=postgres:D); each is
+            checked on the binary events, before anything is encoded.
             """,
         "fields": [
             "Output is JSON lines in the format of pstate-events(5). Each line is one of these record types:",

@@ -132,6 +132,9 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                               "counts past it"),
             "replay_filter_*": ("list?", "replay: the filters replay applied (same names as filter_*)"),
             "replay_include_idle": ("bool?", "replay: --include-idle"),
+            "window_begin_ts": ("int?", "where the file's window begins, ns (a file started mid-run: record's SIGHUP, "
+                                "a --flight recording); durations begun before it are clipped to it"),
+            "window_end_ts": ("int?", "record --flight: where the file's window ends, ns"),
         },
     ),
     "state": (
@@ -206,10 +209,34 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "events_per_s": ("int", "event rate that triggered the change"),
         },
     ),
+    "trigger": (
+        "record --flight: what made this file be written, and the window it really covers (after the meta record)",
+        {
+            "ts": ("int", "when the trigger fired: the ts of the event that fired it, or of the signal"),
+            "cause": ("string", "condition (a --trigger held) or signal (SIGUSR1)"),
+            "condition": ("string?", "the --trigger condition that held, as given (D>=100ms)"),
+            "signal": ("string?", "cause signal: the signal's name"),
+            "pid": ("int?", "condition: process id (tgid) of the task whose event fired it"),
+            "tid": ("int?", "condition: thread id of that task"),
+            "comm": ("string?", "condition: its name"),
+            "from": ("string?", "condition: the state its event left"),
+            "to": ("string?", "condition: the state its event entered"),
+            "dur_ns": ("int?", "condition: time spent in from, ns"),
+            "window_begin_ts": ("int", "first instant the file covers, ns: --flight before ts, less when the "
+                                "memory cap or the start of the run cut it"),
+            "window_end_ts": ("int", "last instant the file covers, ns: --after past the last trigger it took in"),
+            "flight_ns": ("int", "--flight: the window asked for before the trigger, ns"),
+            "after_ns": ("int", "--after, ns"),
+            "shrunk": ("bool", "true when --flight-memory pushed out events of the window asked for"),
+            "triggers": ("int", "triggers this file took in: later ones inside its --after extended it"),
+            "memory_bytes": ("int", "--flight-memory in force"),
+        },
+    ),
     "end": (
         "last line of a stream: why it ended and totals",
         {
-            "reason": ("string", "duration, signal, eof, pipe or error"),
+            "reason": ("string", "duration, signal, eof, pipe or error; a --flight file: flight, or stopped "
+                       "when the run ended during its --after"),
             "events": ("int", "state and lifecycle records written (excluding meta, loss, rate, end)"),
             "lost": ("int", "events dropped in total, all reasons"),
             "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),
