@@ -6,7 +6,7 @@ Generates a synthetic recording (default 5,000,000 state transitions of
 measures on one core (the process is pinned with sched_setaffinity):
 
   stats fast      the chunked digester that `pstate stats FILE` uses
-  stats careful   the per-record reference path (streamio.read_records)
+  stats careful   the per-record reference path (reader.read_records)
   stats e2e       `python -m pstate stats FILE -f json`: wall time, peak RSS
   e2e 1/5         the same on the first fifth of the file: the peak RSS must
                   not grow with the number of events
@@ -50,9 +50,9 @@ sys.path.insert(0, str(ROOT / "cli"))
 
 import orjson  # noqa: E402
 
-from pstate.stream import streamio  # noqa: E402
+from pstate.stream import reader, streamio  # noqa: E402
 from pstate.analysis import timeinstate  # noqa: E402
-from pstate.analysis import ingest
+from pstate.analysis import ingest  # noqa: E402
 
 T0 = 1_000_000_000_000
 
@@ -119,7 +119,7 @@ def run_fast(path):
 def run_careful(path):
     st = streamio.ReadStats()
     agg = timeinstate.Aggregator("pid")
-    ingest.digest_records(streamio.read_records([str(path)], st), agg)
+    ingest.digest_records(reader.read_records([str(path)], st), agg)
     agg.summarise(st)
 
 

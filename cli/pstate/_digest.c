@@ -11,7 +11,7 @@
  * (escapes, non-ASCII, floats, nesting, repeated keys, other record types,
  * huge numbers) is left to Python rather than handled twice.
  *
- * The interface is public and documented (tsa.Aggregator.add_digested is its
+ * The interface is public and documented (analysis.timeinstate.Aggregator.add_digested is its
  * only consumer): the Digester sums the records it reads per task and per
  * cell in its own tables, and take() hands the sums out as lists of plain
  * tuples, in the order each task and cell was first seen, and forgets them;
@@ -1109,7 +1109,7 @@ static PyTypeObject DigesterType = {
     .tp_basicsize = sizeof(Digester),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Digester(by, state_id, comm_id): the native reader and summer of plain state records\n"
-              "(see tsa.Aggregator.add_digested)",
+              "(see pstate.analysis.timeinstate.Aggregator.add_digested)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Digester_init,
     .tp_dealloc = (destructor)Digester_dealloc,
@@ -1316,7 +1316,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef digest_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_digest",
-    .m_doc = "Native inner loops of pstate stats (see tsa.LineDigester) and heat --live (live.Feeder).",
+    .m_doc = "Native inner loops of pstate stats (see pstate.analysis.ingest.LineDigester) and heat --live (pstate.render.dashboard).",
     .m_size = -1,
     .m_methods = module_methods,
 };

@@ -518,7 +518,7 @@ def events_page() -> str:
 
 
 def snapshot_task_fields() -> list[tuple[str, str]]:
-    """The task row fields in snapfiles' order, described in manprose; the
+    """The task row fields in snapdir's order, described in manprose; the
     per-state time fields share one entry."""
     from pstate.snapshots import snapdir
 

@@ -582,7 +582,7 @@ EVENTS = {
         ("truncated", "true when not every thread fit in the kernel's task map (see map_full)."),
         ("map_full", "Transitions not counted because the task map was full."),
     ],
-    # One description per field of snapfiles.ROW_FIELDS; the <state>_ns
+    # One description per field of snapdir.ROW_FIELDS; the <state>_ns
     # fields share one.
     "snapshot_task": {
         "type": "always task",

@@ -130,7 +130,7 @@ def latency_rows(cols: dict, c0: int, ncols: int, max_rows: int):
 
 # --- snapshots -----------------------------------------------------------------
 
-# Snapshot files are read by snapfiles (read_dir); the state counters of a row.
+# Snapshot files are read by snapshots.snapdir (read_dir); the state counters of a row.
 STATE_FIELDS = tuple(f"{name}_ns" for name in snapdir.STATE_FIELDS)
 
 

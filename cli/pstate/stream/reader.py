@@ -36,7 +36,7 @@ written state records among the lines of buf[pos:end] in one go (from line
 n + 1 on) and stops where it meets a line it is not sure about; that line
 takes the careful path, then the bulk reader goes on after it. The bulk
 readers are in C (pstate._digest): Digester, which sums the rows up for
-stats (tsa.Aggregator.add_digested), and parse_states, which hands them out
+stats (timeinstate.Aggregator.add_digested), and parse_states, which hands them out
 as rows (heat --live). PSTATE_PURE=1 leaves every line to the careful path;
 the tests hold the two paths to the same rows, records, counts and errors.
 """

@@ -265,7 +265,7 @@ EVENT_TYPES = ("state", "fork", "exec", "exit")
 ANNOTATION_TYPES = ("cgroup", "process", "stack", "trigger")
 # Every record type this pstate knows; readers skip any other type quietly
 # and count it (ReadStats.unknown), never as a bad line. "task" is the row
-# of a snapshot file (snapfiles.py).
+# of a snapshot file (snapshots/snapdir.py).
 KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", "task", *ANNOTATION_TYPES))
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
 
