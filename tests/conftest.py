@@ -7,8 +7,10 @@ fails them instead, so BPF tests can never pass by silently not running.
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +44,33 @@ def pytest_runtest_setup(item):
             if IN_CI:
                 pytest.fail(f"BPF test cannot run in CI: {why}", pytrace=False)
             pytest.skip(why)
+
+
+# One test may take this long (seconds; a test may ask for more with
+# @pytest.mark.time_limit(N)). Past it the test fails with its stack, and the
+# run goes on: a hang costs one test, not the whole CI run. If the main thread
+# cannot take the signal, every thread's stack is dumped a minute later and
+# the run ends.
+TIME_LIMIT = float(os.environ.get("PSTATE_TEST_TIME_LIMIT", "300"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    mark = item.get_closest_marker("time_limit")
+    limit = float(mark.args[0]) if mark else TIME_LIMIT
+
+    def over(_signum, _frame):
+        pytest.fail(f"over the time limit of {limit:g} s", pytrace=True)
+
+    old = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    faulthandler.dump_traceback_later(limit + 60, exit=True)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, old)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

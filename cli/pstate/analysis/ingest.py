@@ -7,6 +7,7 @@ one pass, which the tests hold it to."""
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import stat as statmod
@@ -212,12 +213,68 @@ def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool,
     return ("ok", agg, stats)
 
 
-def _digest_part_args(args):
-    return digest_part(*args)
+def _part_in_child(args) -> tuple[int, int]:
+    """Fork a child that digests one part and writes its pickled result to
+    a pipe: (pid, read end)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no return from here
+        code = 0
+        try:
+            os.close(rfd)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles ^C
+            try:
+                res = digest_part(*args)
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+                res = ("error", f"cannot digest a part of {args[0]}: {e!r}", int(ExitCode.SOFTWARE))
+            data = pickle.dumps(res, protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(wfd, "wb") as out:
+                out.write(data)
+        except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd
 
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _result_of(pid: int, rfd: int):
+    with os.fdopen(rfd, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    if not data:
+        return ("error", "a part's process ended without a result", int(ExitCode.SOFTWARE))
+    return pickle.loads(data)
+
+
+def parts_in_children(args: list, jobs: int):
+    """Each part's digest_part result, in file order, computed by up to
+    `jobs` forked children at once. Plain fork and one pipe per part (no
+    pool: its helper threads and shared locks can hang at shutdown); when
+    the caller stops early (an error, ^C), the children still running are
+    killed and reaped."""
+    running: list[tuple[int, int]] = []
+    todo = iter(args)
+    try:
+        for a in todo:
+            running.append(_part_in_child(a))
+            if len(running) >= jobs:
+                break
+        while running:
+            pid, rfd = running.pop(0)
+            res = _result_of(pid, rfd)
+            nxt = next(todo, None)
+            if nxt is not None:
+                running.append(_part_in_child(nxt))
+            yield res
+    finally:
+        for pid, rfd in running:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(rfd)
+            os.waitpid(pid, 0)
 
 
 def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, strict: bool = False,
@@ -227,18 +284,14 @@ def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, 
     parts in file order: the same result as reading it in one go. On
     KeyboardInterrupt, the parts done in order so far are kept and the
     interrupt is raised again."""
-    import multiprocessing as mp
-
     parts = parts or file_parts(path, jobs)
     last = len(parts) - 1
     args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last, use_native)
             for i, (a, b) in enumerate(parts)]
     if jobs <= 1 or len(parts) == 1:  # in this process, one part after the other
         results = (digest_part(*a) for a in args)
-        pool = None
     else:
-        pool = mp.get_context("fork").Pool(min(jobs, len(parts)), initializer=_ignore_sigint)
-        results = pool.imap(_digest_part_args, args)  # in order, as they come
+        results = parts_in_children(args, min(jobs, len(parts)))
     line_base = 0
     try:
         for (start, _end), res in zip(parts, results):
@@ -252,9 +305,7 @@ def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, 
             agg.absorb(part_agg)
             line_base += part.lines
     finally:
-        if pool is not None:
-            pool.terminate()  # done, or interrupted: no part is needed any more
-            pool.join()
+        results.close()  # kills the children still at work
 
 
 _WHERE = re.compile(r"^(.*):(\d+)$")
