@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import orjson
 import pytest
@@ -240,12 +241,16 @@ def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_p
     states = [r for r in recs if r["type"] == "state" and r["cause"] == "wakeup" and r["from"] == "sleeping"]
     sleeper = truth["sleeper"]["tid"]
     naps = [r for r in states if r["tid"] == sleeper and r["dur_ns"] and r["dur_ns"] > 40e6]
-    assert len(naps) == 20
-    assert all(r.get("waker") == "irq" and r["waker_tid"] == 0 for r in naps), naps
+    wakers = Counter((r.get("waker"), r["waker_tid"]) for r in naps)
+    assert len(naps) == 20 and wakers == {("irq", 0): 20}, (len(naps), wakers)
     ping, pong = truth["ping"]["tid"], truth["pong"]["tid"]
     for me, other, name in ((ping, pong, "ping"), (pong, ping, "pong")):
-        t0, t1 = truth[name]["first"]["t"], truth[name]["last"]["t"]
-        mine = [r for r in states if r["tid"] == me and t0 < r["ts"] < t1]
-        assert len(mine) >= 50
-        assert all(r["waker_tid"] == other and "waker" not in r for r in mine), [r for r in mine
-                                                                             if r["waker_tid"] != other][:3]
+        first, last = truth[name]["first"], truth[name]["last"]
+        mine = [r for r in states if r["tid"] == me and first["t"] < r["ts"] < last["t"]]
+        # How often a side sleeps on its read depends on how the two were
+        # placed (on one CPU the reply is often there already): the kernel's
+        # count of its voluntary switches says how many wake-ups there were.
+        slept = last["vol"] - first["vol"]
+        assert slept >= 10 and len(mine) >= 0.9 * slept, (name, len(mine), slept)
+        wrong = Counter((r.get("waker"), r["waker_tid"]) for r in mine if r["waker_tid"] != other or "waker" in r)
+        assert not wrong, (name, other, wrong)

@@ -170,9 +170,10 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
         if r["type"] == "state":
             by_tid.setdefault(r["tid"], []).append(r)
     early = {tid: rs for tid, rs in by_tid.items() if rs[0]["ts"] < meta_ts and len(rs) > 1}
-    assert early, "no thread switched between attaching and seeding"
+    assert early, f"no thread switched between attaching and seeding ({len(by_tid)} threads seen)"
     lost = [rs[:2] for rs in early.values() if rs[1]["from"] != "unknown" and rs[1]["dur_ns"] is None]
-    assert not lost, lost
+    assert not lost, (f"{len(lost)} of {len(early)} early threads lost their row; first two records of one: "
+                      f"{[(r['from'], r['to'], r['cause'], r['ts'] - meta_ts, r['dur_ns']) for r in lost[0]]}")
 
 
 def test_duration_and_pipe_to_head_is_quiet():
