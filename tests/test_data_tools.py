@@ -23,6 +23,8 @@ PANDAS = '''df = pd.read_json("rec.jsonl", lines=True, dtype_backend="numpy_null
 states = df[df.type == "state"]
 start = pd.Timestamp(df[df.type == "meta"].wall_time.iloc[0])'''
 
+PANDAS_CSV = 'tasks = pd.read_csv("pstate-snap-20261201T093635.117604Z-000001.csv", comment="#")'
+
 WALL_NS = 1796117795117604579  # 19 digits: a double keeps 15-17
 
 
@@ -53,7 +55,7 @@ def rec(tmp_path, monkeypatch) -> Path:
 
 
 def test_recipes_are_the_readmes():
-    for recipe in (JQ_D, JQ_WALL, DUCKDB, *PANDAS.splitlines()):
+    for recipe in (JQ_D, JQ_WALL, DUCKDB, *PANDAS.splitlines(), PANDAS_CSV):
         assert recipe in README, recipe
 
 
@@ -88,3 +90,21 @@ def test_pandas_recipe(rec):
     assert str(states.pid.dtype) == "Int64" and str(states.dur_ns.dtype) == "Int64"
     assert int(states.dur_ns.sum()) == 20_000_000 + 29_999 * 1000
     assert start.value == WALL_NS  # to the nanosecond
+
+
+def test_pandas_csv_snapshot_recipe(tmp_path, monkeypatch):
+    pd = pytest.importorskip("pandas")
+    from pstate.snapshots import writer
+
+    meta = meta_record("snap")
+    rows = [{"type": "task", "ts": 5, "pid": 7, "tid": 7 + i, "comm": "a,b" if i else "123", "start_ts": 1,
+             "state": "sleeping", "state_since_ts": 2, "exited": False, "exit_ts": None, "running_ns": 10 * i,
+             "sleeping_ns": 3, "nvcsw": 1, "nivcsw": 0, "wakeups": 1} for i in range(3)]
+    end = {"type": "end", "ts": 6, "tasks": 3}
+    monkeypatch.chdir(tmp_path)
+    Path("pstate-snap-20261201T093635.117604Z-000001.csv").write_bytes(writer.render_csv(meta, rows, end))
+    scope = {"pd": pd}
+    exec(PANDAS_CSV, scope)
+    tasks = scope["tasks"]
+    assert len(tasks) == 3 and list(tasks.tid) == [7, 8, 9] and list(tasks.running_ns) == [0, 10, 20]
+    assert list(tasks.comm.astype(str)) == ["123", "a,b", "a,b"]

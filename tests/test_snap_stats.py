@@ -283,3 +283,39 @@ def test_documented_fields_match_the_rows():
     assert all(list(r) == list(snapdir.ROW_FIELDS) for r in rows)
     meta = snapdir.read_snapshot(str(sorted(SERIES.iterdir())[0])).meta
     assert set(snapdir.SNAP_META_FIELDS) <= set(meta)
+
+
+def test_csv_snapshots_read_as_their_json_lines_twins(tmp_path):
+    """snap --format csv writes what stats DIR/ reads back: the same series
+    as CSV gives the same report (paths aside)."""
+    from pstate.snapshots import writer
+
+    for src in sorted(SERIES.iterdir()):
+        recs = [orjson.loads(x) for x in src.read_bytes().splitlines()]
+        meta, rows, end = recs[0], recs[1:-1], recs[-1]
+        (tmp_path / src.name.replace(".jsonl", ".csv")).write_bytes(writer.render_csv(meta, rows, end))
+    want = report()
+    code, out, err = run([tmp_path])
+    assert code == 0 and err == ""
+    got = orjson.loads(out)
+    for iv in got["intervals"]:
+        iv["file"] = "series/" + Path(iv["file"]).name.replace(".csv", ".jsonl")
+    assert got == want
+
+
+def test_a_csv_snapshot_with_a_damaged_row_skips_it_and_says_so(tmp_path):
+    from pstate.snapshots import writer
+
+    src = sorted(SERIES.iterdir())[0]
+    recs = [orjson.loads(x) for x in src.read_bytes().splitlines()]
+    data = writer.render_csv(recs[0], recs[1:-1], recs[-1]).splitlines(keepends=True)
+    data.insert(3, b"1,2,3\n")
+    path = tmp_path / src.name.replace(".jsonl", ".csv")
+    path.write_bytes(b"".join(data))
+    stats = snapdir.ReadStats()
+    snap = snapdir.read_snapshot(str(path), stats)
+    assert snap is not None and len(snap.rows) == len(recs) - 2
+    assert stats.skipped == {"CSV row with a wrong number of fields": 1}
+    assert stats.first_bad["CSV row with a wrong number of fields"] == f"{path}:4"
+    with pytest.raises(PstateError, match=r":4: 3 CSV fields"):
+        snapdir.read_snapshot(str(path), snapdir.ReadStats(), strict=True)

@@ -318,7 +318,8 @@ PAGES: dict[str, dict] = {
                            "sleeping_ns, uninterruptible_ns, ...), always present."),
             ("nvcsw, nivcsw, wakeups", "Voluntary and involuntary context switches, and wake-ups."),
             "With `--format csv` the columns are these fields, with the meta and end records as JSON "
-            "in # comment lines. With `--format prom` the file holds Prometheus counters named "
+            "in # comment lines (pandas: `read_csv(path, comment="#")`); stats, heat and replay read CSV "
+            "snapshots as they read JSON-lines ones. With `--format prom` the file holds Prometheus counters named "
             "pstate_*, per process by default (`--prom-by`).",
         ],
         "overhead": """

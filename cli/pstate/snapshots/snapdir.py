@@ -19,6 +19,8 @@ Rules the readers rely on:
 from __future__ import annotations
 
 import calendar
+import csv
+import io
 import os
 import re
 import stat
@@ -26,8 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import orjson
+
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.streamio import ReadStats
+from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
 
 # --- names -----------------------------------------------------------------
@@ -192,6 +196,70 @@ def _check_meta(meta: dict, name: str) -> None:
             raise PstateError(f"{name}: snapshot header without a valid {f}", ExitCode.DATAERR)
 
 
+# --- CSV snapshots (snap --format csv) ----------------------------------------
+
+_CSV_BOOL = {"true": True, "false": False}
+
+
+def _csv_cell(name: str, text: str):
+    """A CSV cell as the JSON-lines row would hold it: empty is null; the
+    typed fields (TASK_RECORD) and any other <state>_ns are ints, exited a
+    bool; comm and state stay strings even when they look like numbers."""
+    if text == "":
+        return None
+    kind = TASK_RECORD[1].get(name, ("int" if name.endswith("_ns") else "string",))[0]
+    if kind.startswith("int"):
+        try:
+            return int(text)
+        except ValueError:
+            return text  # check_task names the field
+    if kind.startswith("bool"):
+        return _CSV_BOOL.get(text, text)
+    return text
+
+
+def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
+    """The records of a CSV snapshot, as read_records gives those of a
+    JSON-lines one: the meta and end records from their '#' comment lines
+    (first and last), then a "task" record per row under the header."""
+    with open_input(path) as fp:
+        text = io.TextIOWrapper(fp, encoding="utf-8", errors="replace", newline="")
+        header = None
+        for lineno, line in enumerate(text, 1):
+            stats.lines += 1
+            if line.startswith("#"):
+                try:
+                    rec = orjson.loads(line[1:])
+                except orjson.JSONDecodeError:
+                    rec = None
+                if not isinstance(rec, dict) or rec.get("type") not in ("meta", "end"):
+                    if strict:
+                        raise PstateError(f"{path}:{lineno}: a comment line that is not a meta or end record",
+                                          ExitCode.DATAERR)
+                    stats.skip("CSV comment that is not a meta or end record", f"{path}:{lineno}")
+                    continue
+                stats.records += 1
+                stats.note(rec, path)
+                yield rec
+                continue
+            if not line.strip():
+                continue
+            cells = next(csv.reader([line]), [])
+            if header is None:
+                header = cells
+                continue
+            if len(cells) != len(header):
+                if strict:
+                    raise PstateError(f"{path}:{lineno}: {len(cells)} CSV fields, the header has {len(header)}",
+                                      ExitCode.DATAERR)
+                stats.skip("CSV row with a wrong number of fields", f"{path}:{lineno}")
+                continue
+            stats.records += 1
+            row = {"type": "task"}
+            row.update((k, _csv_cell(k, v)) for k, v in zip(header, cells))
+            yield row
+
+
 def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | None = None, *,
                   strict: bool = False, keep_incomplete: bool = False) -> Snapshot | None:
     """One snapshot file (its meta, task rows and end), or None when it is
@@ -209,7 +277,9 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     rows = []
     end = None
     bad = 0
-    for rec in read_records([path], stats, strict=strict):
+    records = (csv_records(path, stats, strict=strict) if path.endswith(".csv")
+               else read_records([path], stats, strict=strict))
+    for rec in records:
         t = rec["type"]
         if t == "meta":
             if meta is not None:
@@ -253,8 +323,9 @@ def read_dir(path: str, stats: ReadStats | None = None, problems: list | None = 
 
 
 def list_dir(path: str) -> list[str]:
-    """Snapshot JSON-lines files of a directory, oldest first (by sequence).
-    Dot-files, other names, symlinks and non-regular files are not snapshots."""
+    """Snapshot files of a directory (JSON lines or CSV), oldest first (by
+    sequence). Dot-files, other names, symlinks and non-regular files are
+    not snapshots."""
     found = []
     try:
         entries = list(os.scandir(path))
@@ -262,7 +333,7 @@ def list_dir(path: str) -> list[str]:
         raise PstateError(f"cannot read directory {path}: {e.strerror}", ExitCode.NOINPUT) from None
     for e in entries:
         parsed = parse_name(e.name)
-        if parsed and parsed[2] == "jsonl" and e.is_file(follow_symlinks=False):
+        if parsed and e.is_file(follow_symlinks=False):
             found.append((parsed[1], e.name))
     found.sort()
     return [os.path.join(path, n) for _seq, n in found]
