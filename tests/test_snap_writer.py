@@ -32,6 +32,7 @@ from pstate.snapshots import snapdir
 from pstate.analysis import snapseries
 from pstate.snapshots import writer
 from pstate.main import cli as main_cli
+from pstate.stream.meta import rfc3339
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "snap"
@@ -121,7 +122,8 @@ def test_one_shot_writes_exactly_one_complete_file(tmp_path):
     assert meta["ts"] == meta["interval_end_ts"] and meta["wall_ns"] == meta["wall_end_ns"]
     assert len(rows) == 50 and all(r["type"] == "task" and r["ts"] == meta["ts"] for r in rows)
     assert all(list(r) == list(snapdir.ROW_FIELDS) for r in rows)
-    assert end == {"type": "end", "ts": meta["ts"], "tasks": 50, "reason": "interval"}
+    assert end == {"type": "end", "ts": meta["ts"], "tasks": 50, "reason": "interval", "wall_time": meta["wall_time"]}
+    assert meta["wall_time"] == rfc3339(meta["wall_ns"])
     status = orjson.loads((out / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is True and status["file"] == files[0].name and status["error"] is None
     assert sorted(p.name for p in out.iterdir()) == sorted([files[0].name, snapdir.STATUS_NAME,

@@ -21,7 +21,7 @@ from pstate.stream.durations import Duration
 from pstate.stream.filters import Filter
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import flight as flightrec
-from pstate.stream.meta import meta_record
+from pstate.stream.meta import meta_record, wall_time_at
 from pstate.commands.options import filter_options, output_options
 from pstate.stream.outfiles import discard, open_output
 from pstate.stream.streamio import LineWriter, silence_stdout
@@ -363,7 +363,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         meta = new_meta()
         rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
                        rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states))
-        window = _Window(meta["ts"], rec)
+        window = _Window(meta, rec)
         if flight:
             rec.flight = flightrec.start(flight, rec.enc, new_meta, meta["ts"], quiet, lambda: rec.lost_reported)
 
@@ -385,7 +385,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             new["window_begin_ts"] = end["ts"]
             writer.record(new)
             writer.flush()
-            window = _Window(new["ts"], rec, counters)
+            window = _Window(new, rec, counters)
 
         if writer.regular:
             rec.reopen = reopen
@@ -439,8 +439,9 @@ class _Window:
     """What one output file covers: the end trailer counts its own events
     and losses (all of the run, unless SIGHUP started new files)."""
 
-    def __init__(self, meta_ts: int, rec: Recorder, counters=None):
-        self.meta_ts = meta_ts
+    def __init__(self, meta: dict, rec: Recorder, counters=None):
+        self.meta = meta
+        self.meta_ts = meta["ts"]
         self.events = rec.events
         self.lost = dict(rec.lost_reported)
         # the kernel's counters where the window begins (events tried, pairs clamped)
@@ -460,6 +461,7 @@ class _Window:
             "kernel_events": counters[loader.STAT_ATTEMPTED] - self.attempted,
             "clamped": counters[loader.STAT_CLAMPED] - self.clamped,
             "duration_ns": now - self.meta_ts,
+            "wall_time": wall_time_at(self.meta, now),
         }
         st = self.rec.enc.stacks
         if st is not None:

@@ -33,7 +33,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
 from pstate.stream import schema
 from pstate.stream.durations import Duration, fmt_ns, parse_ns
-from pstate.stream.meta import rfc3339
+from pstate.stream.meta import rfc3339, wall_time_at
 from pstate.stream.outfiles import invoking_user
 from pstate.snapshots.writer import SnapDir, _rename_noreplace
 
@@ -406,7 +406,7 @@ class FlightRecorder:
                     events += nlines
                     if between is not None and k % 16 == 15:
                         between()  # keep the BPF ring buffer drained while a large dump is written
-                fp.write(orjson.dumps(self._end(end_ts, reason, events, meta["ts"]), option=orjson.OPT_APPEND_NEWLINE))
+                fp.write(orjson.dumps(self._end(end_ts, reason, events, meta), option=orjson.OPT_APPEND_NEWLINE))
             os.fsync(fd)
             os.close(fd)
             fd = None
@@ -424,14 +424,16 @@ class FlightRecorder:
         return events
 
 
-    def _end(self, end_ts: int, reason: str, events: int, begin: int) -> dict:
+    def _end(self, end_ts: int, reason: str, events: int, meta: dict) -> dict:
         """The dump's end record: its events, and the drops counted since the
         last once-a-second mark at or before its window began."""
+        begin = meta["ts"]
         base = next((m for t, m in reversed(self.lost_marks) if t <= begin), self.lost_marks[0][1])
         now = self.lost_counts()
         lost = {r: n - base.get(r, 0) for r, n in now.items()}
         return {"type": "end", "ts": end_ts, "reason": reason, "events": events, "lost": sum(lost.values()),
-                **{f"lost_{r}": n for r, n in lost.items()}, "duration_ns": end_ts - begin}
+                **{f"lost_{r}": n for r, n in lost.items()}, "duration_ns": end_ts - begin,
+                "wall_time": wall_time_at(meta, end_ts)}
 
 
 def _exists(dfd: int, name: str) -> bool:

@@ -45,7 +45,7 @@ import orjson
 
 from pstate.snapshots import snapdir
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.meta import clock_anchor
+from pstate.stream.meta import clock_anchor, rfc3339
 
 LEDGER_NAME = ".pstate-written"  # the snapshot names pstate published here, one a line, in order
 _NOSPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -629,7 +629,7 @@ class Snapper:
         ts = sample.ts
         meta = dict(self.meta_base)
         meta.update({
-            "ts": ts, "wall_ns": wall_end,
+            "ts": ts, "wall_ns": wall_end, "wall_time": rfc3339(wall_end),
             "interval_start_ts": start_ts, "interval_end_ts": ts,
             "wall_start_ns": wall_start, "wall_end_ns": wall_end,
             "mode": "delta" if self.plan.clear else "cumulative",
@@ -647,7 +647,7 @@ class Snapper:
             deltas.append(d)
             new.append(prev is None)
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
-        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval"}
+        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"]}
         if self.plan.fmt == "prom":
             self.prom.update(rows, deltas, new, run_start)
             self.out.seq += 1

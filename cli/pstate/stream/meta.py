@@ -39,6 +39,15 @@ def rfc3339(wall_ns: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{ns:09d}Z"
 
 
+def wall_time_at(meta: dict, ts: int) -> str | None:
+    """The wall_time (rfc3339) of monotonic ts by a meta record's anchor
+    (wall = wall_ns + (ts - meta ts)), or None when the meta has none."""
+    wall, base = meta.get("wall_ns"), meta.get("ts")
+    if type(wall) is not int or type(base) is not int or type(ts) is not int:
+        return None
+    return rfc3339(wall + ts - base)
+
+
 def meta_record(source: str, kernel_states=None) -> dict:
     mono, wall = clock_anchor()
     rec = {

@@ -248,6 +248,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "clamped": ("int?", "record: durations clamped to 0 because their two timestamps, read on two CPUs, "
                         "came out of order (never wrapped around)"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
+            "wall_time": ("string?", "wall clock at ts, RFC 3339 UTC with nanoseconds, by the meta record's "
+                          "anchor (as meta's wall_time)"),
             "stack_failed": ("int?", "record --stacks: blocking switch-outs whose stack the kernel could not "
                              "keep (its stack map slot held another stack, or the map was full)"),
             "stack_lost": ("int?", "record --stacks: wake-ups whose stack could not be read back"),
