@@ -78,7 +78,7 @@ def test_golden(name):
     if name.endswith(".txt"):
         assert "\x1b" not in r.stdout
     else:
-        assert "\x1b[48;" in r.stdout
+        assert ";48;" in r.stdout
 
 
 @pytest.mark.parametrize("width", [40, 80, 120])
@@ -165,3 +165,34 @@ def test_nothing_to_show(tmp_path):
     assert r.stdout.startswith("No state transitions in the input\n(nothing to show)\n")
     r = heat(str(f), "--width", "60", "--latency")
     assert "no such durations in the input" in r.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in GOLDEN_CASES if n.endswith(".ansi")))
+def test_colour_maps_are_the_plain_maps_under_their_colours(name):
+    """The same glyphs with and without colour: a colour-blind reader, a
+    pasted capture or a --color never log sees the same map."""
+    args = [a for a in GOLDEN_CASES[name]]
+    i = args.index("--color")
+    coloured = heat(*args)
+    plain = heat(*args[:i], *args[i + 2:], "--color", "never")
+    assert coloured.exit_code == plain.exit_code == 0
+    assert visible(coloured.stdout) == plain.stdout
+
+
+@pytest.mark.parametrize("color", ["never", "256"])
+def test_live_final_frame(color):
+    """The live map's last frame (its status line holds the time of day:
+    left out), with the same glyphs in colour as without."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(HERE))
+    from test_heat_live import run_pipe
+
+    style = hr.PLAIN if color == "never" else hr.Style(True, False)
+    _res, text = run_pipe(Path(SMALL).read_bytes(), window_ns=1_000_000_000, style=style)
+    frame = text.split("\n\n")[-1].splitlines()[:-1]
+    check_golden(f"live-final-w80.{'txt' if color == 'never' else 'ansi'}", "\n".join(frame) + "\n")
+    if color != "never":
+        assert "\x1b[" in frame[1]
+        _res, plain = run_pipe(Path(SMALL).read_bytes(), window_ns=1_000_000_000)
+        assert [visible(x) for x in frame] == plain.split("\n\n")[-1].splitlines()[:-1]

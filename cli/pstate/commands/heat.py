@@ -98,10 +98,11 @@ class MeasureChoice(Choice):
               help="Fit the map into this many lines [default: the terminal's when it is one].")
 @click.option("--color", "color", type=click.Choice(["auto", "always", "never", "256", "truecolor"]),
               default="auto", show_default=True,
-              help="Colour cells with ANSI codes: auto = on a terminal unless NO_COLOR is set; "
+              help="Colour the cells behind their glyphs (the same glyphs as without colour) with ANSI codes: "
+                   "auto = on a terminal unless NO_COLOR is set; "
                    "256 or truecolor force that palette (always picks truecolor when "
                    "COLORTERM says so).")
-@click.option("--no-color", is_flag=True, help="Plain ASCII glyphs, same as --color never.")
+@click.option("--no-color", is_flag=True, help="The glyphs without colour, same as --color never.")
 @click.option("--live", is_flag=True,
               help="Read a stream and redraw in place over a sliding window until the input ends "
                    "or Ctrl-C / q.")

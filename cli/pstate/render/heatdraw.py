@@ -1,9 +1,12 @@
 """Drawing heat map views (heatmap.View) as text: plain ASCII glyphs, or ANSI
 256-colour / truecolor cells. Pure functions from a view and a width to lines.
 
-Plain mode draws every state with its own ASCII glyph and intensities with
-the ramp " .:-=+*#%@"; colour mode draws solid background-coloured cells
-(one RGB table; 256-colour codes are derived from it).
+Every state has its own ASCII glyph and intensities the ramp " .:-=+*#%@";
+colour mode draws the same glyphs on background-coloured cells (one RGB
+table; 256-colour codes are derived from it), in black or white, whichever
+reads better on the colour. Without its escape codes a coloured map is the
+plain one: a colour-blind reader, a `tmux capture-pane -p` or a log of it
+sees the same map.
 """
 
 from __future__ import annotations
@@ -83,9 +86,11 @@ class Style:
     truecolor: bool = False
 
     def bg(self, rgb) -> str:
+        """Background rgb, with a black or white glyph over it."""
+        ink = "30" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "97"
         if self.truecolor:
-            return f"\x1b[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m"
-        return f"\x1b[48;5;{rgb_to_256(*rgb)}m"
+            return f"\x1b[{ink};48;2;{rgb[0]};{rgb[1]};{rgb[2]}m"
+        return f"\x1b[{ink};48;5;{rgb_to_256(*rgb)}m"
 
     reset = "\x1b[0m"
     bold = "\x1b[1m"
@@ -277,25 +282,19 @@ def render_cells(view: View, row, style: Style) -> str:
         return "".join(_cell_char(view, v) for v in row)
     out = []
     cur = None  # no colour set
-    run = 0
     for v in row:
         rgb = _cell_rgb(view, v)
         if rgb != cur:
-            if run:
-                out.append(" " * run)
-                run = 0
             out.append(style.reset if rgb is None else style.bg(rgb))
             cur = rgb
-        run += 1
-    if run:
-        out.append(" " * run)
+        out.append(_cell_char(view, v))
     if cur is not None:
         out.append(style.reset)
     return "".join(out)
 
 
-def swatch(style: Style, rgb) -> str:
-    return f"{style.bg(rgb)}  {style.reset}"
+def swatch(style: Style, rgb, glyph: str) -> str:
+    return f"{style.bg(rgb)}{glyph}{style.reset}"
 
 
 def legend_lines(view: View, width: int, style: Style) -> list[str]:
@@ -304,20 +303,17 @@ def legend_lines(view: View, width: int, style: Style) -> list[str]:
         for i in view.states_present:
             name = STATE_NAMES[i]
             g = GLYPHS[name]
-            vis = f"{g} {name}" if not style.color else f"   {name}"
-            rendered = vis if not style.color else f"{swatch(style, STATE_RGB[name])} {name}"
+            vis = f"{g} {name}"
+            rendered = vis if not style.color else f"{swatch(style, STATE_RGB[name], g)} {name}"
             items.append((vis, rendered))
         if any(v is None for row in view.cells for v in row):
-            items.append(("' ' not seen" if not style.color else "   not seen",
-                          "' ' not seen" if not style.color else "   not seen"))
+            items.append(("' ' not seen", "' ' not seen"))
         return join_items(items, width)
     items = []
     for lv, text in scale_items(view.scale_max, view.scale_mode, view.scale_unit):
-        if style.color:
-            vis = f"   {text}"
-            rendered = (f"{swatch(style, HEAT_RGB[lv - 1])} {text}" if lv else f"   {text}")
-        else:
-            vis = rendered = f"'{RAMP[lv]}'{text}"
+        vis = rendered = f"'{RAMP[lv]}'{text}"
+        if style.color and lv:
+            rendered = f"'{swatch(style, HEAT_RGB[lv - 1], RAMP[lv])}'{text}"
         items.append((vis, rendered))
     lead = f"{view.scale_title}:"
     return join_items(items, width, lead)
