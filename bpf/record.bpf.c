@@ -81,6 +81,11 @@ struct irq_ctx {
 
 #ifdef TASKS_BY_TID
 BPF_ARRAY(tasks, struct task_state, MAX_TASKS);
+// Rows from /proc for the threads alive at the start, written by user space.
+// An array row cannot be written "only where the program has none" from user
+// space, so seeds wait here until a thread's first event takes its own (as in
+// snap.bpf.c): a row the program made is never overwritten by a seed.
+BPF_HASH(seeds, u32, struct task_state, MAX_TASKS);
 #else
 BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
 #endif
@@ -134,9 +139,28 @@ static __always_inline int known(struct task_state *ts) {
 #endif
 }
 
+// A thread's row, as tasks.lookup() gives it; with TASKS_BY_TID an empty
+// slot first takes the thread's seed, if one waits. Deleting the seed is the
+// claim on it.
+static __always_inline struct task_state *task_row(u32 tid) {
+    struct task_state *ts = tasks.lookup(&tid);
+#ifdef TASKS_BY_TID
+    if (!ts || known(ts))
+        return ts;
+    struct task_state *seed = seeds.lookup(&tid);
+    if (!seed)
+        return ts;
+    struct task_state copy = *seed;
+    if (seeds.delete(&tid) == 0) // else taken meanwhile on another CPU, which writes the row
+        *ts = copy;
+#endif
+    return ts;
+}
+
 static __always_inline void forget(u32 tid, struct task_state *ts) {
 #ifdef TASKS_BY_TID
     __builtin_memset(ts, 0, sizeof(*ts));
+    seeds.delete(&tid); // a seed never taken must not seed a later thread of this tid
 #else
     tasks.delete(&tid);
 #endif
@@ -323,7 +347,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     }
 
     if (prev != 0) {
-        struct task_state *ts = tasks.lookup(&prev);
+        struct task_state *ts = task_row(prev);
         u64 dur = NO_DUR;
         if (ts && ts->state == ST_RUNNING && ts->since)
             dur = elapsed(now, ts->since);
@@ -363,7 +387,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     }
 
     if (next != 0) {
-        struct task_state *ts = tasks.lookup(&next);
+        struct task_state *ts = task_row(next);
         u16 from = ST_UNKNOWN;
         u64 dur = NO_DUR;
         u32 tgid = 0;
@@ -439,7 +463,7 @@ static __always_inline void waking(u32 tid, const char *comm, u8 cause, u32 targ
     struct settings *cfg = get_settings();
     if (!cfg)
         return;
-    struct task_state *ts = tasks.lookup(&tid);
+    struct task_state *ts = task_row(tid);
     if (ts) {
         u16 st = ts->state;
         if (st == ST_RUNNING) {
@@ -473,7 +497,7 @@ TRACEPOINT_PROBE(sched, sched_waking) {
 // put on a run queue only now), with the waker kept at sched_waking.
 TRACEPOINT_PROBE(sched, sched_wakeup) {
     u32 tid = args->pid;
-    struct task_state *ts = tasks.lookup(&tid);
+    struct task_state *ts = task_row(tid);
     if (!ts || !ts->wake_flags)
         return 0;
     u8 wf = ts->wake_flags;
@@ -592,7 +616,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (old != tid) {
         // A non-leader thread exec'd and took over the leader's pid.
-        struct task_state *ts = tasks.lookup(&old);
+        struct task_state *ts = task_row(old);
         if (known(ts)) {
             struct task_state copy = *ts;
             copy.tgid = tgid;
@@ -614,7 +638,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 // for a dead thread): close its last state and forget it.
 TRACEPOINT_PROBE(sched, sched_process_free) {
     u32 tid = args->pid;
-    struct task_state *ts = tasks.lookup(&tid);
+    struct task_state *ts = task_row(tid);
     if (!ts)
         return 0;
     // The free comes after an RCU grace period, when the tid may already

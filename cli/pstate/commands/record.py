@@ -14,7 +14,7 @@ import time
 import click
 
 from pstate.kernel import filtermaps, loader, stacks
-from pstate.kernel.bpfsys import BPF_ANY, BPF_NOEXIST
+from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.durations import Duration
@@ -488,7 +488,9 @@ def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:
     """Give the kernel side the tgid and state of every thread alive now, so
     the first events of existing tasks carry their process id. A row the
     program has made since it was attached is fresher and is kept."""
-    tasks = prog.table("tasks")
+    # the hash takes seeds where no row exists; with the array they wait in
+    # `seeds` for the thread's first event (bpf/record.bpf.c, task_row)
+    tasks = prog.table("seeds" if by_tid else "tasks")
     lib = prog.lib
     fd = tasks.map_fd
     letters = {letter: bit for bit, letter in ks.letters.items()}
@@ -501,14 +503,6 @@ def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:
         leaf.since = 0  # start not seen: durations of this first state are unknown
         leaf.state = (0x1000 | bit) if bit else 0
         key = Key(tid)
-        if by_tid:
-            # an array row always exists; all zero means the thread is not seen yet
-            cur = Leaf()
-            if lib.bpf_lookup_elem(fd, ctypes.byref(key), ctypes.byref(cur)) == 0 and (
-                    cur.since or cur.state or cur.tgid):
-                continue
-            rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_ANY)
-        else:
-            rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
+        rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
         if rc != 0 and ctypes.get_errno() != errno.EEXIST:
             break  # map full: later events count map_full drops
