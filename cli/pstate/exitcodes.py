@@ -13,7 +13,7 @@ import click
 
 class ExitCode(enum.IntEnum):
     OK = 0
-    FAILURE = 1  # generic failure; also a broken output pipe
+    FAILURE = 1  # generic failure (a closed output pipe, as in `pstate ... | head`, is a normal end: 0)
     USAGE = 2  # bad command line (click's own code)
     LOSS = 3  # record --strict: events were lost
     DATAERR = 65  # input unreadable, malformed (with --strict) or of a newer schema
