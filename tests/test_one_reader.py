@@ -261,3 +261,36 @@ def test_the_same_recording_twice_is_noticed():
     assert "<stdin>: a recording of the same boot overlaps one read before it (the same recording twice?)" in err
     code, _out, err = both("-", input=data)
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("every", [1, 4, 50])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_same_recording_twice_is_noticed_across_parts(tmp_path, every, jobs):
+    """stats -j: each part reads on its own; the merge still sees the second
+    meta of the same boot inside the first recording's time."""
+    data = (DATA / "stats" / "basic.jsonl").read_bytes()
+    path = tmp_path / "twice.jsonl"
+    path.write_bytes(data + data)
+    parts = test_stats.parts_of(data + data, every)
+    st_, _rep = test_stats.in_parts(str(path), parts, jobs)
+    one, _rep = test_stats.serial(str(path))
+    assert one.overlaps == [str(path)]
+    assert st_.overlaps == one.overlaps and st_.problems() == one.problems()
+    single = tmp_path / "once.jsonl"
+    single.write_bytes(data)
+    st_, _rep = test_stats.in_parts(str(single), test_stats.parts_of(data, every), jobs)
+    assert st_.overlaps == [] and st_.problems() == []
+
+
+def test_stats_jobs_reports_the_overlap_as_one_pass_does(tmp_path, monkeypatch):
+    from pstate.analysis import ingest
+
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_PART_MIN_BYTES", 64)
+    data = (DATA / "stats" / "basic.jsonl").read_bytes()
+    path = tmp_path / "twice.jsonl"
+    path.write_bytes(data + data)
+    assert len(ingest.file_parts(str(path), 2)) == 2
+    one = stats(str(path), "-j", "1")
+    two = stats(str(path), "-j", "2")
+    assert one == two and "overlaps one read before it" in one[2]
