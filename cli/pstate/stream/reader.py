@@ -26,6 +26,9 @@ What comes out, in input order, goes to a sink with two methods:
 - sink.rows(rows): plain state records as state rows, tuples of ROW_FIELDS
   (ts, pid, tid, comm, from, to, dur_ns, cpu, weight); comm and dur_ns are
   None when null or absent, weight is 1 (k when sampling keeps 1 line in k);
+  wide rows (wide=True, for the trace export) go on with the fields of
+  WIDE_FIELDS (cause, prio, next_tid, prev_tid, kstate, target_cpu, waker),
+  each as orjson read it, None when null or absent;
 - sink.record(rec, weight): every other usable record of a known type, as
   the dict orjson made of it (lifecycle, meta, loss, end, rate, annotations).
 
@@ -37,14 +40,16 @@ n + 1 on) and stops where it meets a line it is not sure about; that line
 takes the careful path, then the bulk reader goes on after it. The bulk
 readers are in C (pstate._digest): Digester, which sums the rows up for
 stats (timeinstate.Aggregator.add_digested), and parse_states, which hands them out
-as rows (heat --live). PSTATE_PURE=1 leaves every line to the careful path;
-the tests hold the two paths to the same rows, records, counts and errors.
+as rows (native_rows=True: heat, heat --live, export). PSTATE_PURE=1 leaves
+every line to the careful path; the tests hold the two paths to the same rows,
+records, counts and errors.
 """
 
 from __future__ import annotations
 
 import orjson
 
+from pstate import native
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
@@ -52,6 +57,9 @@ from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, check_record, note_
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
 ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight")
+WIDE_FIELDS = ("cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu", "waker")
+# The native row reader (None when not built or PSTATE_PURE=1).
+_parse_states = getattr(native.load("_digest"), "parse_states", None)
 # Sampling (heat --live) may pass over transitions into these states, which
 # are the bulk of a stream, recognised by their bytes without parsing.
 _TO = b'"to":"'
@@ -67,10 +75,14 @@ class LineError(PstateError):
         self.name, self.lineno, self.why = name, lineno, why
 
 
-def state_row(rec: dict, weight: int = 1) -> tuple:
-    """The state row of a checked state record."""
-    return (rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"], rec.get("dur_ns"),
-            rec["cpu"], weight)
+def state_row(rec: dict, weight: int = 1, wide: bool = False) -> tuple:
+    """The state row of a checked state record (wide: with WIDE_FIELDS)."""
+    g = rec.get
+    if wide:
+        return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"],
+                weight, g("cause"), g("prio"), g("next_tid"), g("prev_tid"), g("kstate"), g("target_cpu"),
+                g("waker"))
+    return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"], weight)
 
 
 def overlong(max_line: int) -> str:
@@ -88,20 +100,31 @@ class StreamReader:
     multiple of k is passed over unparsed, and one that is kept weighs k.
     dicts: state records go to sink.record as the dicts they were parsed
     into, like every other record (read_records; the careful path only).
+    native_rows: the bulk reader is the native row reader (parse_states),
+    when built, handing its rows to sink.rows; wide: wide rows.
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
-                 dicts: bool = False):
+                 dicts: bool = False, native_rows: bool = False, wide: bool = False):
         self.sink = sink
         self.dicts = dicts  # state records to sink.record as dicts too (read_records)
+        self.wide = wide
         self.stats = stats
         self.strict = strict
         self.max_line = max_line
+        if native_rows and fast is None and _parse_states is not None:
+            fast = self._native_rows
         self.fast = fast
         self.k = 1
         self.name = "<stdin>"
         self._rows: list = []
         self._reset(True)
+
+    def _native_rows(self, buf: bytes, pos: int, end: int, n: int):
+        stop, lines, rows = _parse_states(buf, pos, end, self.max_line, self.k, n, self.wide)
+        if rows:
+            self.sink.rows(rows)
+        return stop, lines, len(rows)
 
     def _reset(self, at_start: bool) -> None:
         self.lineno = 0
@@ -260,7 +283,7 @@ class StreamReader:
         stats.records += 1
         t = rec["type"]
         if t == "state" and not self.dicts:
-            self._rows.append(state_row(rec, weight))
+            self._rows.append(state_row(rec, weight, self.wide))
             return
         if t not in schema.KNOWN_TYPES:
             stats.unknown[t] = stats.unknown.get(t, 0) + 1
@@ -312,6 +335,33 @@ class _Collect:
         return out
 
 
+def feed_sources(rd: StreamReader, sources, stats: ReadStats):
+    """Read files (or "-" for stdin), in order, into rd: each one begun,
+    fed in chunks and ended, its compression damage noted in stats. A
+    generator: it yields after every chunk and at the end of every source,
+    so that the caller can pass on what the sink has by then."""
+    import sys
+
+    for src in sources:
+        name = "<stdin>" if src == "-" else src
+        fp = open_input(src)
+        try:
+            rd.begin(name)
+            read = getattr(fp, "read1", None) or fp.read
+            while True:
+                data = read(CHUNK)
+                if not data:
+                    break
+                rd.feed(data)
+                yield
+            rd.end()
+            note_damage(fp, name, stats)
+            yield
+        finally:
+            if fp is not sys.stdin.buffer:
+                fp.close()
+
+
 def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX_LINE, strict: bool = False,
                  types: frozenset | None = None):
     """Yield the usable records of files (or "-" for stdin), in order, as
@@ -319,26 +369,9 @@ def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX
     records (types: only these). meta, loss and end records are also noted
     in stats; a newer schema raises PstateError; with strict, so does the
     first bad line (LineError)."""
-    import sys
-
     stats = stats if stats is not None else ReadStats()
     sink = _Collect(types)
     rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True)
-    for src in sources:
-        fp = open_input(src)
-        try:
-            rd.begin("<stdin>" if src == "-" else src)
-            read = getattr(fp, "read1", None) or fp.read
-            while True:
-                data = read(CHUNK)
-                if not data:
-                    break
-                rd.feed(data)
-                if sink.out:
-                    yield from sink.take()
-            rd.end()
-            note_damage(fp, "<stdin>" if src == "-" else src, stats)
+    for _ in feed_sources(rd, sources, stats):
+        if sink.out:
             yield from sink.take()
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()
