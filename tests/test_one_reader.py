@@ -178,24 +178,37 @@ def test_the_same_rows_through_the_native_row_reader(path, wide):
 EXPORTS = [("-f", "chrome"), ("-f", "perfetto")]
 
 
-def export(path: str, *args: str, input: bytes | None = None):
-    res = CliRunner().invoke(cli, ["export", "-q", *args, path], input=input, catch_exceptions=False)
-    return res.exit_code, res.stdout_bytes, res.stderr
-
-
 def export_both(monkeypatch, path: str, *args: str, input: bytes | None = None):
-    fast = export(path, *args, input=input)
-    with monkeypatch.context() as m:
-        m.setattr(reader, "_parse_states", None)
-        careful = export(path, *args, input=input)
-    assert fast == careful
-    return fast
+    return fast_and_careful(monkeypatch, ["export", "-q", *args, path], input)
 
 
 @pytest.mark.parametrize("args", EXPORTS, ids=["chrome", "perfetto"])
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_export_fast_and_careful_agree(monkeypatch, path, args):
     export_both(monkeypatch, str(path), *args)
+
+
+def fast_and_careful(monkeypatch, argv: list, input: bytes | None = None):
+    """A command's (exit code, stdout, stderr) with the native row reader and without it: the same."""
+    def once():
+        res = CliRunner().invoke(cli, argv, input=input, catch_exceptions=False)
+        return res.exit_code, res.stdout_bytes, res.stderr
+
+    fast = once()
+    with monkeypatch.context() as m:
+        m.setattr(reader, "_parse_states", None)
+        careful = once()
+    assert fast == careful
+    return fast
+
+
+HEATS = [(), ("--latency",), ("--by", "pid", "--shade", "D"), ("-p", "10,4242", "--bucket", "1ms"), ("--strict",)]
+
+
+@pytest.mark.parametrize("args", HEATS, ids=["states", "latency", "shade", "filter", "strict"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_heat_fast_and_careful_agree(monkeypatch, path, args):
+    fast_and_careful(monkeypatch, ["heat", "--width", "100", "--no-color", *args, str(path)])
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
