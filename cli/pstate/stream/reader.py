@@ -30,7 +30,12 @@ What comes out, in input order, goes to a sink with two methods:
   WIDE_FIELDS (cause, prio, next_tid, prev_tid, kstate, target_cpu, waker),
   each as orjson read it, None when null or absent;
 - sink.record(rec, weight): every other usable record of a known type, as
-  the dict orjson made of it (lifecycle, meta, loss, end, rate, annotations).
+  the dict orjson made of it (lifecycle, meta, loss, end, rate, annotations);
+- with lines=True (replay, which writes the lines it passes unchanged), the
+  sink's line(rec, line) instead of record(): line is the record's bytes
+  with a newline at the end (added to a last line that had none);
+  with unknown=True, records of types this pstate does not know go to the
+  sink too (counted all the same).
 
 Two paths, one result. The careful path parses every line with orjson and
 checks it with check_record. The fast path is a bulk reader, a callable
@@ -52,7 +57,7 @@ import orjson
 from pstate import native
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
+from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, note_damage, open_input, plain_state_ok, record_problem
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
@@ -64,6 +69,7 @@ _parse_states = getattr(native.load("_digest"), "parse_states", None)
 # are the bulk of a stream, recognised by their bytes without parsing.
 _TO = b'"to":"'
 _FREQUENT = frozenset({b"run", b"sle", b"pre"})  # running, runnable, sleeping, preempted
+_NOTED = frozenset(("meta", "loss", "end"))  # what ReadStats.note takes note of
 
 
 class LineError(PstateError):
@@ -105,10 +111,13 @@ class StreamReader:
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
-                 dicts: bool = False, native_rows: bool = False, wide: bool = False):
+                 dicts: bool = False, native_rows: bool = False, wide: bool = False, lines: bool = False,
+                 unknown: bool = False):
         self.sink = sink
-        self.dicts = dicts  # state records to sink.record as dicts too (read_records)
+        self.dicts = dicts or lines  # state records to the sink as dicts too (read_records, replay)
         self.wide = wide
+        self.lines = lines
+        self.unknown = unknown
         self.stats = stats
         self.strict = strict
         self.max_line = max_line
@@ -245,7 +254,7 @@ class StreamReader:
             if stop - pos > max_line:
                 self._bad(overlong(max_line), self.lineno)
             else:
-                self._line(buf[pos:stop], self.lineno, True)
+                self._line(buf[pos:stop + 1], self.lineno, True)  # (with its newline)
             pos = stop + 1
             if pos > end:
                 self._flush_rows()
@@ -262,35 +271,44 @@ class StreamReader:
                 if lineno % k:
                     return
                 weight = k
-        if not line.strip():
-            return
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
+            if not line.strip():
+                return  # a blank line: no record and no error
             if terminated:
                 self._bad("not valid JSON", lineno)
             elif self.strict:
                 self._flush_rows()
                 raise LineError(self.name, lineno, "truncated record") from None
             return  # (unterminated: reported as the truncated final record)
-        why = check_record(rec)
-        if why:
-            self._bad(why, lineno)
-            return
+        if not (type(rec) is dict and rec.get("type") == "state" and plain_state_ok(rec)):
+            why = record_problem(rec)  # (check_record, its quick accept done here)
+            if why:
+                self._bad(why, lineno)
+                return
         stats = self.stats
         if not terminated:
             stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         stats.records += 1
         t = rec["type"]
-        if t == "state" and not self.dicts:
-            self._rows.append(state_row(rec, weight, self.wide))
-            return
-        if t not in schema.KNOWN_TYPES:
-            stats.unknown[t] = stats.unknown.get(t, 0) + 1
-            return
-        self._flush_rows()
-        stats.note(rec, self.name)
-        self.sink.record(rec, weight)
+        if t == "state":
+            if not self.dicts:
+                self._rows.append(state_row(rec, weight, self.wide))
+                return
+        else:  # (with dicts, rows are never held back)
+            if t not in schema.KNOWN_TYPES:
+                stats.unknown[t] = stats.unknown.get(t, 0) + 1
+                if not self.unknown:
+                    return
+            if self._rows:
+                self._flush_rows()
+            if t in _NOTED:
+                stats.note(rec, self.name)
+        if self.lines:
+            self.sink.line(rec, line if terminated else line + b"\n")
+        else:
+            self.sink.record(rec, weight)
 
     def _flush_rows(self) -> None:
         if self._rows:
