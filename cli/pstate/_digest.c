@@ -210,33 +210,49 @@ static inline int read_literal(cursor *c, const char *lit, size_t n)
     return 0;
 }
 
-/* The value of a field this loop does not use: plain scalars only. */
-static inline int skip_scalar(cursor *c)
+/* A plain JSON scalar: a string without escapes (kind 's', *s and *n its
+ * contents), an int with -2^63 < v < 2^63 ('i', *v), true ('t'), false ('f')
+ * or null ('n'); 0: leave the line to Python. */
+static inline int read_scalar(cursor *c, char *kind, const char **s, Py_ssize_t *n, long long *v)
 {
-    const char *s;
-    Py_ssize_t n;
-    long long v;
     if (c->p >= c->e)
         return 0;
     switch (*c->p) {
     case '"':
-        return read_plain_string(c, &s, &n);
+        *kind = 's';
+        return read_plain_string(c, s, n);
     case 't':
+        *kind = 't';
         return read_literal(c, "true", 4);
     case 'f':
+        *kind = 'f';
         return read_literal(c, "false", 5);
     case 'n':
+        *kind = 'n';
         return read_literal(c, "null", 4);
     case '-':
         c->p++;
-        if (!read_uint63(c, &v)) {
+        if (!read_uint63(c, v)) {
             c->p--;
             return 0;
         }
+        *v = -*v;
+        *kind = 'i';
         return 1;
     default:
-        return read_uint63(c, &v);
+        *kind = 'i';
+        return read_uint63(c, v);
     }
+}
+
+/* The value of a field this loop does not use: plain scalars only. */
+static inline int skip_scalar(cursor *c)
+{
+    char kind;
+    const char *s;
+    Py_ssize_t n;
+    long long v;
+    return read_scalar(c, &kind, &s, &n, &v);
 }
 
 enum {
@@ -253,8 +269,7 @@ enum { X_CAUSE, X_PRIO, X_NEXT_TID, X_PREV_TID, X_KSTATE, X_TARGET_CPU, X_WAKER,
 static const char *const EXTRA_NAMES[N_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu",
                                                  "waker"};
 
-/* The value of an extra field as orjson reads it: a plain string, an int
- * (-2^63 < v < 2^63), true, false or null; kind 0: absent. */
+/* The values of the extra fields as orjson reads them (read_scalar); kind 0: absent. */
 typedef struct {
     char kind[N_EXTRA]; /* 0 absent, 's' string, 'i' int, 't' true, 'f' false, 'n' null */
     const char *s[N_EXTRA];
@@ -309,34 +324,7 @@ static int key_of(const char *k, Py_ssize_t n)
 /* A scalar into slot i of x (see extras); 0: leave the line to Python. */
 static inline int read_extra(cursor *c, extras *x, int i)
 {
-    if (c->p >= c->e)
-        return 0;
-    switch (*c->p) {
-    case '"':
-        x->kind[i] = 's';
-        return read_plain_string(c, &x->s[i], &x->n[i]);
-    case 't':
-        x->kind[i] = 't';
-        return read_literal(c, "true", 4);
-    case 'f':
-        x->kind[i] = 'f';
-        return read_literal(c, "false", 5);
-    case 'n':
-        x->kind[i] = 'n';
-        return read_literal(c, "null", 4);
-    case '-':
-        c->p++;
-        if (!read_uint63(c, &x->v[i])) {
-            c->p--;
-            return 0;
-        }
-        x->v[i] = -x->v[i];
-        x->kind[i] = 'i';
-        return 1;
-    default:
-        x->kind[i] = 'i';
-        return read_uint63(c, &x->v[i]);
-    }
+    return read_scalar(c, &x->kind[i], &x->s[i], &x->n[i], &x->v[i]);
 }
 
 /* The value of a field the loop uses; 0: leave the line to Python. */
