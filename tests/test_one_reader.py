@@ -27,7 +27,7 @@ from pstate import native
 from pstate.render import dashboard
 from pstate.stream import schema
 from pstate.main import cli
-from pstate.stream import reader
+from pstate.stream import reader, replayer
 from pstate.stream.reader import RecordList, StreamReader, read_records
 from pstate.stream.streamio import BOM, ReadStats
 
@@ -197,6 +197,8 @@ def fast_and_careful(monkeypatch, argv: list, input: bytes | None = None):
     fast = once()
     with monkeypatch.context() as m:
         m.setattr(reader, "_parse_states", None)
+        m.setattr(replayer, "_parse_states", None)
+        m.setattr(replayer, "_plain_states", None)
         careful = once()
     assert fast == careful
     return fast
@@ -209,6 +211,16 @@ HEATS = [(), ("--latency",), ("--by", "pid", "--shade", "D"), ("-p", "10,4242", 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_heat_fast_and_careful_agree(monkeypatch, path, args):
     fast_and_careful(monkeypatch, ["heat", "--width", "100", "--no-color", *args, str(path)])
+
+
+REPLAYS = [("--no-wait",), ("--no-wait", "-p", "10", "-p", "4242"), ("--no-wait", "-b", "+1ms", "--state", "D"),
+           ("--speed", "1e12"), ("--no-wait", "--strict")]
+
+
+@pytest.mark.parametrize("args", REPLAYS, ids=["no-wait", "filter", "window", "paced", "strict"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_replay_fast_and_careful_agree(monkeypatch, path, args):
+    fast_and_careful(monkeypatch, ["replay", *args, str(path)])
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -290,6 +302,8 @@ def test_generated_streams_agree(tmp_path, monkeypatch, lines, bom, cut, args):
     both("-", *args, input=data)
     for fmt in EXPORTS:
         export_both(monkeypatch, str(path), *fmt, *(("--strict",) if "--strict" in args else ()))
+    for rargs in REPLAYS:
+        fast_and_careful(monkeypatch, ["replay", *rargs, str(path)])
     if NATIVE_ROWS is not None:
         assert read_through(data, native_rows=True, chunk=5) == read_through(data, native_rows=False)
         assert (rows_through(data, native_rows=True, wide=True, chunk=5)

@@ -157,6 +157,24 @@ def test_quick_path_writes_what_the_line_by_line_path_writes(monkeypatch):
     assert out.count(b'"replayed":true') == 2
 
 
+SELECTING = [["--no-wait", "-p", "11", "-p", "13"], ["--no-wait", "-t", "12", "--state", "sleeping"],
+             ["--no-wait", "-b", "+100ms", "-e", "+500ms"], ["--speed", "1e9"], ["--speed", "1e9", "--cpu", "1"],
+             ["--no-wait", "--strict"], ["--no-wait", "--min-dur", "10us"]]
+
+
+@pytest.mark.parametrize("args", SELECTING, ids=lambda a: " ".join(a))
+def test_every_mode_writes_with_the_native_rows_what_it_writes_without(monkeypatch, args):
+    data = big_recording(20_000)  # bad lines, a cut one, a second recording, a torn one
+    quick = run_cli(args, data)
+    monkeypatch.setattr(replayer, "_parse_states", None)
+    monkeypatch.setattr(replayer, "_plain_states", None)
+    assert run_cli(args, data) == quick
+    if "--strict" in args:
+        assert quick[0] == 65 and "<stdin>:9005: not valid JSON" in quick[2]
+    else:
+        assert quick[0] == 0 and 0 < json.loads(quick[1].splitlines()[-1])["events"] <= 20_000
+
+
 def test_overlong_lines_are_skipped_in_both_paths(monkeypatch):
     data = big_recording(3000)
     lines = data.split(b"\n")

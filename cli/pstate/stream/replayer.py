@@ -37,6 +37,8 @@ from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, c
 # The native check of plainly written state records (None when not built or
 # PSTATE_PURE=1: then every line is parsed, with the same result).
 _plain_states = getattr(native.load("_digest"), "plain_states", None)
+# ... and the native row reader, for replays that select or pace what they copy
+_parse_states = getattr(native.load("_digest"), "parse_states", None)
 BLOCK = 1 << 18  # bytes per read
 OUT_BATCH = 1 << 16  # bytes of pending output that trigger a write
 SLACK_NS = 1_000_000  # a record due sooner than this is written without sleeping
@@ -139,10 +141,14 @@ class Replayer:
         self.gaps_capped = 0
         self.paced = speed is not None
         self.windowed = self.window.active
-        quick = not self.paced and self.filt is None and not self.windowed and not strict
-        # the one reader, with this as its sink (line()); its bulk path copies plain state records
+        # the one reader, with this as its sink (line()); its bulk path copies plain state
+        # records, all of them or those the filter and the window keep, at the pace asked for
+        if not self.paced and self.filt is None and not self.windowed:
+            fast = self._plain if _plain_states is not None else None
+        else:
+            fast = self._plain_rows if _parse_states is not None else None
         self.reader = StreamReader(self, self.stats, strict=strict, max_line=max_line, lines=True, unknown=True,
-                                   fast=self._plain if quick and _plain_states is not None else None)
+                                   fast=fast)
 
         self.events = 0  # event lines written
         self.lost: dict[str, int] = {}  # reason -> count, from the loss records written
@@ -271,10 +277,10 @@ class Replayer:
     # --- from the reader ----------------------------------------------------
 
     def _plain(self, buf: bytes, pos: int, end: int, _n: int) -> tuple[int, int, int]:
-        """The reader's bulk path (--no-wait, no filter, no window, no
-        --strict): the plainly written state records of the lines of
-        buf[pos:end] from pos on, as the native reader finds them (what the
-        careful path would accept), written unparsed."""
+        """The reader's bulk path (--no-wait, no filter, no window): the
+        plainly written state records of the lines of buf[pos:end] from pos
+        on, as the native reader finds them (what the careful path would
+        accept), written unparsed."""
         if not self.header or self.mode != "stream":
             return pos, 0, 0  # (a record before any meta: the careful path writes one first)
         stop, n = _plain_states(buf, pos, end, self.max_line)
@@ -289,6 +295,26 @@ class Replayer:
             if self.stop_reason:
                 raise Stop()
         return stop, n, n
+
+    def _plain_rows(self, buf: bytes, pos: int, end: int, _n: int) -> tuple[int, int, int]:
+        """The bulk path of a replay that selects or paces: the same records
+        as the native row reader's rows, each kept (or not) and paced as the
+        careful path would, from its fields; its line written unparsed."""
+        if not self.header or self.mode != "stream":
+            return pos, 0, 0
+        stop, lines, rows = _parse_states(buf, pos, end, self.max_line)
+        if rows:
+            keep = self._keep
+            match = self.filt.match_state if self.filt is not None else None
+            i = 0
+            for seg in buf[pos:stop - 1].split(b"\n"):  # one a line read; empty lines have no row
+                if seg:
+                    ts, pid, tid, comm, frm, to, dur, cpu, _w = rows[i]
+                    i += 1
+                    keep(ts, seg + b"\n", match is None or match(pid, tid, comm, cpu, frm, to, dur))
+                    if self.stop_reason:
+                        raise Stop()
+        return stop, lines, len(rows)
 
     def line(self, rec: dict, line: bytes) -> None:
         """A checked record and its line (newline included), from the reader."""
@@ -385,7 +411,10 @@ class Replayer:
             self._place(Anchor(ts))  # a meta without a ts: the recording starts here
 
     def _event(self, rec: dict, line: bytes) -> None:
-        ts = rec["ts"]
+        self._keep(rec["ts"], line, self.filt is None or self.filt.match(rec))
+
+    def _keep(self, ts: int, line: bytes, passes: bool) -> None:
+        """An event at ts: written unless the window or the filter (passes) drops it."""
         if not self.seg_bound:
             self._timed(ts)
         if self.windowed:
@@ -398,7 +427,7 @@ class Replayer:
                 seen[1] = ts
             if not self._inside(ts):
                 return
-        if self.filt is not None and not self.filt.match(rec):
+        if not passes:
             return
         if self.paced and self.mode == "stream":
             self.pacer.wait(ts)
