@@ -348,3 +348,14 @@ def test_replay_says_when_it_shortens_a_gap(tmp_path):
     r = CliRunner().invoke(pstate_cli, ["replay", "--speed", "1e6", str(path)], prog_name="pstate")
     assert r.exit_code == 0 and far in r.stdout_bytes
     assert f"pstate replay: note: {path} jumps " in r.stderr and "longer gaps are shortened" in r.stderr
+
+
+def test_the_end_trailer_has_the_latest_ts_of_events_that_go_back_a_little(monkeypatch):
+    """Events of several CPUs interleave: the trailer's ts is the largest
+    written, not the last, in the bulk path as in the careful one."""
+    meta = b'{"type":"meta","schema":1,"source":"record","ts":900}\n'
+    data = meta + EV.replace(b'"ts":1,', b'"ts":1001,') + EV.replace(b'"ts":1,', b'"ts":1000,')
+    quick = run_cli(["--no-wait"], data)
+    assert json.loads(quick[1].splitlines()[-1])["ts"] == 1001
+    monkeypatch.setattr(replayer, "_plain_states", None)
+    assert run_cli(["--no-wait"], data) == quick

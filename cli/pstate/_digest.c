@@ -210,49 +210,33 @@ static inline int read_literal(cursor *c, const char *lit, size_t n)
     return 0;
 }
 
-/* A plain JSON scalar: a string without escapes (kind 's', *s and *n its
- * contents), an int with -2^63 < v < 2^63 ('i', *v), true ('t'), false ('f')
- * or null ('n'); 0: leave the line to Python. */
-static inline int read_scalar(cursor *c, char *kind, const char **s, Py_ssize_t *n, long long *v)
+/* The value of a field this loop does not use: plain scalars only. */
+static inline int skip_scalar(cursor *c)
 {
+    const char *s;
+    Py_ssize_t n;
+    long long v;
     if (c->p >= c->e)
         return 0;
     switch (*c->p) {
     case '"':
-        *kind = 's';
-        return read_plain_string(c, s, n);
+        return read_plain_string(c, &s, &n);
     case 't':
-        *kind = 't';
         return read_literal(c, "true", 4);
     case 'f':
-        *kind = 'f';
         return read_literal(c, "false", 5);
     case 'n':
-        *kind = 'n';
         return read_literal(c, "null", 4);
     case '-':
         c->p++;
-        if (!read_uint63(c, v)) {
+        if (!read_uint63(c, &v)) {
             c->p--;
             return 0;
         }
-        *v = -*v;
-        *kind = 'i';
         return 1;
     default:
-        *kind = 'i';
-        return read_uint63(c, v);
+        return read_uint63(c, &v);
     }
-}
-
-/* The value of a field this loop does not use: plain scalars only. */
-static inline int skip_scalar(cursor *c)
-{
-    char kind;
-    const char *s;
-    Py_ssize_t n;
-    long long v;
-    return read_scalar(c, &kind, &s, &n, &v);
 }
 
 enum {
@@ -269,7 +253,9 @@ enum { X_CAUSE, X_PRIO, X_NEXT_TID, X_PREV_TID, X_KSTATE, X_TARGET_CPU, X_WAKER,
 static const char *const EXTRA_NAMES[N_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu",
                                                  "waker"};
 
-/* The values of the extra fields as orjson reads them (read_scalar); kind 0: absent. */
+/* The values of the extra fields as orjson reads them: a plain string (kind
+ * 's', s and n its contents), an int with -2^63 < v < 2^63 ('i', v), true
+ * ('t'), false ('f'), null ('n'); kind 0: absent. */
 typedef struct {
     char kind[N_EXTRA]; /* 0 absent, 's' string, 'i' int, 't' true, 'f' false, 'n' null */
     const char *s[N_EXTRA];
@@ -300,31 +286,50 @@ static int key_of(const char *k, Py_ssize_t n)
         if (memcmp(k, "type", 4) == 0) return K_TYPE;
         if (memcmp(k, "comm", 4) == 0) return K_COMM;
         if (memcmp(k, "from", 4) == 0) return K_FROM;
-        if (memcmp(k, "prio", 4) == 0) return K_EXTRA << X_PRIO;
-        return 0;
-    case 5:
-        if (memcmp(k, "cause", 5) == 0) return K_EXTRA << X_CAUSE;
-        if (memcmp(k, "waker", 5) == 0) return K_EXTRA << X_WAKER;
         return 0;
     case 6:
-        if (memcmp(k, "dur_ns", 6) == 0) return K_DUR;
-        if (memcmp(k, "kstate", 6) == 0) return K_EXTRA << X_KSTATE;
-        return 0;
-    case 8:
-        if (memcmp(k, "next_tid", 8) == 0) return K_EXTRA << X_NEXT_TID;
-        if (memcmp(k, "prev_tid", 8) == 0) return K_EXTRA << X_PREV_TID;
-        return 0;
-    case 10:
-        return memcmp(k, "target_cpu", 10) == 0 ? K_EXTRA << X_TARGET_CPU : 0;
+        return memcmp(k, "dur_ns", 6) == 0 ? K_DUR : 0;
     default:
         return 0;
     }
 }
 
-/* A scalar into slot i of x (see extras); 0: leave the line to Python. */
+/* The key bit of an extra field (K_EXTRA << its index), 0 for any other key:
+ * asked only for wide rows, so that the other loops compare no more keys. */
+static int extra_of(const char *k, Py_ssize_t n)
+{
+    for (int i = 0; i < N_EXTRA; i++)
+        if ((size_t)n == strlen(EXTRA_NAMES[i]) && memcmp(k, EXTRA_NAMES[i], (size_t)n) == 0)
+            return K_EXTRA << i;
+    return 0;
+}
+
+/* A plain scalar (skip_scalar's) into slot i of x (see extras); 0: leave the line to Python. */
 static inline int read_extra(cursor *c, extras *x, int i)
 {
-    return read_scalar(c, &x->kind[i], &x->s[i], &x->n[i], &x->v[i]);
+    const char *p = c->p;
+    if (!skip_scalar(c))
+        return 0;
+    switch (*p) {
+    case '"':
+        x->kind[i] = 's';
+        x->s[i] = p + 1;
+        x->n[i] = c->p - p - 2;
+        return 1;
+    case 't':
+    case 'f':
+    case 'n':
+        x->kind[i] = *p;
+        return 1;
+    default: { /* an int skip_scalar has read: read it again for its value */
+        cursor d = {p + (*p == '-'), c->p};
+        read_uint63(&d, &x->v[i]);
+        if (*p == '-')
+            x->v[i] = -x->v[i];
+        x->kind[i] = 'i';
+        return 1;
+    }
+    }
 }
 
 /* The value of a field the loop uses; 0: leave the line to Python. */
@@ -381,7 +386,8 @@ static const struct {
 
 /* 1: a state record the fast loop may take; 0: leave the line to Python.
  * x: where the extra fields go (NULL: not wanted, skipped). */
-static int parse_state(const char *p, const char *e, state_rec *r, extras *x)
+static inline __attribute__((always_inline)) int parse_state(const char *p, const char *e, state_rec *r,
+                                                          extras *x)
 {
     cursor c = {p, e};
     unsigned seen = 0;
@@ -416,6 +422,8 @@ static int parse_state(const char *p, const char *e, state_rec *r, extras *x)
         if (!read_plain_string(&c, &s, &n))
             return 0;
         int k = key_of(s, n);
+        if (!k && x)
+            k = extra_of(s, n);
         if (k & seen)
             return 0; /* a repeated key: orjson's rule, not ours */
         seen |= (unsigned)k;
@@ -1361,12 +1369,13 @@ done:
 }
 
 PyDoc_STRVAR(plain_states_doc,
-"plain_states(buf, pos, end, max_line) -> (stop, lines)\n\n"
+"plain_states(buf, pos, end, max_line) -> (stop, lines, max_ts)\n\n"
 "How many of the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts\n"
 "them), from the first, are plainly written state records that the reader\n"
 "accepts (what parse_states would return, without building it). stop:\n"
-"where the first other line starts, end + 1 when there was none. For\n"
-"replay, which copies such lines unparsed.");
+"where the first other line starts, end + 1 when there was none; max_ts:\n"
+"the largest ts among them (-1 when none). For replay, which copies such\n"
+"lines unparsed.");
 
 static PyObject *plain_states(PyObject *module, PyObject *args)
 {
@@ -1381,14 +1390,17 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
     }
     const char *buf = view.buf;
     Py_ssize_t lines = 0;
+    long long max_ts = -1;
     state_rec r;
     Py_ssize_t next;
     while (pos <= end && next_state(buf, pos, end, max_line, &r, &next)) {
         lines++;
+        if (r.ts > max_ts)
+            max_ts = r.ts;
         pos = next;
     }
     PyBuffer_Release(&view);
-    return Py_BuildValue("nn", pos, lines);
+    return Py_BuildValue("nnL", pos, lines, max_ts);
 }
 
 static PyMethodDef module_methods[] = {
@@ -1400,7 +1412,9 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef digest_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_digest",
-    .m_doc = "Native inner loops of pstate stats (see pstate.analysis.ingest.LineDigester) and heat --live (pstate.render.dashboard).",
+    .m_doc = "Native bulk readers of the one stream reader (pstate.stream.reader): the Digester of stats "
+             "(pstate.analysis.ingest.LineDigester), the row reader parse_states (heat, export, replay) and "
+             "plain_states (replay).",
     .m_size = -1,
     .m_methods = module_methods,
 };

@@ -1,7 +1,8 @@
 """The one reader of pstate's JSON-lines event format.
 
-Every command that reads recordings (stats, heat, replay's checks) reads them
-through a StreamReader, so one set of rules holds everywhere:
+Every command that reads recordings (stats, heat, heat --live, replay,
+export) reads them through a StreamReader, so one set of rules holds
+everywhere:
 
 - input comes in chunks of any size and is cut into lines at "\\n";
 - a UTF-8 byte order mark at the very start of a source is dropped (some
@@ -44,10 +45,11 @@ written state records among the lines of buf[pos:end] in one go (from line
 n + 1 on) and stops where it meets a line it is not sure about; that line
 takes the careful path, then the bulk reader goes on after it. The bulk
 readers are in C (pstate._digest): Digester, which sums the rows up for
-stats (timeinstate.Aggregator.add_digested), and parse_states, which hands them out
-as rows (native_rows=True: heat, heat --live, export). PSTATE_PURE=1 leaves
-every line to the careful path; the tests hold the two paths to the same rows,
-records, counts and errors.
+stats (timeinstate.Aggregator.add_digested), parse_states, which hands them
+out as rows (native_rows=True: heat, heat --live, export; replay's filters,
+window and pacing), and plain_states, which only finds them (replay copies
+their lines). PSTATE_PURE=1 leaves every line to the careful path; the tests
+hold the two paths to the same rows, records, counts, errors and output.
 """
 
 from __future__ import annotations
