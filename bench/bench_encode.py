@@ -89,8 +89,8 @@ def make_batch(n: int, n_threads: int, seed: int = 1) -> bytes:
                 cause, frm, to = 5, K | 0x20, ec.CODES["reaped"]
             opid, otid = pid, tid + 1
             flags = rnd.randrange(8)
-        out.append(struct.pack(ec.REC_FMT, 64, 0, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ,
-                               cause, prio, flags, comm))
+        out.append(struct.pack(ec.REC_FMT, ec.EVENT_SIZE, 0, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ,
+                               cause, prio, flags, comm, 0))
     return b"".join(out)
 
 

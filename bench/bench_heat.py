@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pstate.render import heatdraw as hr  # noqa: E402
 from pstate.render import dashboard  # noqa: E402
+from pstate.stream import reader  # noqa: E402
 
 PRODUCER = r"""
 import os, sys, time
@@ -104,11 +105,11 @@ def make_stream(n: int, rate: int, path: str, ntasks: int = 600) -> None:
             f.write(b"\n".join(buf) + b"\n")
 
 
-NATIVE_READER = dashboard._parse_states  # None: not built, or PSTATE_PURE=1
+NATIVE_READER = reader._parse_states  # None: not built, or PSTATE_PURE=1
 
 
 def use_reader(impl: str) -> None:
-    dashboard._parse_states = NATIVE_READER if impl == "native" else None
+    reader._parse_states = NATIVE_READER if impl == "native" else None
 
 
 def run_once(path: str, rate: float, args) -> dict:

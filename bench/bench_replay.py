@@ -27,11 +27,15 @@ S = 1_000_000_000
 
 MODES = {
     # name: (extra args, what it exercises)
-    "no-wait": (["--no-wait"], "quick path: runs of lines checked by byte counts and the native reader, written unparsed"),
+    "no-wait": (["--no-wait"], "the reader's bulk path: runs of plain state records found by the native reader, "
+                "written unparsed"),
     "no-wait to a pipe": (["--no-wait"], "the same into `cat > /dev/null`"),
-    "no-wait -p": (["--no-wait", "-p", "4200"], "filter (1 process in 6): every line parsed, Filter.match"),
-    "no-wait window": (["--no-wait", "-b", "+{half_ns}ns"], "window (second half): every line parsed for its ts"),
-    "no-wait --strict": (["--no-wait", "--strict"], "every line parsed and checked"),
+    "no-wait -p": (["--no-wait", "-p", "4200"], "filter (1 process in 6): the native reader's rows, "
+                   "Filter.match_state, kept lines written unparsed"),
+    "no-wait window": (["--no-wait", "-b", "+{half_ns}ns"], "window (second half): the native reader's rows for "
+                       "their ts"),
+    "no-wait --strict": (["--no-wait", "--strict"], "as no-wait: the bulk path accepts only what the careful "
+                         "path would"),
 }
 
 

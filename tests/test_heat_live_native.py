@@ -21,12 +21,13 @@ from pstate.render import heatmodel as hm
 from pstate.render import heatdraw as hr
 from pstate import native
 from pstate.render import dashboard
+from pstate.stream import reader
 from pstate.exitcodes import PstateError
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import ReadStats
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-NATIVE = dashboard._parse_states if dashboard._parse_states is not None else getattr(
+NATIVE = reader._parse_states if reader._parse_states is not None else getattr(
     native.load("_digest"), "parse_states", None)
 SMALL = Path(__file__).parent / "data" / "heat" / "small.jsonl"
 
@@ -39,7 +40,7 @@ def test_native_reader_is_built():
     if native.PURE:
         pytest.skip("PSTATE_PURE is set")
     assert NATIVE is not None, "pstate._digest did not build or import: pip install -e . needs gcc and python3-dev"
-    assert dashboard._parse_states is NATIVE
+    assert reader._parse_states is NATIVE
 
 
 # --- running a Feeder both ways -------------------------------------------------------
@@ -60,8 +61,8 @@ def frame(m: hm.Window, opts: dashboard.LiveOptions) -> list[str]:
 
 def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid", measure=None,
         filt=None, strict: bool = False, shade=None, max_line: int | None = None):
-    saved = dashboard._parse_states, dashboard.MAX_LINE
-    dashboard._parse_states = NATIVE if use_native else None
+    saved = reader._parse_states, dashboard.MAX_LINE
+    reader._parse_states = NATIVE if use_native else None
     if max_line is not None:
         dashboard.MAX_LINE = max_line
     try:
@@ -83,7 +84,7 @@ def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid
                 stats.first_bad, stats.truncated_tail, stats.metas, stats.loss, stats.ends,
                 model_state(model), frame(model, opts))
     finally:
-        dashboard._parse_states, dashboard.MAX_LINE = saved
+        reader._parse_states, dashboard.MAX_LINE = saved
 
 
 def both(data: bytes, chunk: int = 1 << 17, **kw):

@@ -27,6 +27,7 @@ from pstate import native
 from pstate.render import dashboard
 from pstate.stream import schema
 from pstate.main import cli
+from pstate.stream import reader, replayer
 from pstate.stream.reader import RecordList, StreamReader, read_records
 from pstate.stream.streamio import BOM, ReadStats
 
@@ -104,6 +105,36 @@ def read_through(data: bytes, *, native_rows: bool, chunk: int = 1 << 16, name: 
     return sink.out + [("stats", stats.lines, stats.records, stats.skipped, stats.truncated_tail, stats.unknown)]
 
 
+class Kept:
+    """A sink that keeps rows and records as they come."""
+
+    def __init__(self):
+        self.out: list = []
+
+    def rows(self, rows: list) -> None:
+        self.out.extend(rows)
+
+    def record(self, rec: dict, weight: int) -> None:
+        self.out.append(rec)
+
+
+def rows_through(data: bytes, *, native_rows: bool, wide: bool, chunk: int = 1 << 16) -> list:
+    """What a StreamReader with native_rows hands out (rows as tuples), with
+    the native row reader or without it."""
+    sink = Kept()
+    stats = ReadStats()
+    rd = StreamReader(sink, stats, native_rows=native_rows, wide=wide)
+    assert (rd.fast is not None) == (native_rows and NATIVE_ROWS is not None)
+    rd.begin("in")
+    try:
+        for i in range(0, len(data), chunk):
+            rd.feed(data[i:i + chunk])
+        rd.end()
+    except Exception as e:
+        return [("error", str(e))]
+    return sink.out + [("stats", stats.lines, stats.records, stats.skipped, stats.truncated_tail, stats.unknown)]
+
+
 def state_fields(rec: dict) -> dict:
     if rec.get("type") != "state":
         return rec
@@ -123,6 +154,73 @@ def test_the_same_records_through_every_reader(path):
     whole = list(read_records([str(path)], st_))
     assert [state_fields(r) for r in whole] == careful[:-1]
     assert ("stats", st_.lines, st_.records, st_.skipped, st_.truncated_tail, st_.unknown) == careful[-1]
+
+
+def test_the_wide_fields_are_named_once():
+    if NATIVE_ROWS is not None:
+        assert NATIVE_ROWS.WIDE_FIELDS == reader.WIDE_FIELDS
+    rec = dict(BASE, prio=120, next_tid=7, kstate="S", waker="irq")
+    assert reader.state_row(rec, 1, True) == (
+        *reader.state_row(rec), *(rec.get(k) for k in reader.WIDE_FIELDS))
+    assert len(reader.state_row(rec, 1, True)) == len(reader.ROW_FIELDS) + len(reader.WIDE_FIELDS)
+
+
+@pytest.mark.skipif(NATIVE_ROWS is None, reason="pstate._digest not built or PSTATE_PURE set")
+@pytest.mark.parametrize("wide", [False, True], ids=["rows", "wide"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_same_rows_through_the_native_row_reader(path, wide):
+    data = path.read_bytes()
+    careful = rows_through(data, native_rows=False, wide=wide)
+    assert rows_through(data, native_rows=True, wide=wide) == careful
+    assert rows_through(data, native_rows=True, wide=wide, chunk=7) == careful
+
+
+EXPORTS = [("-f", "chrome"), ("-f", "perfetto")]
+
+
+def export_both(monkeypatch, path: str, *args: str, input: bytes | None = None):
+    return fast_and_careful(monkeypatch, ["export", "-q", *args, path], input)
+
+
+@pytest.mark.parametrize("args", EXPORTS, ids=["chrome", "perfetto"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_export_fast_and_careful_agree(monkeypatch, path, args):
+    export_both(monkeypatch, str(path), *args)
+
+
+def fast_and_careful(monkeypatch, argv: list, input: bytes | None = None):
+    """A command's (exit code, stdout, stderr) with the native row reader and without it: the same."""
+    def once():
+        res = CliRunner().invoke(cli, argv, input=input, catch_exceptions=False)
+        return res.exit_code, res.stdout_bytes, res.stderr
+
+    fast = once()
+    with monkeypatch.context() as m:
+        m.setattr(reader, "_parse_states", None)
+        m.setattr(replayer, "_parse_states", None)
+        m.setattr(replayer, "_plain_states", None)
+        careful = once()
+    assert fast == careful
+    return fast
+
+
+HEATS = [(), ("--latency",), ("--by", "pid", "--shade", "D"), ("-p", "10,4242", "--bucket", "1ms"), ("--strict",)]
+
+
+@pytest.mark.parametrize("args", HEATS, ids=["states", "latency", "shade", "filter", "strict"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_heat_fast_and_careful_agree(monkeypatch, path, args):
+    fast_and_careful(monkeypatch, ["heat", "--width", "100", "--no-color", *args, str(path)])
+
+
+REPLAYS = [("--no-wait",), ("--no-wait", "-p", "10", "-p", "4242"), ("--no-wait", "-b", "+1ms", "--state", "D"),
+           ("--speed", "1e12"), ("--no-wait", "--strict")]
+
+
+@pytest.mark.parametrize("args", REPLAYS, ids=["no-wait", "filter", "window", "paced", "strict"])
+@pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_replay_fast_and_careful_agree(monkeypatch, path, args):
+    fast_and_careful(monkeypatch, ["replay", *args, str(path)])
 
 
 @pytest.mark.parametrize("path", INPUTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -180,6 +278,10 @@ def line(draw) -> bytes:
             rec = {"type": "loss", "ts": 1, "reason": "ringbuf_full", "count": draw(st.integers(0, 9))}
         elif kind == "end":
             rec = {"type": "end", "ts": rec["ts"], "reason": "eof", "events": 1, "lost": 0}
+    if kind == "state":  # what a trace export reads of switches and wake-ups, any JSON scalar
+        for k in draw(st.lists(st.sampled_from(reader.WIDE_FIELDS), max_size=4, unique=True)):
+            rec[k] = draw(st.sampled_from([0, 7, 120, -1, 2**40, None, True, "switch_out", "switch_in", "wakeup",
+                                           "S", "R+", "irq", "ü"]))
     text = orjson.dumps(rec)
     if draw(st.booleans()):
         text = text.replace(b",", b", ")  # a spelling only the careful path reads
@@ -190,7 +292,7 @@ def line(draw) -> bytes:
                                                                    HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(line(), max_size=30), bom=st.booleans(), cut=st.integers(0, 12),
        args=st.sampled_from([("-f", "json", "--hist"), ("--strict",), ("--by", "tid", "-f", "csv")]))
-def test_generated_streams_agree(tmp_path, lines, bom, cut, args):
+def test_generated_streams_agree(tmp_path, monkeypatch, lines, bom, cut, args):
     data = (BOM if bom else b"") + orjson.dumps(META) + b"\n" + b"\n".join(lines) + b"\n"
     if cut:
         data = data[:-cut]
@@ -198,8 +300,14 @@ def test_generated_streams_agree(tmp_path, lines, bom, cut, args):
     path.write_bytes(data)
     both(str(path), *args)
     both("-", *args, input=data)
+    for fmt in EXPORTS:
+        export_both(monkeypatch, str(path), *fmt, *(("--strict",) if "--strict" in args else ()))
+    for rargs in REPLAYS:
+        fast_and_careful(monkeypatch, ["replay", *rargs, str(path)])
     if NATIVE_ROWS is not None:
         assert read_through(data, native_rows=True, chunk=5) == read_through(data, native_rows=False)
+        assert (rows_through(data, native_rows=True, wide=True, chunk=5)
+                == rows_through(data, native_rows=False, wide=True))
 
 
 # --- the rule for record types ------------------------------------------------------
@@ -261,3 +369,36 @@ def test_the_same_recording_twice_is_noticed():
     assert "<stdin>: a recording of the same boot overlaps one read before it (the same recording twice?)" in err
     code, _out, err = both("-", input=data)
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("every", [1, 4, 50])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_same_recording_twice_is_noticed_across_parts(tmp_path, every, jobs):
+    """stats -j: each part reads on its own; the merge still sees the second
+    meta of the same boot inside the first recording's time."""
+    data = (DATA / "stats" / "basic.jsonl").read_bytes()
+    path = tmp_path / "twice.jsonl"
+    path.write_bytes(data + data)
+    parts = test_stats.parts_of(data + data, every)
+    st_, _rep = test_stats.in_parts(str(path), parts, jobs)
+    one, _rep = test_stats.serial(str(path))
+    assert one.overlaps == [str(path)]
+    assert st_.overlaps == one.overlaps and st_.problems() == one.problems()
+    single = tmp_path / "once.jsonl"
+    single.write_bytes(data)
+    st_, _rep = test_stats.in_parts(str(single), test_stats.parts_of(data, every), jobs)
+    assert st_.overlaps == [] and st_.problems() == []
+
+
+def test_stats_jobs_reports_the_overlap_as_one_pass_does(tmp_path, monkeypatch):
+    from pstate.analysis import ingest
+
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_PART_MIN_BYTES", 64)
+    data = (DATA / "stats" / "basic.jsonl").read_bytes()
+    path = tmp_path / "twice.jsonl"
+    path.write_bytes(data + data)
+    assert len(ingest.file_parts(str(path), 2)) == 2
+    one = stats(str(path), "-j", "1")
+    two = stats(str(path), "-j", "2")
+    assert one == two and "overlaps one read before it" in one[2]

@@ -57,6 +57,8 @@ COMMANDS = {
     "stats-json": ["stats", "--format", "json"],
     "replay": ["replay", "--no-wait"],
     "heat": ["heat"],
+    "export": ["export", "-q"],
+    "export-chrome": ["export", "-q", "-f", "chrome"],
 }
 
 # (command, corpus file) pairs that crash today, kept visible as expected
@@ -562,7 +564,7 @@ def _cli_property(cmd):
 @pytest.mark.parametrize("cmd", [
     "stats", "stats-careful",
     "stats-json",
-    "replay", "heat",
+    "replay", "heat", "export", "export-chrome",
 ])
 def test_any_field_any_value_through_the_commands(cmd):
     _cli_property(cmd)

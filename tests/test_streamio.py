@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.reader import StreamReader
-from pstate.stream.streamio import LineWriter, ReadStats, check_record, open_input
+from pstate.stream.streamio import LineWriter, ReadStats, check_record, open_input, plain_state_ok, record_problem
 from pstate.stream.reader import read_records
 
 META = b'{"type":"meta","schema":1,"source":"record","tool":"pstate","version":"0.1.0","clock":"monotonic","ts":1}\n'
@@ -357,3 +357,24 @@ def test_a_byte_order_mark_at_the_start_of_each_file_is_dropped(tmp_path):
     assert st_.truncated_tail == f"{b}: byte {len(bom + META)}, line 2"  # offsets count the mark
     only = write(tmp_path, bom + b"\n" + META, "c.jsonl")
     assert [r["type"] for r in read(only)[0]] == ["meta"]
+
+
+# --- check_record's quick accept agrees with its full checks ----------------------
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.integers(2**63 - 2, 2**63 + 2),
+                    st.integers(2**64 - 2, 2**64 + 2), st.integers(-(2**64), -(2**62)),
+                    st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.dictionaries(st.sampled_from(["ts", "cpu", "pid", "tid", "comm", "from", "to", "dur_ns"]), _values),
+       st.booleans())
+def test_the_quick_accept_of_a_state_record_accepts_only_what_the_full_checks_accept(fields, typical):
+    rec = {"type": "state", "ts": 1, "cpu": 0, "pid": 1, "tid": 1, "comm": "a", "from": "x", "to": "y",
+           "dur_ns": 3} if typical else {"type": "state"}
+    rec.update(fields)
+    if plain_state_ok(rec):
+        assert record_problem(rec) is None
+    assert check_record(rec) == record_problem(rec)
+    if typical and not fields:
+        assert plain_state_ok(rec)

@@ -20,9 +20,11 @@
  * attributes: state and comm ids come from the two callables given at
  * construction (the Aggregator's public state_id and comm_id).
  *
- * parse_states(buf, pos, end, max_line, k, n), for `pstate heat --live`, uses
- * the same reader and protocol but only returns the plain state records as
- * tuples (sharing interned strings and ints) for live.Feeder to draw.
+ * parse_states(buf, pos, end, max_line, k, n, wide), the native row reader
+ * of reader.StreamReader (heat, heat --live, export), uses the same reader and
+ * protocol but only returns the plain state records as tuples (sharing
+ * interned strings and ints); wide rows carry the fields a trace export
+ * needs of switches and wake-ups too (WIDE_FIELDS).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -240,8 +242,26 @@ static inline int skip_scalar(cursor *c)
 enum {
     K_TYPE = 1 << 0, K_TS = 1 << 1, K_CPU = 1 << 2, K_PID = 1 << 3, K_TID = 1 << 4,
     K_COMM = 1 << 5, K_FROM = 1 << 6, K_TO = 1 << 7, K_DUR = 1 << 8,
+    K_EXTRA = 1 << 9, /* the first of N_EXTRA: K_EXTRA << i is extra field i */
 };
 #define K_REQUIRED (K_TYPE | K_TS | K_CPU | K_PID | K_TID | K_FROM | K_TO)
+
+/* The fields of a wide row after ROW_FIELDS (pstate.stream.reader.WIDE_FIELDS,
+ * in this order: tests/test_one_reader.py holds the two equal), what the
+ * trace export reads of a switch or a wake-up. */
+enum { X_CAUSE, X_PRIO, X_NEXT_TID, X_PREV_TID, X_KSTATE, X_TARGET_CPU, X_WAKER, N_EXTRA };
+static const char *const EXTRA_NAMES[N_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu",
+                                                 "waker"};
+
+/* The values of the extra fields as orjson reads them: a plain string (kind
+ * 's', s and n its contents), an int with -2^63 < v < 2^63 ('i', v), true
+ * ('t'), false ('f'), null ('n'); kind 0: absent. */
+typedef struct {
+    char kind[N_EXTRA]; /* 0 absent, 's' string, 'i' int, 't' true, 'f' false, 'n' null */
+    const char *s[N_EXTRA];
+    Py_ssize_t n[N_EXTRA];
+    long long v[N_EXTRA];
+} extras;
 
 typedef struct {
     long long ts, cpu, pid, tid, dur;
@@ -274,8 +294,46 @@ static int key_of(const char *k, Py_ssize_t n)
     }
 }
 
+/* The key bit of an extra field (K_EXTRA << its index), 0 for any other key:
+ * asked only for wide rows, so that the other loops compare no more keys. */
+static int extra_of(const char *k, Py_ssize_t n)
+{
+    for (int i = 0; i < N_EXTRA; i++)
+        if ((size_t)n == strlen(EXTRA_NAMES[i]) && memcmp(k, EXTRA_NAMES[i], (size_t)n) == 0)
+            return K_EXTRA << i;
+    return 0;
+}
+
+/* A plain scalar (skip_scalar's) into slot i of x (see extras); 0: leave the line to Python. */
+static inline int read_extra(cursor *c, extras *x, int i)
+{
+    const char *p = c->p;
+    if (!skip_scalar(c))
+        return 0;
+    switch (*p) {
+    case '"':
+        x->kind[i] = 's';
+        x->s[i] = p + 1;
+        x->n[i] = c->p - p - 2;
+        return 1;
+    case 't':
+    case 'f':
+    case 'n':
+        x->kind[i] = *p;
+        return 1;
+    default: { /* an int skip_scalar has read: read it again for its value */
+        cursor d = {p + (*p == '-'), c->p};
+        read_uint63(&d, &x->v[i]);
+        if (*p == '-')
+            x->v[i] = -x->v[i];
+        x->kind[i] = 'i';
+        return 1;
+    }
+    }
+}
+
 /* The value of a field the loop uses; 0: leave the line to Python. */
-static inline int read_value(cursor *c, int k, state_rec *r)
+static inline int read_value(cursor *c, int k, state_rec *r, extras *x)
 {
     const char *s;
     Py_ssize_t n;
@@ -307,6 +365,8 @@ static inline int read_value(cursor *c, int k, state_rec *r)
         }
         return (r->has_dur = read_uint63(c, &r->dur));
     default:
+        if (x && k >= K_EXTRA)
+            return read_extra(c, x, __builtin_ctz((unsigned)k) - __builtin_ctz(K_EXTRA));
         return skip_scalar(c);
     }
 }
@@ -324,8 +384,10 @@ static const struct {
 };
 #define LAYOUT_HEAD "{\"type\":\"state\""
 
-/* 1: a state record the fast loop may take; 0: leave the line to Python. */
-static int parse_state(const char *p, const char *e, state_rec *r)
+/* 1: a state record the fast loop may take; 0: leave the line to Python.
+ * x: where the extra fields go (NULL: not wanted, skipped). */
+static inline __attribute__((always_inline)) int parse_state(const char *p, const char *e, state_rec *r,
+                                                          extras *x)
 {
     cursor c = {p, e};
     unsigned seen = 0;
@@ -333,6 +395,8 @@ static int parse_state(const char *p, const char *e, state_rec *r)
     Py_ssize_t n;
 
     *r = (state_rec){0};
+    if (x)
+        memset(x->kind, 0, sizeof(x->kind));
     if ((size_t)(e - p) > sizeof(LAYOUT_HEAD) - 1 && memcmp(p, LAYOUT_HEAD, sizeof(LAYOUT_HEAD) - 1) == 0) {
         c.p += sizeof(LAYOUT_HEAD) - 1;
         seen = K_TYPE;
@@ -340,7 +404,7 @@ static int parse_state(const char *p, const char *e, state_rec *r)
             if ((size_t)(c.e - c.p) < LAYOUT[i].len || memcmp(c.p, LAYOUT[i].lit, LAYOUT[i].len) != 0)
                 break;
             c.p += LAYOUT[i].len;
-            if (!read_value(&c, LAYOUT[i].key, r))
+            if (!read_value(&c, LAYOUT[i].key, r, x))
                 return 0;
             seen |= (unsigned)LAYOUT[i].key;
         }
@@ -358,6 +422,8 @@ static int parse_state(const char *p, const char *e, state_rec *r)
         if (!read_plain_string(&c, &s, &n))
             return 0;
         int k = key_of(s, n);
+        if (!k && x)
+            k = extra_of(s, n);
         if (k & seen)
             return 0; /* a repeated key: orjson's rule, not ours */
         seen |= (unsigned)k;
@@ -366,7 +432,7 @@ static int parse_state(const char *p, const char *e, state_rec *r)
             return 0;
         c.p++;
         skip_ws(&c);
-        if (!read_value(&c, k, r))
+        if (!read_value(&c, k, r, x))
             return 0;
 after_value:
         skip_ws(&c);
@@ -395,7 +461,7 @@ static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py
     const char *p = buf + pos;
     const char *nl = memchr(p, '\n', (size_t)(end - pos));
     const char *e = nl ? nl : buf + end;
-    if (e - p > max_line || !parse_state(p, e, r))
+    if (e - p > max_line || !parse_state(p, e, r, NULL))
         return 0;
     *next = (e - buf) + 1;
     return 1;
@@ -1124,6 +1190,8 @@ static PyTypeObject DigesterType = {
 
 static name_entry live_names[NAME_CACHE];
 static int live_n_names;
+static name_entry live_extra_names[NAME_CACHE]; /* causes, kernel state letters, wakers */
+static int live_n_extra_names;
 static comm_entry *live_comms;
 static PyObject *live_ints[LIVE_INTS];
 static long long live_int_keys[LIVE_INTS];
@@ -1172,8 +1240,26 @@ static inline int frequent_line(const char *p, const char *e)
     return memcmp(q, "run", 3) == 0 || memcmp(q, "sle", 3) == 0 || memcmp(q, "pre", 3) == 0;
 }
 
+/* A new reference to the value of extra field i as orjson would make it. */
+static PyObject *extra_value(const extras *x, int i)
+{
+    name_entry *ne;
+    switch (x->kind[i]) {
+    case 's':
+        return name_str(live_extra_names, &live_n_extra_names, x->s[i], x->n[i], &ne);
+    case 'i':
+        return x->v[i] >= 0 ? live_int(x->v[i]) : PyLong_FromLongLong(x->v[i]);
+    case 't':
+        Py_RETURN_TRUE;
+    case 'f':
+        Py_RETURN_FALSE;
+    default: /* null or absent */
+        Py_RETURN_NONE;
+    }
+}
+
 PyDoc_STRVAR(parse_states_doc,
-"parse_states(buf, pos, end, max_line, k=1, n=0) -> (stop, lines, rows)\n\n"
+"parse_states(buf, pos, end, max_line, k=1, n=0, wide=False) -> (stop, lines, rows)\n\n"
 "The plain state records among the lines of buf[pos:end] (as\n"
 "buf[pos:end].split(b'\\n') cuts them) as tuples\n"
 "(ts, pid, tid, comm, from, to, dur_ns, cpu, weight), comm and dur_ns None\n"
@@ -1181,7 +1267,8 @@ PyDoc_STRVAR(parse_states_doc,
 "than max_line). n: the number of the line before pos. With k > 1, a\n"
 "transition into running, runnable, sleeping or preempted (by its bytes)\n"
 "on a line whose number is not a multiple of k is passed over unparsed,\n"
-"and one that is kept weighs k. Empty lines are passed over.\n"
+"and one that is kept weighs k. Empty lines are passed over. wide: each\n"
+"tuple goes on with the fields of WIDE_FIELDS (None when null or absent).\n"
 "stop: where the line that needs the careful path starts, end + 1 when\n"
 "none did; lines: lines consumed (passed over ones included).");
 
@@ -1190,7 +1277,8 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
     Py_buffer view;
     Py_ssize_t pos, end, max_line;
     long long k = 1, n = 0;
-    if (!PyArg_ParseTuple(args, "y*nnn|LL:parse_states", &view, &pos, &end, &max_line, &k, &n))
+    int wide = 0;
+    if (!PyArg_ParseTuple(args, "y*nnn|LLp:parse_states", &view, &pos, &end, &max_line, &k, &n, &wide))
         return NULL;
     if (pos < 0 || end > view.len || pos > end + 1 || k < 1 || n < 0) {
         PyBuffer_Release(&view);
@@ -1231,9 +1319,11 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
             continue;
         }
         state_rec r;
-        if (!parse_state(p, e, &r))
+        extras x;
+        if (!parse_state(p, e, &r, wide ? &x : NULL))
             break;
-        PyObject *t = PyTuple_New(9);
+        Py_ssize_t size = wide ? 9 + N_EXTRA : 9;
+        PyObject *t = PyTuple_New(size);
         if (!t)
             goto done;
         PyObject *o;
@@ -1256,8 +1346,10 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         PyTuple_SET_ITEM(t, 7, live_int(r.cpu));
         Py_INCREF(weight);
         PyTuple_SET_ITEM(t, 8, weight);
+        for (int i = 0; wide && i < N_EXTRA; i++)
+            PyTuple_SET_ITEM(t, 9 + i, extra_value(&x, i));
         int bad = 0;
-        for (int i = 0; i < 8; i++)
+        for (Py_ssize_t i = 0; i < size; i++)
             bad |= PyTuple_GET_ITEM(t, i) == NULL;
         if (bad || PyList_Append(rows, t) < 0) {
             Py_DECREF(t);
@@ -1277,12 +1369,13 @@ done:
 }
 
 PyDoc_STRVAR(plain_states_doc,
-"plain_states(buf, pos, end, max_line) -> (stop, lines)\n\n"
+"plain_states(buf, pos, end, max_line) -> (stop, lines, max_ts)\n\n"
 "How many of the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts\n"
 "them), from the first, are plainly written state records that the reader\n"
 "accepts (what parse_states would return, without building it). stop:\n"
-"where the first other line starts, end + 1 when there was none. For\n"
-"replay, which copies such lines unparsed.");
+"where the first other line starts, end + 1 when there was none; max_ts:\n"
+"the largest ts among them (-1 when none). For replay, which copies such\n"
+"lines unparsed.");
 
 static PyObject *plain_states(PyObject *module, PyObject *args)
 {
@@ -1297,14 +1390,17 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
     }
     const char *buf = view.buf;
     Py_ssize_t lines = 0;
+    long long max_ts = -1;
     state_rec r;
     Py_ssize_t next;
     while (pos <= end && next_state(buf, pos, end, max_line, &r, &next)) {
         lines++;
+        if (r.ts > max_ts)
+            max_ts = r.ts;
         pos = next;
     }
     PyBuffer_Release(&view);
-    return Py_BuildValue("nn", pos, lines);
+    return Py_BuildValue("nnL", pos, lines, max_ts);
 }
 
 static PyMethodDef module_methods[] = {
@@ -1316,7 +1412,9 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef digest_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_digest",
-    .m_doc = "Native inner loops of pstate stats (see pstate.analysis.ingest.LineDigester) and heat --live (pstate.render.dashboard).",
+    .m_doc = "Native bulk readers of the one stream reader (pstate.stream.reader): the Digester of stats "
+             "(pstate.analysis.ingest.LineDigester), the row reader parse_states (heat, export, replay) and "
+             "plain_states (replay).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1331,6 +1429,20 @@ PyMODINIT_FUNC PyInit__digest(void)
     if (!m)
         return NULL;
     if (PyModule_AddIntConstant(m, "BUCKET_SUB_BITS", BUCKET_SUB_BITS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *wide = PyTuple_New(N_EXTRA);
+    for (int i = 0; wide && i < N_EXTRA; i++) {
+        PyObject *name = PyUnicode_FromString(EXTRA_NAMES[i]);
+        if (!name) {
+            Py_CLEAR(wide);
+            break;
+        }
+        PyTuple_SET_ITEM(wide, i, name);
+    }
+    if (!wide || PyModule_AddObject(m, "WIDE_FIELDS", wide) < 0) {
+        Py_XDECREF(wide);
         Py_DECREF(m);
         return NULL;
     }

@@ -327,6 +327,7 @@ def merge_read_stats(into: ReadStats, part: ReadStats, line_base: int, byte_base
         into.truncated_tail = (f"{m.group(1)}: byte {int(m.group(2)) + byte_base}, "
                                f"line {int(m.group(3)) + line_base}") if m else part.truncated_tail
     into.metas.extend(part.metas)
+    into.join_spans(part)
     for reason, n in part.loss.items():
         into.loss[reason] = into.loss.get(reason, 0) + n
     into.ends.extend(part.ends)

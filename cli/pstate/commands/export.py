@@ -12,7 +12,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import input_options
 from pstate.stream.outfiles import open_output
 from pstate.stream.streamio import ReadStats
-from pstate.stream.reader import read_records
+from pstate.stream.reader import StreamReader, feed_sources
 
 PROG = "pstate export"
 FORMATS = ("perfetto", "chrome")
@@ -78,6 +78,59 @@ class Progress:
             sys.stderr.flush()
 
 
+class _Feed:
+    """The sink of the export's StreamReader. Holds what comes until go()
+    (the output is open); then the meta records that come first (they say
+    whether every switch is there) until something else comes, when it
+    makes the writer, start(metas) -> (writer, why no CPU tracks), and
+    hands it everything, state rows in batches."""
+
+    def __init__(self, start):
+        self.start = start
+        self.held: list | None = []  # records (dicts) and batches of rows (lists), until go()
+        self.metas: list = []
+        self.writer = None
+        self.why = ""
+        self.sampled = False  # a rate record said the recording was sampled
+        self.n = 0  # records handed on
+
+    def go(self) -> None:
+        held, self.held = self.held, None
+        for item in held:
+            if type(item) is list:
+                self.rows(item)
+            else:
+                self.record(item, 1)
+
+    def open(self):
+        if self.writer is None:
+            self.writer, self.why = self.start(self.metas)
+            for rec in self.metas:
+                self._add(rec)
+        return self.writer
+
+    def rows(self, rows: list) -> None:
+        if self.held is not None:
+            self.held.append(rows)
+            return
+        self.open().rows(rows)
+        self.n += len(rows)
+
+    def record(self, rec: dict, weight: int) -> None:
+        if self.held is not None:
+            self.held.append(rec)
+        elif self.writer is None and rec["type"] == "meta":
+            self.metas.append(rec)
+        else:
+            self._add(rec)
+
+    def _add(self, rec: dict) -> None:
+        self.open().add(rec)
+        self.n += 1
+        if rec["type"] == "rate" and rec.get("sample_every", 1) != 1:
+            self.sampled = True
+
+
 def make_writer(fmt: str, fp, metas: list, rates: int = 0):
     from pstate.render import traceexport
 
@@ -110,27 +163,17 @@ def cli(fmt, output, quiet, files, strict):
     if not files and sys.stdin.isatty():
         raise click.UsageError("no input: give a recording file, or pipe a stream in")
     stats = ReadStats()
-    records = read_records(files or ("-",), stats, strict=strict)
-    head = []
-    for rec in records:  # the meta record says whether every switch is there
-        head.append(rec)
-        if rec["type"] != "meta":
-            break
+    feed = _Feed(lambda metas: make_writer(fmt, fp, metas))
+    rd = StreamReader(feed, stats, strict=strict, native_rows=True, wide=True)
+    reading = feed_sources(rd, files or ("-",), stats)
+    next(reading, None)  # the first chunk: an unreadable input is found before the output is made
     fp, owned = _open_output(output, fmt)
-    writer, why = make_writer(fmt, fp, [r for r in head if r["type"] == "meta"])
     progress = Progress(not quiet and sys.stderr.isatty())
-    n = 0
-    sampled = False
     try:
-        for rec in head:
-            writer.add(rec)
-        for rec in records:
-            writer.add(rec)
-            n += 1
-            if rec["type"] == "rate" and rec.get("sample_every", 1) != 1:
-                sampled = True
-            if not n & 0xFFFF:
-                progress.tick(n)
+        feed.go()
+        for _ in reading:
+            progress.tick(feed.n)
+        writer = feed.open()
         writer.close()
         fp.flush()
         if owned:
@@ -145,11 +188,18 @@ def cli(fmt, output, quiet, files, strict):
                           ExitCode.IOERR) from None
     finally:
         progress.done()
+    why, sampled = feed.why, feed.sampled
     if why and not quiet:
         print(f"{PROG}: note: no CPU tracks, thread tracks only: {why}", file=sys.stderr)
     if sampled and fmt == "perfetto" and not why:
         print(f"{PROG}: warning: the recording was sampled (--max-rate) part of the time: "
               "CPU tracks miss switches from then on", file=sys.stderr)
+    odd = getattr(writer, "out_of_range", 0)
+    if odd:
+        from pstate.render.traceexport import INT32_MAX
+
+        print(f"{PROG}: warning: left out {odd} record{'s' if odd != 1 else ''} whose pid, tid or CPU is "
+              f"beyond {INT32_MAX} (no task has one: is the input damaged?)", file=sys.stderr)
     unpaired = getattr(writer, "unpaired_switch_ins", 0)
     if unpaired and not quiet:
         print(f"{PROG}: note: {unpaired} switch-ins without the switch-out before them (lost events)",

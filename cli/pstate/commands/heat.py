@@ -20,7 +20,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
 from pstate.commands.options import Choice, RenamedCommand, StateName, task_filter_options
 from pstate.stream.streamio import ReadStats
-from pstate.stream.reader import read_records
+from pstate.stream.reader import StreamReader, feed_sources
 
 UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
 PLURAL = {"thread": "threads", "process": "processes", "command": "commands"}
@@ -187,8 +187,10 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     stats = ReadStats()
     tracker = hm.RecordedStates(by, filt, latency)
     try:
-        for rec in read_records(sources, stats, strict=strict):
-            tracker.feed(rec)
+        # state records as rows, read by the native row reader when it is built
+        rd = StreamReader(tracker, stats, strict=strict, native_rows=True)
+        for _ in feed_sources(rd, sources, stats):
+            pass
     except KeyboardInterrupt:
         # `pstate record | pstate heat`: Ctrl-C ends the recording; draw what came.
         click.echo("pstate heat: interrupted; drawing what was read", err=True)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 from pstate.render import heatmodel as hm
 from pstate.render import heatviews
-from pstate import native
 from pstate.stream import schema
 from pstate.render import heatdraw as hr
 from pstate.stream.durations import fmt_ns
@@ -45,9 +44,6 @@ ALT_ON, ALT_OFF = "\x1b[?1049h", "\x1b[?1049l"
 CUR_HIDE, CUR_SHOW = "\x1b[?25l", "\x1b[?25h"
 HOME, CLEAR_EOL, CLEAR_EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 MAX_SAMPLE = 1 << 12
-# The native reader of plain state records (None when not built or
-# PSTATE_PURE=1; tests switch it).
-_parse_states = getattr(native.load("_digest"), "parse_states", None)
 
 
 @dataclass
@@ -94,8 +90,8 @@ class _Stop(Exception):
 class Feeder:
     """Feeds a Window from input bytes through the one reader
     (reader.StreamReader and its rules). Plain state records (the bulk) go
-    to the model in batches of state rows (Window.states), read by
-    pstate._digest.parse_states when it is built, else by the careful path,
+    to the model in batches of state rows (Window.states), read by the
+    native row reader (pstate._digest.parse_states) when it is built, else by the careful path,
     with the same results; other records one at a time, in order. k > 1:
     sampling, as StreamReader.k."""
 
@@ -105,18 +101,7 @@ class Feeder:
         self.name = name
         self.total = 0  # bytes received
         self.parsed = 0  # records read (sampled-over lines are not)
-        fast = None
-        if _parse_states is not None:
-            parse = _parse_states
-            max_line = MAX_LINE
-
-            def fast(buf, pos, end, n):
-                stop, lines, rows = parse(buf, pos, end, max_line, self.reader.k, n)
-                if rows:
-                    self._rows(rows, False)
-                return stop, lines, len(rows)
-
-        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, fast=fast)
+        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, native_rows=True)
         self.reader.begin(name)
 
     k = property(lambda self: self.reader.k, lambda self, v: setattr(self.reader, "k", v))

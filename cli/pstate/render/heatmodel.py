@@ -239,6 +239,21 @@ class Tracker:
             if type(n) is int and n >= 1:
                 self.input_sample_every = n
 
+    # a sink of reader.StreamReader: state rows in batches, other records one by one
+    def rows(self, rows: list) -> None:
+        """State rows (reader.ROW_FIELDS), as feed() takes state records."""
+        filt, skip_idle, state = self.filt, self.skip_idle, self.state
+        for ts, pid, tid, comm, frm, to, dur, cpu, weight in rows:
+            if filt is not None:
+                if not filt.match_state(pid, tid, comm, cpu, frm, to, dur):
+                    continue
+            elif skip_idle and tid == 0:
+                continue
+            state(ts, pid, tid, comm or "?", frm, to, dur, weight)
+
+    def record(self, rec: dict, weight: int) -> None:
+        self.feed(rec, weight)
+
     def _saw_ts(self, ts: int) -> None:
         if self.first_ts is None or ts < self.first_ts:
             self.first_ts = ts

@@ -1,9 +1,11 @@
 """Export a pstate stream to trace viewers: Perfetto's protobuf trace format
 and Chrome's trace-event JSON.
 
-Both writers take validated records (dicts from the one stream reader) one at
-a time with add() and finish with close(); memory depends on the number of
-tasks and CPUs, never on the number of events.
+Both writers take what the one stream reader hands out: state records as
+batches of wide state rows (reader.ROW_FIELDS + reader.WIDE_FIELDS) with
+rows(), every other validated record (a dict) with add() (which also takes a
+state record as a dict), and finish with close(); memory depends on the
+number of tasks and CPUs, never on the number of events.
 
 Perfetto: the scheduler data is written the way Perfetto's own ftrace data
 source writes it, as per-CPU ftrace bundles in the compact sched encoding
@@ -31,9 +33,23 @@ from typing import IO
 import orjson
 
 from pstate.stream import schema
+from pstate.stream.reader import state_row
 from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_force
 
 IDLE_COMM = "swapper/{cpu}"
+_UNSEEN = object()  # (a comm may be None)
+INT32_MAX = (1 << 31) - 1  # pids, tids, CPUs and priorities are int32 in the trace
+
+
+def _id(v) -> bool:
+    """Whether v fits the trace's int32 id columns (a pid, tid, CPU, prio)."""
+    return type(v) is int and 0 <= v <= INT32_MAX
+
+
+def _ts(v) -> int | None:
+    """v when it is a time a trace can hold (the reader checks events' ts
+    only, not those of loss, rate and end records), else None."""
+    return v if type(v) is int and 0 <= v < 1 << 63 else None
 DEFAULT_PRIO = 120
 BUNDLE_EVENTS = 4096  # compact sched rows per CPU bundle before it is written
 CLONE_THREAD = 0x00010000
@@ -149,6 +165,7 @@ class PerfettoWriter:
         self.tree_processes: dict = {}
         self.thread_tracks: dict = {}  # tid -> [uuid, open slice]
         self.unpaired_switch_ins = 0
+        self.out_of_range = 0  # records whose pid, tid or CPU no trace can hold (not a real task's)
         self._state_cache: dict = {}  # (kstate, to) -> prev_state
         self.switches = 0
         self.wakings = 0
@@ -159,7 +176,7 @@ class PerfettoWriter:
     def add(self, rec: dict) -> None:
         t = rec["type"]
         if t == "state":
-            self._state(rec)
+            self.rows([state_row(rec, 1, True)])
         elif t in ("fork", "exec", "exit"):
             self._lifecycle(rec)
         elif t == "meta":
@@ -209,51 +226,52 @@ class PerfettoWriter:
             c = self.cpus[cpu] = _Cpu(cpu)
         return c
 
-    def _state(self, rec: dict) -> None:
+    def rows(self, rows: list) -> None:
+        """Wide state rows, in order (see the module docstring)."""
         if not self._started:
             self._start()
-        tid = rec["tid"]
-        comm = rec.get("comm")
-        if self.comms.get(tid) != comm or self.threads[tid][0] != rec["pid"]:
-            self._see(rec["pid"], tid, comm)
-        prio = rec.get("prio")
-        if prio is not None and prio >= 0:
-            self.prios[tid] = prio
-        if not self.cpu_tracks:
-            self._thread_slice(rec)
-            return
-        cause = rec.get("cause")
-        cpu = rec["cpu"]
-        ts = rec["ts"]
-        if cause == "switch_out":
-            nxt = rec.get("next_tid")
-            nxt = nxt if isinstance(nxt, int) else 0
-            c = self._cpu(cpu)
-            self._switch(c, ts, self._prev_state(rec.get("kstate"), rec["to"]), nxt)
-            c.out_ts, c.out_next = ts, nxt
-        elif cause == "switch_in":
-            c = self._cpu(cpu)
-            if c.out_ts == ts and c.out_next == tid:
-                # the switch was written from the switch-out record: give it
-                # this task's own priority and name
-                if c.sw_ts and c.sw_ts[-1] == ts and c.sw_pid[-1] == tid:
-                    c.sw_prio[-1] = self.prios.get(tid, DEFAULT_PRIO)
-                    c.sw_comm[-1] = c.intern(self.comms.get(tid, ""))
-                return
-            prev = rec.get("prev_tid")
-            if isinstance(prev, int) and prev != 0:
-                self.unpaired_switch_ins += 1  # its switch-out was lost
-            # after the idle task (not reported), or a lost switch-out: the
-            # task that left was runnable
-            self._switch(c, ts, 0, tid)
-        elif cause in ("wakeup", "wakeup_new"):
-            self._waking(rec)
-        elif cause == "reap":
-            self._cpu(cpu).events.append((ts, "free", (tid, self.comms.get(tid, ""),
-                                                      self.prios.get(tid, DEFAULT_PRIO))))
-            self._flush_if_full(self._cpu(cpu))
+        comms, threads, prios, cpus = self.comms, self.threads, self.prios, self.cpus
+        cpu_tracks = self.cpu_tracks
+        for ts, pid, tid, comm, frm, to, dur, cpu, _w, cause, prio, nxt, prev, kstate, target, waker in rows:
+            if (pid | tid | cpu) > INT32_MAX:
+                self.out_of_range += 1
+                continue
+            if comms.get(tid, _UNSEEN) != comm or threads[tid][0] != pid:
+                self._see(pid, tid, comm)
+            if _id(prio):
+                prios[tid] = prio
+            if not cpu_tracks:
+                self._thread_slice(ts, pid, tid, frm, to, dur)
+                continue
+            if cause == "switch_out":
+                nxt = nxt if _id(nxt) else 0
+                c = cpus.get(cpu) or self._cpu(cpu)
+                self._switch(c, ts, self._prev_state(kstate, to), nxt)
+                c.out_ts, c.out_next = ts, nxt
+            elif cause == "switch_in":
+                c = cpus.get(cpu) or self._cpu(cpu)
+                if c.out_ts == ts and c.out_next == tid:
+                    # the switch was written from the switch-out record: give it
+                    # this task's own priority and name
+                    if c.sw_ts and c.sw_ts[-1] == ts and c.sw_pid[-1] == tid:
+                        c.sw_prio[-1] = prios.get(tid, DEFAULT_PRIO)
+                        c.sw_comm[-1] = c.intern(comms.get(tid, ""))
+                    continue
+                if _id(prev) and prev != 0:
+                    self.unpaired_switch_ins += 1  # its switch-out was lost
+                # after the idle task (not reported), or a lost switch-out: the
+                # task that left was runnable
+                self._switch(c, ts, 0, tid)
+            elif cause == "wakeup" or cause == "wakeup_new":
+                self._waking(ts, tid, cpu, target, waker)
+            elif cause == "reap":
+                c = self._cpu(cpu)
+                c.events.append((ts, "free", (tid, comms.get(tid, ""), prios.get(tid, DEFAULT_PRIO))))
+                self._flush_if_full(c)
 
     def _prev_state(self, kstate, to: str) -> int:
+        if type(kstate) is not str:
+            kstate = None  # (any JSON value: encode_prev_state reads a string only)
         key = (kstate, to)
         v = self._state_cache.get(key)
         if v is None:
@@ -275,20 +293,16 @@ class PerfettoWriter:
         if len(c.sw_ts) >= BUNDLE_EVENTS:
             self._flush(c)
 
-    def _waking(self, rec: dict) -> None:
-        c = self._cpu(rec["cpu"])
-        ts = rec["ts"]
+    def _waking(self, ts: int, tid: int, cpu: int, target, waker) -> None:
+        c = self._cpu(cpu)
         if ts < c.last_wk:
             self._flush(c)
         c.last_wk = ts
-        tid = rec["tid"]
-        target = rec.get("target_cpu")
         c.wk_ts.append(ts)
         c.wk_pid.append(tid)
-        c.wk_cpu.append(target if isinstance(target, int) else rec["cpu"])
+        c.wk_cpu.append(target if _id(target) else cpu)
         c.wk_prio.append(self.prios.get(tid, DEFAULT_PRIO))
         c.wk_comm.append(c.intern(self.comms.get(tid, "")))
-        waker = rec.get("waker")
         c.wk_flags.append(TRACE_FLAG_HARDIRQ if waker == "irq" else TRACE_FLAG_SOFTIRQ if waker == "softirq" else 0)
         self.wakings += 1
         if len(c.wk_ts) >= BUNDLE_EVENTS:
@@ -298,9 +312,12 @@ class PerfettoWriter:
         self._start()
         t = rec["type"]
         tid = rec["tid"]
+        if (rec["pid"] | tid | rec["cpu"]) > INT32_MAX:
+            self.out_of_range += 1
+            return
         if t == "fork":
             child_pid, child_tid = rec.get("child_pid"), rec.get("child_tid")
-            if isinstance(child_pid, int) and isinstance(child_tid, int):
+            if _id(child_pid) and _id(child_tid):
                 thread = bool(rec.get("thread"))
                 if not thread:
                     self.parents[child_pid] = rec["pid"]
@@ -317,8 +334,8 @@ class PerfettoWriter:
 
     def _instant(self, rec: dict) -> None:
         self._start()
-        ts = rec.get("ts")
-        if not isinstance(ts, int):
+        ts = _ts(rec.get("ts"))
+        if ts is None:
             return
         t = rec["type"]
         if t == "loss":
@@ -349,29 +366,26 @@ class PerfettoWriter:
 
     # --- thread tracks (recordings that do not hold every switch) -------------
 
-    def _thread_slice(self, rec: dict) -> None:
-        tid = rec["tid"]
+    def _thread_slice(self, ts: int, pid: int, tid: int, frm: str, to: str, d) -> None:
         tr = self.thread_tracks.get(tid)
         if tr is None:
             tr = self.thread_tracks[tid] = [(1 << 32) + tid, None]
             pkt = self._builder.create_packet()
             pkt.trusted_packet_sequence_id = self.SEQUENCE
-            d = pkt.track_descriptor
-            d.uuid = tr[0]
-            d.name = f"{self.comms.get(tid, '')} {tid} state"
-            d.thread.pid = rec["pid"]
-            d.thread.tid = tid
-            d.thread.thread_name = self.comms.get(tid, "")
+            desc = pkt.track_descriptor
+            desc.uuid = tr[0]
+            desc.name = f"{self.comms.get(tid, '')} {tid} state"
+            desc.thread.pid = pid
+            desc.thread.tid = tid
+            desc.thread.thread_name = self.comms.get(tid, "")
             self._builder.write_packet(pkt)
-        d = rec.get("dur_ns")
-        ts = rec["ts"]
         if tr[1] is None and isinstance(d, int):
-            self._slice_event(tr[0], ts - d, "begin", rec["from"])
+            self._slice_event(tr[0], ts - d, "begin", frm)
         if tr[1] is not None or isinstance(d, int):
             self._slice_event(tr[0], ts, "end", None)
-        if rec["to"] != schema.REAPED:
-            self._slice_event(tr[0], ts, "begin", rec["to"])
-            tr[1] = rec["to"]
+        if to != schema.REAPED:
+            self._slice_event(tr[0], ts, "begin", to)
+            tr[1] = to
         else:
             tr[1] = None
 
@@ -499,27 +513,37 @@ class ChromeWriter:
 
     def add(self, rec: dict) -> None:
         t = rec["type"]
-        ts = rec.get("ts")
-        if isinstance(ts, int) and t != "meta" and (self.max_ts is None or ts > self.max_ts):
+        ts = _ts(rec.get("ts"))
+        if ts is not None and t != "meta" and (self.max_ts is None or ts > self.max_ts):
             self.max_ts = ts
         if t == "state":
-            pid, tid = rec["pid"], rec["tid"]
-            self._name(pid, tid, rec.get("comm"))
-            d = rec.get("dur_ns")
-            if isinstance(d, int):
-                self._slice(pid, tid, rec["from"], ts - d, d)
-            self.last[tid] = [pid, ts, rec["to"]]
+            self.rows([state_row(rec)])
         elif t in ("fork", "exec"):
             self._name(rec["pid"], rec["tid"], rec.get("comm"))
         elif t == "meta":
             if self.meta is None:
                 self.meta = rec
         elif t == "end":
-            if self.end_ts is None or ts > self.end_ts:
+            if ts is not None and (self.end_ts is None or ts > self.end_ts):
                 self.end_ts = ts
-        elif t in ("loss", "rate"):
+        elif t in ("loss", "rate") and ts is not None:
             args = {k: v for k, v in rec.items() if k not in ("type", "ts")}
             self._emit({"name": t, "ph": "i", "s": "g", "ts": ts / 1000, "pid": 0, "tid": 0, "args": args})
+
+    def rows(self, rows: list) -> None:
+        """State rows (reader.ROW_FIELDS, wide or not), in order."""
+        named, pnamed, last = self.named, self.pnamed, self.last
+        max_ts = self.max_ts
+        for row in rows:
+            ts, pid, tid, comm, frm, to, d = row[:7]
+            if max_ts is None or ts > max_ts:
+                max_ts = ts
+            if named.get(tid, _UNSEEN) != comm or (tid == pid and pnamed.get(pid, _UNSEEN) != comm):
+                self._name(pid, tid, comm)
+            if d is not None:
+                self._slice(pid, tid, frm, ts - d, d)
+            last[tid] = [pid, ts, to]
+        self.max_ts = max_ts
 
     def close(self) -> None:
         # each task's last state lasts to the end of the stream, as in stats

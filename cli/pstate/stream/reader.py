@@ -1,7 +1,8 @@
 """The one reader of pstate's JSON-lines event format.
 
-Every command that reads recordings (stats, heat, replay's checks) reads them
-through a StreamReader, so one set of rules holds everywhere:
+Every command that reads recordings (stats, heat, heat --live, replay,
+export) reads them through a StreamReader, so one set of rules holds
+everywhere:
 
 - input comes in chunks of any size and is cut into lines at "\\n";
 - a UTF-8 byte order mark at the very start of a source is dropped (some
@@ -26,8 +27,16 @@ What comes out, in input order, goes to a sink with two methods:
 - sink.rows(rows): plain state records as state rows, tuples of ROW_FIELDS
   (ts, pid, tid, comm, from, to, dur_ns, cpu, weight); comm and dur_ns are
   None when null or absent, weight is 1 (k when sampling keeps 1 line in k);
+  wide rows (wide=True, for the trace export) go on with the fields of
+  WIDE_FIELDS (cause, prio, next_tid, prev_tid, kstate, target_cpu, waker),
+  each as orjson read it, None when null or absent;
 - sink.record(rec, weight): every other usable record of a known type, as
-  the dict orjson made of it (lifecycle, meta, loss, end, rate, annotations).
+  the dict orjson made of it (lifecycle, meta, loss, end, rate, annotations);
+- with lines=True (replay, which writes the lines it passes unchanged), the
+  sink's line(rec, line) instead of record(): line is the record's bytes
+  with a newline at the end (added to a last line that had none);
+  with unknown=True, records of types this pstate does not know go to the
+  sink too (counted all the same).
 
 Two paths, one result. The careful path parses every line with orjson and
 checks it with check_record. The fast path is a bulk reader, a callable
@@ -36,26 +45,33 @@ written state records among the lines of buf[pos:end] in one go (from line
 n + 1 on) and stops where it meets a line it is not sure about; that line
 takes the careful path, then the bulk reader goes on after it. The bulk
 readers are in C (pstate._digest): Digester, which sums the rows up for
-stats (timeinstate.Aggregator.add_digested), and parse_states, which hands them out
-as rows (heat --live). PSTATE_PURE=1 leaves every line to the careful path;
-the tests hold the two paths to the same rows, records, counts and errors.
+stats (timeinstate.Aggregator.add_digested), parse_states, which hands them
+out as rows (native_rows=True: heat, heat --live, export; replay's filters,
+window and pacing), and plain_states, which only finds them (replay copies
+their lines). PSTATE_PURE=1 leaves every line to the careful path; the tests
+hold the two paths to the same rows, records, counts, errors and output.
 """
 
 from __future__ import annotations
 
 import orjson
 
+from pstate import native
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, check_record, note_damage, open_input
+from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, note_damage, open_input, plain_state_ok, record_problem
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
 ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight")
+WIDE_FIELDS = ("cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu", "waker")
+# The native row reader (None when not built or PSTATE_PURE=1).
+_parse_states = getattr(native.load("_digest"), "parse_states", None)
 # Sampling (heat --live) may pass over transitions into these states, which
 # are the bulk of a stream, recognised by their bytes without parsing.
 _TO = b'"to":"'
 _FREQUENT = frozenset({b"run", b"sle", b"pre"})  # running, runnable, sleeping, preempted
+_NOTED = frozenset(("meta", "loss", "end"))  # what ReadStats.note takes note of
 
 
 class LineError(PstateError):
@@ -67,10 +83,14 @@ class LineError(PstateError):
         self.name, self.lineno, self.why = name, lineno, why
 
 
-def state_row(rec: dict, weight: int = 1) -> tuple:
-    """The state row of a checked state record."""
-    return (rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"], rec.get("dur_ns"),
-            rec["cpu"], weight)
+def state_row(rec: dict, weight: int = 1, wide: bool = False) -> tuple:
+    """The state row of a checked state record (wide: with WIDE_FIELDS)."""
+    g = rec.get
+    if wide:
+        return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"],
+                weight, g("cause"), g("prio"), g("next_tid"), g("prev_tid"), g("kstate"), g("target_cpu"),
+                g("waker"))
+    return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"], weight)
 
 
 def overlong(max_line: int) -> str:
@@ -88,20 +108,34 @@ class StreamReader:
     multiple of k is passed over unparsed, and one that is kept weighs k.
     dicts: state records go to sink.record as the dicts they were parsed
     into, like every other record (read_records; the careful path only).
+    native_rows: the bulk reader is the native row reader (parse_states),
+    when built, handing its rows to sink.rows; wide: wide rows.
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
-                 dicts: bool = False):
+                 dicts: bool = False, native_rows: bool = False, wide: bool = False, lines: bool = False,
+                 unknown: bool = False):
         self.sink = sink
-        self.dicts = dicts  # state records to sink.record as dicts too (read_records)
+        self.dicts = dicts or lines  # state records to the sink as dicts too (read_records, replay)
+        self.wide = wide
+        self.lines = lines
+        self.unknown = unknown
         self.stats = stats
         self.strict = strict
         self.max_line = max_line
+        if native_rows and fast is None and _parse_states is not None:
+            fast = self._native_rows
         self.fast = fast
         self.k = 1
         self.name = "<stdin>"
         self._rows: list = []
         self._reset(True)
+
+    def _native_rows(self, buf: bytes, pos: int, end: int, n: int):
+        stop, lines, rows = _parse_states(buf, pos, end, self.max_line, self.k, n, self.wide)
+        if rows:
+            self.sink.rows(rows)
+        return stop, lines, len(rows)
 
     def _reset(self, at_start: bool) -> None:
         self.lineno = 0
@@ -222,7 +256,7 @@ class StreamReader:
             if stop - pos > max_line:
                 self._bad(overlong(max_line), self.lineno)
             else:
-                self._line(buf[pos:stop], self.lineno, True)
+                self._line(buf[pos:stop + 1], self.lineno, True)  # (with its newline)
             pos = stop + 1
             if pos > end:
                 self._flush_rows()
@@ -239,35 +273,44 @@ class StreamReader:
                 if lineno % k:
                     return
                 weight = k
-        if not line.strip():
-            return
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
+            if not line.strip():
+                return  # a blank line: no record and no error
             if terminated:
                 self._bad("not valid JSON", lineno)
             elif self.strict:
                 self._flush_rows()
                 raise LineError(self.name, lineno, "truncated record") from None
             return  # (unterminated: reported as the truncated final record)
-        why = check_record(rec)
-        if why:
-            self._bad(why, lineno)
-            return
+        if not (type(rec) is dict and rec.get("type") == "state" and plain_state_ok(rec)):
+            why = record_problem(rec)  # (check_record, its quick accept done here)
+            if why:
+                self._bad(why, lineno)
+                return
         stats = self.stats
         if not terminated:
             stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         stats.records += 1
         t = rec["type"]
-        if t == "state" and not self.dicts:
-            self._rows.append(state_row(rec, weight))
-            return
-        if t not in schema.KNOWN_TYPES:
-            stats.unknown[t] = stats.unknown.get(t, 0) + 1
-            return
-        self._flush_rows()
-        stats.note(rec, self.name)
-        self.sink.record(rec, weight)
+        if t == "state":
+            if not self.dicts:
+                self._rows.append(state_row(rec, weight, self.wide))
+                return
+        else:  # (with dicts, rows are never held back)
+            if t not in schema.KNOWN_TYPES:
+                stats.unknown[t] = stats.unknown.get(t, 0) + 1
+                if not self.unknown:
+                    return
+            if self._rows:
+                self._flush_rows()
+            if t in _NOTED:
+                stats.note(rec, self.name)
+        if self.lines:
+            self.sink.line(rec, line if terminated else line + b"\n")
+        else:
+            self.sink.record(rec, weight)
 
     def _flush_rows(self) -> None:
         if self._rows:
@@ -312,6 +355,33 @@ class _Collect:
         return out
 
 
+def feed_sources(rd: StreamReader, sources, stats: ReadStats):
+    """Read files (or "-" for stdin), in order, into rd: each one begun,
+    fed in chunks and ended, its compression damage noted in stats. A
+    generator: it yields after every chunk and at the end of every source,
+    so that the caller can pass on what the sink has by then."""
+    import sys
+
+    for src in sources:
+        name = "<stdin>" if src == "-" else src
+        fp = open_input(src)
+        try:
+            rd.begin(name)
+            read = getattr(fp, "read1", None) or fp.read
+            while True:
+                data = read(CHUNK)
+                if not data:
+                    break
+                rd.feed(data)
+                yield
+            rd.end()
+            note_damage(fp, name, stats)
+            yield
+        finally:
+            if fp is not sys.stdin.buffer:
+                fp.close()
+
+
 def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX_LINE, strict: bool = False,
                  types: frozenset | None = None):
     """Yield the usable records of files (or "-" for stdin), in order, as
@@ -319,26 +389,9 @@ def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX
     records (types: only these). meta, loss and end records are also noted
     in stats; a newer schema raises PstateError; with strict, so does the
     first bad line (LineError)."""
-    import sys
-
     stats = stats if stats is not None else ReadStats()
     sink = _Collect(types)
     rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True)
-    for src in sources:
-        fp = open_input(src)
-        try:
-            rd.begin("<stdin>" if src == "-" else src)
-            read = getattr(fp, "read1", None) or fp.read
-            while True:
-                data = read(CHUNK)
-                if not data:
-                    break
-                rd.feed(data)
-                if sink.out:
-                    yield from sink.take()
-            rd.end()
-            note_damage(fp, "<stdin>" if src == "-" else src, stats)
+    for _ in feed_sources(rd, sources, stats):
+        if sink.out:
             yield from sink.take()
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()

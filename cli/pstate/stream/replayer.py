@@ -1,26 +1,23 @@
 """The engine behind `pstate replay`: read recordings (or snapshot files) as
 bytes, select and pace their lines, and write them out again unchanged.
 
-Input is untrusted, as in every reader: bad lines are skipped and counted in
-a ReadStats (or, with strict, end the replay), over-long lines are dropped
-without being buffered, a newer schema is refused.
+Input is read by the one reader (reader.StreamReader, with its rules: a
+byte order mark dropped, bad lines skipped and counted in a ReadStats or,
+with strict, ending the replay, over-long lines dropped without being
+buffered, a truncated tail reported, a newer schema refused); the Replayer
+is its sink and writes the lines of the records it keeps unchanged.
 
-Speed: a line is parsed into Python objects only when something must be
-decided about it. With --no-wait, no filter, no window and no --strict, runs
-of lines are first checked with a few byte counts (each line starts like an
-event record, ends with "}", holds no second record start and no NUL, is
-shorter than 2 KiB, and the run is valid UTF-8), then read by the native
-reader of plain state records (pstate._digest.plain_states, the parser of
-reader.StreamReader's fast path), and written as they are; every other line
-(meta, loss, end, lifecycle records, unusual spellings, damaged lines) is
-parsed and checked on its own, so replay passes exactly the records the
-reader accepts. Without the native module (PSTATE_PURE=1) every line is
-parsed, with the same result.
+Speed: with --no-wait, no filter, no window and no --strict, the reader's
+bulk path is the native reader of plain state records
+(pstate._digest.plain_states, the parser of every fast path): runs of them
+are written as they are, unparsed; every other line (meta, loss, end,
+lifecycle records, unusual spellings, damaged lines) takes the careful path,
+so replay passes exactly the records the reader accepts. Without the native
+module (PSTATE_PURE=1) every line is parsed, with the same result.
 """
 
 from __future__ import annotations
 
-import codecs
 import os
 import sys
 import time
@@ -33,21 +30,20 @@ from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.stream.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
+from pstate.stream.reader import StreamReader
+from pstate.stream.streamio import MAX_INT, MAX_LINE, LineWriter, ReadStats, note_damage, open_input
 from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, cut_end, fmt_wall
 
 # The native check of plainly written state records (None when not built or
 # PSTATE_PURE=1: then every line is parsed, with the same result).
 _plain_states = getattr(native.load("_digest"), "plain_states", None)
+# ... and the native row reader, for replays that select or pace what they copy
+_parse_states = getattr(native.load("_digest"), "parse_states", None)
 BLOCK = 1 << 18  # bytes per read
-FAST_MIN = 1 << 12  # runs shorter than this that fail the quick check are parsed line by line
-_PROBE = 1 << 10  # the quick check passes lines shorter than twice this (see event_lines)
 OUT_BATCH = 1 << 16  # bytes of pending output that trigger a write
 SLACK_NS = 1_000_000  # a record due sooner than this is written without sleeping
 MAX_GAP_NS = 60 * 1_000_000_000  # recorded time waited for at most between two records
 
-_EVENT_STARTS = tuple(b'\n{"type":"%s",' % t.encode() for t in schema.EVENT_TYPES)
-_RECORD_START = b'{"type":"'
 _EVENT_TYPES = frozenset(schema.EVENT_TYPES)
 
 
@@ -62,23 +58,6 @@ def _anchor(meta: dict, start_key: str = "ts") -> Anchor | None:
     """Anchor.from_meta with times outside the integer policy treated as
     absent, so window bounds derived from them stay in range."""
     return Anchor.from_meta({k: _valid_ts(meta.get(k)) for k in ("ts", "wall_ns", start_key)}, start_key)
-
-
-def _event_ok(rec: dict) -> bool:
-    """A quicker form of streamio.check_record for the common case: True only
-    when check_record would accept this event record. When False, the caller
-    asks check_record (for the reason, or because this was too cautious)."""
-    g = rec.get
-    ts, cpu, pid, tid, comm = g("ts"), g("cpu"), g("pid"), g("tid"), g("comm")
-    # For ints, the OR is >= 0 and < 2**63 exactly when each of them is.
-    if not (type(ts) is type(cpu) is type(pid) is type(tid) is int and 0 <= (ts | cpu | pid | tid) < MAX_INT
-            and (comm is None or type(comm) is str)):
-        return False
-    if g("type") == "state":
-        d = g("dur_ns")
-        return (type(g("from")) is str and type(g("to")) is str
-                and (d is None or (type(d) is int and 0 <= d < MAX_INT)))
-    return True
 
 
 class Stop(Exception):
@@ -139,102 +118,6 @@ class Pacer:
                 self.sleep(delay / 1e9)
 
 
-def iter_blocks(read: Callable[[int], bytes], on_overlong: Callable[[], None], *,
-                max_line: int = MAX_LINE, block: int = BLOCK) -> Iterator[tuple[int, bytes, int, int]]:
-    """Yield (offset, buf, s, e): buf[s:e] is a run of complete lines, each
-    ending in a newline, that starts at file offset `offset`; buf[s-1] is
-    always a newline. Last may come a final line that has none (a truncated
-    tail), as buf[s:e] with buf[e-1] not a newline.
-
-    A line longer than max_line is dropped without being held in memory and
-    on_overlong() is called where it was. Every yielded line is at most
-    max_line bytes (plus its newline).
-
-    Most of each read is yielded in place; only the line that spans two reads
-    is copied. (Joining whole reads made blocks of varying sizes, and the
-    allocator then returned and refetched memory from the kernel each time.)
-    """
-    block = max(1, min(block, max_line))  # so a line inside one read is never too long
-    pending = b""  # the start of a line whose newline has not been read yet
-    offset = 0  # file offset of pending (or of what comes next)
-    discarding = False  # inside an over-long line: drop up to its newline
-    while True:
-        chunk = read(block)
-        if not chunk:
-            break
-        first = chunk.find(b"\n")
-        if first < 0:
-            if discarding:
-                offset += len(chunk)
-            elif len(pending) + len(chunk) > max_line:
-                discarding = True
-                offset += len(pending) + len(chunk)
-                pending = b""
-            else:
-                pending += chunk
-            continue
-        head = len(pending) + first  # the line that ends here, without its newline
-        if discarding or head > max_line:
-            discarding = False
-            on_overlong()
-        else:
-            line = b"".join((b"\n", pending, chunk[:first + 1]))
-            yield offset, line, 1, len(line)
-        offset += head + 1
-        last = chunk.rfind(b"\n")
-        if last > first:
-            yield offset, chunk, first + 1, last + 1
-            offset += last - first
-        pending = chunk[last + 1:]
-    if discarding:
-        on_overlong()
-    elif pending:
-        yield offset, b"\n" + pending, 1, len(pending) + 1
-
-
-def event_lines(buf: bytes, s: int, e: int) -> int:
-    """The number of records in buf[s:e] when it is a run of event records,
-    each on its own line, else -1. buf[s-1] and buf[e-1] must be newlines.
-
-    Checked with byte counts only: the run starts with an event record
-    ({"type":"<event type>",), every line that starts a record starts an
-    event record, every newline after "}" is followed by a record start (or
-    ends the run), every record start follows "}" and a newline, and no
-    record starts inside a line (as a torn write would leave). The bytes
-    between a record's start and its "}" are not parsed, but the run is
-    valid UTF-8 and holds no NUL (a crash can leave zeroed pages), and every
-    line is shorter than 2 * _PROBE bytes: nesting deeper than orjson's limit
-    (1024) takes at least 2050. Other damage inside a well-framed line (a
-    token such as NaN or 1e400, a control character in a string) is not seen
-    here; readers downstream skip such lines.
-    """
-    if buf[e - 2:e] != b"}\n" or buf[s:s + 9] != _RECORD_START:
-        return -1
-    k = buf.count(_EVENT_STARTS[0], s - 1, e - 1)  # "state": nearly every line
-    n = buf.count(b'{"typ', s, e)  # record starts anywhere (a fast pattern)
-    if k != n:
-        for start in _EVENT_STARTS[1:]:
-            k += buf.count(start, s - 1, e - 1)
-        if k != n:
-            return -1
-    if buf.count(b"}\n", s, e) != k or buf.count(b'}\n{"type":"', s, e) != k - 1:
-        return -1
-    if buf.find(b"\0", s, e) >= 0:  # memchr: nearly free
-        return -1
-    if not buf.isascii():  # the whole read at C speed; decode only a rare non-ASCII run
-        try:
-            codecs.utf_8_decode(memoryview(buf)[s:e], "strict", True)
-        except UnicodeDecodeError:
-            return -1
-    # A newline in every window of _PROBE bytes starting at s + i * _PROBE: a line
-    # of 2 * _PROBE bytes or more holds a whole window. One memchr per 1 KiB.
-    find = buf.find
-    for p in range(s, e - _PROBE + 1, _PROBE):
-        if find(b"\n", p, p + _PROBE) < 0:
-            return -1
-    return k
-
-
 class Replayer:
     """Replays sources one after another into a LineWriter.
 
@@ -258,7 +141,14 @@ class Replayer:
         self.gaps_capped = 0
         self.paced = speed is not None
         self.windowed = self.window.active
-        self.fast = not self.paced and self.filt is None and not self.windowed and not strict
+        # the one reader, with this as its sink (line()); its bulk path copies plain state
+        # records, all of them or those the filter and the window keep, at the pace asked for
+        if not self.paced and self.filt is None and not self.windowed:
+            fast = self._plain if _plain_states is not None else None
+        else:
+            fast = self._plain_rows if _parse_states is not None else None
+        self.reader = StreamReader(self, self.stats, strict=strict, max_line=max_line, lines=True, unknown=True,
+                                   fast=fast)
 
         self.events = 0  # event lines written
         self.lost: dict[str, int] = {}  # reason -> count, from the loss records written
@@ -280,8 +170,6 @@ class Replayer:
         self.pending: list = []  # lines to write, one line each
         self.pending_bytes = 0
         self.name = ""
-        self.lineno = 0
-        self.earlier_tail: str | None = None
         self.mode = "stream"
 
     # --- signals: end at the next safe point ------------------------------
@@ -355,38 +243,28 @@ class Replayer:
 
     def play(self, path: str, snapshot: bool = False) -> None:
         self.name = "<stdin>" if path == "-" else path
-        self.lineno = 0
-        self.earlier_tail = self.stats.truncated_tail  # an earlier file's cut stays reported
         self.mode = "snap" if snapshot else "stream"
         self.skip_file = False
         fp = open_input(path)
         read = getattr(fp, "read1", fp.read)
-
-        def interruptible_read(n: int) -> bytes:
-            self.flush()  # the next read may block: write what is due first
-            self.interruptible = True
-            try:
-                if self.stop_reason:
-                    raise Stop()
-                return read(n)
-            finally:
-                self.interruptible = False
-
+        rd = self.reader
         try:
-            for offset, buf, s, e in iter_blocks(interruptible_read, self._overlong, max_line=self.max_line):
-                if offset == 0 and buf.startswith(BOM, s):
-                    # The first block is the first line alone: drop the byte order
-                    # mark some editors write, keeping buf[s - 1] a newline.
-                    buf = b"\n" + buf[s + 3:e]
-                    offset, s, e = 3, 1, len(buf)
-                    if e == 1:
-                        continue
-                if self.fast and self.mode == "stream" and buf[e - 1:e] == b"\n":
-                    self._fast_range(buf, s, e)
-                else:
-                    self._lines(buf, s, e, offset)
+            rd.begin(self.name)
+            while True:
+                self.flush()  # the next read may block: write what is due first
+                self.interruptible = True
+                try:
+                    if self.stop_reason:
+                        raise Stop()
+                    data = read(BLOCK)
+                finally:
+                    self.interruptible = False
+                if not data:
+                    break
+                rd.feed(data)
                 if self.stop_reason:
                     raise Stop()
+            rd.end()
             note_damage(fp, self.name, self.stats)
         except OSError as e:
             if isinstance(e, BrokenPipeError):
@@ -396,147 +274,69 @@ class Replayer:
             if fp is not getattr(sys.stdin, "buffer", None):
                 fp.close()
 
-    # --- the quick path ---------------------------------------------------
+    # --- from the reader ----------------------------------------------------
 
-    def _fast_range(self, buf: bytes, s: int, e: int) -> None:
-        n = event_lines(buf, s, e) if self.header and _plain_states is not None else -1
-        if n > 0:
-            self._plain_runs(buf, s, e)
-            return
-        if n < 0 and e - s > FAST_MIN and _plain_states is not None:
-            mid = buf.find(b"\n", (s + e) // 2, e - 1)
-            if mid >= 0:
-                self._fast_range(buf, s, mid + 1)
-                self._fast_range(buf, mid + 1, e)
-                return
-        self._lines(buf, s, e, 0)
-
-    def _plain_runs(self, buf: bytes, s: int, e: int) -> None:
-        """Write the well-framed event lines of buf[s:e] unparsed while the
-        native reader finds them plainly written state records the reader
-        accepts (so replay passes only what stats would read); any other
-        line is parsed and checked on its own."""
-        last = e - 1  # the newline of the last line
-        pos = s
-        while pos < e:
-            stop, n = _plain_states(buf, pos, last, self.max_line)
-            if n:
-                end = min(stop, e)
-                self._drain()
-                self.writer.raw(memoryview(buf)[pos:end], n)
-                self.events += n
-                self.lineno += n
-                self.stats.lines += n
-                self.stats.records += n
-                start = buf.rfind(b"\n", pos, end - 1) + 1
-                ts = _valid_ts(orjson.loads(buf[max(start, pos):end]).get("ts"))
-                if ts is not None and (self.last_ts is None or ts > self.last_ts):
-                    self.last_ts = ts
-                pos = end
-            if pos >= e:
-                return
-            nl = buf.find(b"\n", pos, e)
-            self._lines(buf, pos, nl + 1, 0)
-            pos = nl + 1
+    def _plain(self, buf: bytes, pos: int, end: int, _n: int) -> tuple[int, int, int]:
+        """The reader's bulk path (--no-wait, no filter, no window): the
+        plainly written state records of the lines of buf[pos:end] from pos
+        on, as the native reader finds them (what the careful path would
+        accept), written unparsed."""
+        if not self.header or self.mode != "stream":
+            return pos, 0, 0  # (a record before any meta: the careful path writes one first)
+        stop, n, ts = _plain_states(buf, pos, end, self.max_line)
+        if n:
+            self._drain()
+            self.writer.raw(memoryview(buf)[pos:stop], n)
+            self.events += n
+            if self.last_ts is None or ts > self.last_ts:
+                self.last_ts = ts  # (the largest of theirs: events of several CPUs interleave)
             if self.stop_reason:
                 raise Stop()
+        return stop, n, n
 
-    # --- line by line -----------------------------------------------------
+    def _plain_rows(self, buf: bytes, pos: int, end: int, _n: int) -> tuple[int, int, int]:
+        """The bulk path of a replay that selects or paces: the same records
+        as the native row reader's rows, each kept (or not) and paced as the
+        careful path would, from its fields; its line written unparsed."""
+        if not self.header or self.mode != "stream":
+            return pos, 0, 0
+        stop, lines, rows = _parse_states(buf, pos, end, self.max_line)
+        if rows:
+            keep = self._keep
+            match = self.filt.match_state if self.filt is not None else None
+            i = 0
+            for seg in buf[pos:stop - 1].split(b"\n"):  # one a line read; empty lines have no row
+                if seg:
+                    ts, pid, tid, comm, frm, to, dur, cpu, _w = rows[i]
+                    i += 1
+                    keep(ts, seg + b"\n", match is None or match(pid, tid, comm, cpu, frm, to, dur))
+                    if self.stop_reason:
+                        raise Stop()
+        return stop, lines, len(rows)
 
-    def _overlong(self) -> None:
-        self.lineno += 1
-        self.stats.lines += 1
-        self._skip(f"line longer than {self.max_line} bytes")
-
-    def _skip(self, why: str) -> None:
-        where = f"{self.name}:{self.lineno}"
-        if self.strict:
-            raise PstateError(f"{where}: {why}", ExitCode.DATAERR)
-        self.stats.skip(why, where)
-
-    def _lines(self, buf: bytes, s: int, e: int, offset: int) -> None:
-        """Parse and handle buf[s:e] line by line; valid events take a short cut."""
-        find = buf.find
-        loads = orjson.loads
-        decode_error = orjson.JSONDecodeError
-        quick = self.mode == "stream"
-        event = self._event
-        base = self.lineno
-        k = records = 0
-        i = s
-        try:
-            while i < e:
-                j = find(b"\n", i, e)
-                k += 1
-                if j < 0:
-                    self.lineno = base + k
-                    self._tail(buf[i:e], offset + i - s)
-                    return
-                line = buf[i:j + 1]
-                i = j + 1
-                try:
-                    rec = loads(line)
-                except decode_error:
-                    if line.strip():  # blank lines are no records and no errors
-                        self.lineno = base + k
-                        self._skip("not valid JSON")
-                    continue
-                if (quick and type(rec) is dict and type(rec.get("type")) is str and rec["type"] in _EVENT_TYPES
-                        and _event_ok(rec)):
-                    records += 1
-                    event(rec, line)
-                else:
-                    self.lineno = base + k
-                    self._checked(rec, line)
-                if self.stop_reason:
-                    raise Stop()
-        finally:
-            self.lineno = base + k
-            self.stats.lines += k
-            self.stats.records += records
-
-    def _tail(self, line: bytes, offset: int) -> None:
-        """The last line had no newline: a complete record or a truncated one."""
-        self.stats.truncated_tail = f"{self.name}: byte {offset}, line {self.lineno}"
-        if not line.strip():
-            return
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            if self.strict:
-                raise PstateError(f"{self.name}:{self.lineno}: truncated record", ExitCode.DATAERR) from None
-            return  # reported as the truncated final record
-        self.stats.truncated_tail = self.earlier_tail  # the last line was complete after all
-        self._checked(rec, line + b"\n")
-
-    def _checked(self, rec, line: bytes) -> None:
-        why = check_record(rec)
-        if why:
-            self._skip(why)
-            return
-        self.stats.records += 1
+    def line(self, rec: dict, line: bytes) -> None:
+        """A checked record and its line (newline included), from the reader."""
         t = rec["type"]
-        if t == "meta":
+        if t in _EVENT_TYPES:
+            if not self.skip_file:
+                self._event(rec, line)
+        elif t == "meta":
             self._meta(rec)
-            return
-        if self.skip_file:
-            return
-        if t in schema.EVENT_TYPES:
-            self._event(rec, line)
+        elif self.skip_file:
+            pass
         elif t == "loss":
             self._loss(rec, line)
         elif t == "end":
-            self.stats.ends.append(rec)
             if self.mode == "snap":
                 self._out(line)  # a snapshot's own end (tasks, reason interval) is part of it
         else:
             self._other(rec, line)
+        if self.stop_reason:
+            raise Stop()
 
     # --- records ----------------------------------------------------------
 
     def _meta(self, meta: dict) -> None:
-        check_schema(meta, self.name)
-        self.stats.metas.append(meta)
         snap = self.mode == "snap"
         anchor = _anchor(meta, "interval_start_ts" if snap else "ts")
         ts = _valid_ts(meta.get("ts"))
@@ -609,7 +409,10 @@ class Replayer:
             self._place(Anchor(ts))  # a meta without a ts: the recording starts here
 
     def _event(self, rec: dict, line: bytes) -> None:
-        ts = rec["ts"]
+        self._keep(rec["ts"], line, self.filt is None or self.filt.match(rec))
+
+    def _keep(self, ts: int, line: bytes, passes: bool) -> None:
+        """An event at ts: written unless the window or the filter (passes) drops it."""
         if not self.seg_bound:
             self._timed(ts)
         if self.windowed:
@@ -622,7 +425,7 @@ class Replayer:
                 seen[1] = ts
             if not self._inside(ts):
                 return
-        if self.filt is not None and not self.filt.match(rec):
+        if not passes:
             return
         if self.paced and self.mode == "stream":
             self.pacer.wait(ts)

@@ -48,7 +48,11 @@ class ReadStats:
     unknown: dict = field(default_factory=dict)  # record type -> count, of types this pstate does not know
     nul_starts: list = field(default_factory=list)  # (source, NUL bytes) of sources that start with NULs
     overlaps: list = field(default_factory=list)  # "where": meta records of a recording read already
-    _spans: list = field(default_factory=list, repr=False, compare=False)  # [boot_id, meta ts, end ts] each
+    # [boot_id, meta ts, end ts, where, overlapped] per meta record read; the
+    # ts of an end record read before any meta (a part of a file: the end of
+    # a recording whose meta an earlier part read)
+    _spans: list = field(default_factory=list, repr=False, compare=False)
+    _lead_end: int | None = field(default=None, repr=False, compare=False)
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -73,10 +77,21 @@ class ReadStats:
             self.loss[r] = self.loss.get(r, 0) + rec["count"]
         elif t == "end":
             self.ends.append(rec)
-            ts = rec.get("ts")
-            if self._spans and type(ts) is int and self._spans[-1][2] is None:
-                self._spans[-1][2] = ts
+            self._end_span(rec.get("ts"))
         return t
+
+    def _end_span(self, ts) -> None:
+        if type(ts) is not int:
+            return
+        if self._spans:
+            if self._spans[-1][2] is None:
+                self._spans[-1][2] = ts
+        elif self._lead_end is None:
+            self._lead_end = ts
+
+    def _overlaps(self, boot: str, ts: int) -> bool:
+        return any(b == boot and start <= ts <= (end if end is not None else start)
+                   for b, start, end, _where, _hit in self._spans)
 
     def _overlap(self, meta: dict, name: str) -> None:
         """A meta record of the same boot whose time falls inside a recording
@@ -84,11 +99,22 @@ class ReadStats:
         boot, ts = meta.get("boot_id"), meta.get("ts")
         if type(boot) is not str or type(ts) is not int:
             return
-        for b, start, end in self._spans:
-            if b == boot and start <= ts <= (end if end is not None else start):
-                self.overlaps.append(name)
-                break
-        self._spans.append([boot, ts, None])
+        hit = self._overlaps(boot, ts)
+        if hit:
+            self.overlaps.append(name)
+        self._spans.append([boot, ts, None, name, hit])
+
+    def join_spans(self, part: "ReadStats") -> None:
+        """The recordings a part of the input read on its own saw (a file
+        read in parts, stats -j), after everything read here: a recording
+        it read that overlaps one read here is noted as an overlap, as it is
+        when one reader reads both (the part's own overlaps are its own)."""
+        self._end_span(part._lead_end)
+        for boot, ts, end, where, hit in part._spans:
+            if not hit and self._overlaps(boot, ts):
+                hit = True
+                self.overlaps.append(where)
+            self._spans.append([boot, ts, end, where, hit])
 
     @property
     def lost(self) -> int:
@@ -133,13 +159,15 @@ class ReadStats:
         lines alone are empty input)."""
         return not self.records and bool(self.skipped or self.truncated_tail or self.nul_starts)
 
-    def report(self, prog: str, err: IO[str] | None = None, strict: bool = False) -> int:
-        """Print skipped/truncated input on stderr; return the exit code it deserves."""
+    def report(self, prog: str, err: IO[str] | None = None, strict: bool = False, lost: bool = True) -> int:
+        """Print skipped/truncated input on stderr; return the exit code it
+        deserves. lost False: no word of the input's loss records (replay
+        passes them on to the reader after it)."""
         err = err or sys.stderr
         problems = self.problems()
         for p in problems:
             print(f"{prog}: warning: {p}", file=err)
-        if self.lost:
+        if lost and self.lost:
             print(f"{prog}: warning: the input reports {self.lost} lost events; results are incomplete", file=err)
         if self.no_record:
             print(f"{prog}: error: not one valid record in the input: is it a recording of pstate record "
@@ -205,8 +233,26 @@ def _valid_int(v) -> bool:
     return type(v) is int and 0 <= v < MAX_INT
 
 
+def plain_state_ok(rec: dict) -> bool:
+    """check_record's quick accept of a state record as pstate writes it:
+    True only when the full checks accept it too (tests hold it to that)."""
+    g = rec.get
+    ts, cpu, pid, tid, d, c = g("ts"), g("cpu"), g("pid"), g("tid"), g("dur_ns"), g("comm")
+    # For ints, the OR is >= 0 and < 2**63 exactly when each of them is.
+    return (type(ts) is int and type(cpu) is int and type(pid) is int and type(tid) is int
+            and 0 <= (ts | cpu | pid | tid) < MAX_INT and type(g("from")) is str and type(g("to")) is str
+            and (d is None or (type(d) is int and 0 <= d < MAX_INT)) and (c is None or type(c) is str))
+
+
 def check_record(rec) -> str | None:
     """Return why a parsed line is not a usable record, or None when it is."""
+    if type(rec) is dict and rec.get("type") == "state" and plain_state_ok(rec):
+        return None
+    return record_problem(rec)
+
+
+def record_problem(rec) -> str | None:
+    """check_record without its quick accept: every check, one by one."""
     if type(rec) is not dict:
         return "not a JSON object"
     t = rec.get("type")
