@@ -76,7 +76,7 @@ def test_no_wait_output_is_the_recording_marked_as_replayed():
     assert out[1:-1] == src[1:-1]  # events and the loss record, byte for byte
     assert json.loads(out[-1]) == {
         "type": "end", "ts": T0 + 2250 * MS, "reason": "eof", "events": 41, **loss(ringbuf_full=3),
-        "duration_ns": 2250 * MS, "replay_skipped": 0}
+        "duration_ns": 2250 * MS, "wall_time": "2025-11-30T10:53:22.250000000Z", "replay_skipped": 0}
 
 
 def test_paced_meta_records_the_speed():
@@ -246,7 +246,8 @@ def test_window_edges_and_meta(utc):
     assert [x["type"] for x in recs].count("loss") == 1
     # The trailer's ts is the latest written: that loss record's.
     assert recs[-1] == {"type": "end", "ts": T0 + 1250 * MS + 1, "reason": "eof", "events": 10,
-                        **loss(ringbuf_full=3), "duration_ns": 1250 * MS + 1, "replay_skipped": 0}
+                        **loss(ringbuf_full=3), "duration_ns": 1250 * MS + 1,
+                        "wall_time": "2025-11-30T10:53:21.250000001Z", "replay_skipped": 0}
     later = records(replay(TWO, "--no-wait", "-b", "+1.3s").stdout)
     assert [x["type"] for x in later].count("loss") == 0
 
@@ -292,7 +293,8 @@ def test_snapshot_directory_is_replayed_file_by_file():
         want += [json.dumps(meta, separators=(",", ":"))] + lines[1:]
     assert out[:-1] == want
     assert json.loads(out[-1]) == {"type": "end", "ts": T0 + 3000 * MS, "reason": "eof", "events": 0, **EMPTY_LOSS,
-                                   "snapshots": 3, "replay_skipped": 0}
+                                   "wall_time": "2025-11-30T10:53:23.000000000Z", "snapshots": 3,
+                                   "replay_skipped": 0}
 
 
 def test_snapshot_window_selects_whole_snapshots():

@@ -30,6 +30,7 @@ from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
+from pstate.stream.meta import wall_time_at
 from pstate.stream.reader import StreamReader
 from pstate.stream.streamio import MAX_INT, MAX_LINE, LineWriter, ReadStats, note_damage, open_input
 from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, cut_end, fmt_wall
@@ -480,6 +481,8 @@ class Replayer:
             end[f"lost_{r}"] = self.lost.get(r, 0)
         if last is not None and self.seg_start is not None:
             end["duration_ns"] = last - self.seg_start
+        if last is not None and self.stats.metas and (wall := wall_time_at(self.stats.metas[-1], last)):
+            end["wall_time"] = wall
         if self.snapshots:
             end["snapshots"] = self.snapshots
         end["replay_skipped"] = self.stats.n_skipped + (1 if self.stats.truncated_tail else 0)
