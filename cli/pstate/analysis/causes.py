@@ -9,7 +9,7 @@ distinct stacks, wakers and antagonists, not of events (the run-queue
 slices it keeps per CPU are bounded: SLICES_PER_CPU).
 
 - Stacks: a state record leaving a blocked state (timeinstate.latency_kind
-  says which) adds its dur_ns to (state, stack) of its group, the stack
+  says which; a wake-up, or a switch-in whose wake-up was not seen) adds its dur_ns to (state, stack) of its group, the stack
   being the frames of the stream's `stack` record its stack_id names
   (NO_STACK without one); the time a task is still blocked at the end of
   the window is added as AT_END, so that the stacks of a state sum to the
@@ -18,7 +18,7 @@ slices it keeps per CPU are bounded: SLICES_PER_CPU).
 - Reasons: the same intervals by the record's reason (NO_REASON without).
 - Wakers: the same intervals by who ended them: a task (waker_tid, with its
   pid, and the comm last seen for that tid), or irq/softirq (the record's
-  waker), or UNKNOWN_WAKER (waker_tid 0 without waker).
+  waker), or UNKNOWN_WAKER (waker_tid 0 without waker, or no wake-up seen).
 - Antagonists: every switch-out (running -> anything) leaves an on-CPU
   slice [ts - dur_ns, ts] on its CPU; a switch-in after a wake-up or a
   preemption waited [ts - dur_ns, ts] on the CPU it got, and the slices of
@@ -112,8 +112,9 @@ class GroupCauses:
         return sorted(self.antagonists.values(), key=lambda a: (-a.ns, a.tid == NOT_SEEN, str(a.tid)))
 
 
-def blocked_state(frm: str, to: str) -> bool:
-    kind = latency_kind(frm, to)
+def blocked_state(state: str) -> bool:
+    """Whether time in a state is blocked time (S, D, T, ...), as stats counts it."""
+    kind = latency_kind(state, schema.RUNNABLE)
     return kind is not None and kind.startswith(BLOCKED_PREFIX)
 
 
@@ -179,7 +180,7 @@ class Causes:
         self.last[tid] = (ts, to, key if self.by != "reason" else NO_REASON)
         if d is None:
             return
-        if blocked_state(frm, to):
+        if blocked_state(frm):  # a wake-up, or a switch-in whose wake-up was not seen
             if self.want_stacks:
                 sid = rec.get("stack_id")
                 frames = self.frames.get((self.stream, sid), NO_STACK) if sid is not None else NO_STACK
@@ -255,7 +256,7 @@ class Causes:
         if end_ts is None or not self.want_stacks:
             return
         for ts, state, key in self.last.values():
-            if state in (schema.REAPED,) or not blocked_state(state, schema.RUNNABLE):
+            if not blocked_state(state):
                 continue
             if end_ts > ts:
                 g = self.group(key)
