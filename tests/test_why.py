@@ -47,6 +47,8 @@ GOLDENS = [
     ("why.folded", ["-f", "folded"]),
     ("why-d.folded", ["-f", "folded", "--stacks=D"]),
     ("why-wakers.dot", ["--wakers", "-f", "dot"]),
+    ("why-all-hist.txt", ["--by", "all", "--hist"]),
+    ("why-all.csv", ["--by", "all", "-f", "csv"]),
 ]
 
 
@@ -154,3 +156,30 @@ def test_stack_ids_are_per_stream():
     rep = orjson.loads(run(WHY, WHY, "-f", "json", "--stacks=D").stdout)
     dd = by_key(rep)[100]
     assert [(s["reason"], s["count"]) for s in dd["stacks"]] == [("__iomap_dio_rw", 12), ("submit_bio_wait", 4)]
+
+
+@pytest.mark.parametrize("reader", ["fast", "careful"])
+def test_by_all_is_the_sum_of_every_group(reader):
+    per_pid = report("--reader", reader, "--hist")
+    everything = report("--reader", reader, "--by", "all", "--hist")
+    assert everything["by"] == "all" and [g["key"] for g in everything["groups"]] == ["all"]
+    (g,) = everything["groups"]
+    for state in ("running", "sleeping", "uninterruptible", "preempted"):
+        assert g["states"][state]["ns"] == sum(x["states"].get(state, {}).get("ns", 0) for x in per_pid["groups"])
+    for kind, d in g["latency"].items():
+        assert d["count"] == sum(x["latency"].get(kind, {}).get("count", 0) for x in per_pid["groups"])
+        assert sum(n for _lo, _hi, n in d["hist"]) == d["count"]
+    assert g["threads"] == 6 and g["processes"] == 6
+
+
+def test_by_all_with_the_why_views():
+    (g,) = report("--by", "all", "--stacks=D", "--wakers")["groups"]
+    assert g["blocked_ns"] == 9 * MS
+    assert {w["name"] for w in g["wakers"]} == {"irq", "softirq", "ping 200", "pong 201"}
+
+
+def test_by_all_fast_and_careful_agree():
+    for path in ("why.jsonl", "basic.jsonl", "lossy.jsonl"):
+        fast = run(path, "--by", "all", "--hist", "-f", "json")
+        careful = run(path, "--by", "all", "--hist", "-f", "json", "--reader", "careful")
+        assert (fast.exit_code, fast.stdout) == (careful.exit_code, careful.stdout)

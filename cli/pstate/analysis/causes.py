@@ -27,8 +27,7 @@ slices it keeps per CPU are bounded: SLICES_PER_CPU).
   filtered out, or older than the slices kept) is NOT_SEEN.
 
 Group keys are those of the Aggregator (pid, tid or comm), or, by reason,
-the reason of the interval (run-queue waits have none: NO_REASON), or, by
-all, ALL.
+the reason of the interval (run-queue waits have none: NO_REASON), or ALL.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import BLOCKED_PREFIX, RUNQ_PREEMPT, RUNQ_WAKEUP, latency_kind
+from pstate.analysis.timeinstate import ALL, BLOCKED_PREFIX, RUNQ_PREEMPT, RUNQ_WAKEUP, latency_kind
 from pstate.stream import schema
 
 NO_STACK = "[no stack]"
@@ -45,8 +44,7 @@ AT_END = "[blocked at the end]"
 NO_REASON = "-"
 UNKNOWN_WAKER = "[unknown]"
 NOT_SEEN = "[idle or unseen]"
-ALL = "all"
-WHY_BY_KEYS = ("reason", "all")  # groupings of their own, besides timeinstate.BY_KEYS
+WHY_BY_KEYS = ("reason",)  # groupings of their own, besides timeinstate.BY_KEYS
 SLICES_PER_CPU = 1 << 16  # on-CPU slices kept per CPU for --antagonists
 
 

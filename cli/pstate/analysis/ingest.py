@@ -38,7 +38,7 @@ class LineDigester:
         self._take = None  # the native Digester's take, while it holds sums back
         fast = None
         if use_native and _digest is not None:
-            dig = _digest.Digester(agg.by, agg.state_id, agg.comm_id)
+            dig = _digest.Digester(agg.digest_by, agg.state_id, agg.comm_id)
             digest = dig.digest
             take = dig.take
 

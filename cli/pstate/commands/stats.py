@@ -39,6 +39,7 @@ Examples:
   sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
   pstate stats rec.jsonl                      per process: time in each state, latencies
   pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
+  pstate stats rec.jsonl --by all --hist      system-wide histograms, as runqlat prints
   pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
   pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
   pstate stats rec.jsonl --matrix             transition counts and mean durations
@@ -151,8 +152,10 @@ def _sort_help() -> str:
                renamed={"--state": "--in-state", "--min-dur": "--min-time"})
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(BY_CHOICES), default="pid", show_default=True,
-              help="Group by process (pid), thread (tid) or task name (comm); reason: the blocked time of "
-                   "every task by its reason (a recording made with record --stacks; implies --stacks).")
+              help="Group by process (pid), thread (tid) or task name (comm); all: every task in one "
+                   "group (with --hist, the one system-wide histogram runqlat prints); reason: the blocked "
+                   "time of every task by its reason (a recording made with record --stacks; implies "
+                   "--stacks).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
 @click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",

@@ -18,7 +18,7 @@ from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
 
 DEFAULT_ROWS = 5  # rows per group in the table and json, unless --top says
-KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON", "all": "ALL"}
+KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON"}
 _CELL = 30  # characters of a stack cell's line
 _REASON = 24  # characters of a reason
 
@@ -84,7 +84,7 @@ def attach(rep: dict, causes, *, top: int | None, stacks: bool, wakers: bool, an
 
 
 def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool, states=None) -> list:
-    """--by reason (or all): the groups are the Causes' own, with blocked or
+    """--by reason: the groups are the Causes' own, with blocked or
     run-queue time, longest first."""
     out = []
     for gc in causes.ordered():
@@ -102,7 +102,7 @@ def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antago
 def _key(g: dict, by: str):
     if by == "reason":
         return str(g["key"])[:_REASON]
-    return tables._comm(g["key"]) if by == "comm" else g["key"]
+    return tables._comm(g["key"]) if by in tables.NAMED else g["key"]
 
 
 def _stack_cell(row: dict, width: int) -> str:
