@@ -85,17 +85,8 @@ def test_a_futex_waiter_s_long_sleep_has_a_futex_reason(tmp_path):
 
 
 def test_ping_pong_threads_are_each_other_s_waker(tmp_path):
-    code = PING_PONG.format(n=2000)
-    child = workloads.start(code, cpu=1)  # one CPU: every read blocks until the other side writes
-    try:
-        rec = workloads.Recording("-p", str(child.pid))
-        workloads.go(child)
-        child.wait(timeout=60)
-        recs = rec.stop()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    # one CPU: a read blocks until the other side has run and written
+    recs, child = workloads.record_workload(PING_PONG.format(n=2000), cpu=1)
     rep = report(tmp_path, recs, "--wakers", "--by", "tid")
     main_tid = child.pid
     others = {g["key"] for g in rep["groups"]} - {main_tid}
@@ -121,18 +112,8 @@ def test_a_timer_sleeper_is_woken_by_an_interrupt(tmp_path):
 def test_two_hogs_on_one_cpu_are_each_other_s_antagonist(tmp_path):
     a = workloads.start(workloads.BUSY.format(secs=1.5), cpu=1)
     b = workloads.start(workloads.BUSY.format(secs=1.5), cpu=1)
-    try:
-        # every task on CPU 1 (what else ran there is seen too), record itself on CPU 0
-        rec = workloads.Recording("--cpu", "1", cpu=0)
-        workloads.go(a, b)
-        a.wait(timeout=60)
-        b.wait(timeout=60)
-        recs = rec.stop()
-    finally:
-        for c in (a, b):
-            if c.poll() is None:
-                c.kill()
-                c.wait()
+    # every task on CPU 1 (what else ran there is seen too), record itself on CPU 0
+    recs = workloads.record_children([a, b], "--cpu", "1", cpu=0)
     rep = report(tmp_path, recs, "--antagonists", "--top", "1000")
     for me, other in ((a.pid, b.pid), (b.pid, a.pid)):
         g = group(rep, me)

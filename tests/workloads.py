@@ -106,6 +106,22 @@ def record_workload(code: str, *args: str, cpu: int | None = None, during=None) 
             child.wait()
 
 
+def record_children(children: list, *args: str, cpu: int | None = None) -> list[dict]:
+    """`pstate record ARGS` (pinned to cpu) around children started with
+    start(): let them go, wait for them, stop record; kill what is left."""
+    try:
+        rec = Recording(*args, cpu=cpu)
+        go(*children)
+        for c in children:
+            c.wait(timeout=60)
+        return rec.stop()
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+
+
 def states(recs: list[dict], tid: int | None = None) -> list[dict]:
     return [r for r in recs if r["type"] == "state" and (tid is None or r["tid"] == tid)]
 

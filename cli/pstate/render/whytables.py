@@ -171,40 +171,37 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
     return out
 
 
-def _waker_table(groups, by, key_h, key_al) -> list[str]:
-    out = ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked", "time ended:"]
+def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, align: tuple, empty: str) -> str:
+    """One table of a list each group has (field): cells(g, item, first)
+    gives a row after the key cell."""
     rows = []
     for g in groups:
-        total = sum(w["ended_ns"] for w in g.get("wakers", []))
-        first = True
-        for w in g.get("wakers", []):
-            rows.append([_key(g, by) if first else "", w["name"], w["count"], fmt_ns(w["ended_ns"]),
-                         tables._pct_cell(w["ended_ns"], total)])
-            first = False
-    if rows:
-        out.append(tables.tabulate(rows, [key_h, "WAKER", "WAKEUPS", "ENDED", "%"],
-                                   colalign=(key_al, "left", "right", "right", "right")))
-    else:
-        out.append("(no wake-ups from a blocked state)")
-    return out
+        for i, item in enumerate(g.get(field, [])):
+            rows.append([_key(g, by) if i == 0 else ""] + cells(g, item, i == 0))
+    if not rows:
+        return empty
+    return tables.tabulate(rows, [key_h] + headers, colalign=(key_al,) + align)
+
+
+def _waker_table(groups, by, key_h, key_al) -> list[str]:
+    def cells(g, w, _first):
+        total = sum(x["ended_ns"] for x in g["wakers"])
+        return [w["name"], w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
+
+    return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked", "time ended:",
+            _per_group(groups, by, key_h, key_al, "wakers", cells, ["WAKER", "WAKEUPS", "ENDED", "%"],
+                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)")]
 
 
 def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
-    out = ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
-           "(after a wake-up or a preemption), by the run-queue time they caused:"]
-    rows = []
-    for g in groups:
-        first = True
-        for a in g.get("antagonists", []):
-            rows.append([_key(g, by) if first else "", fmt_ns(g["runq_ns"]) if first else "", a["name"],
-                         fmt_ns(a["ns"]), tables._pct_cell(a["ns"], g["runq_ns"])])
-            first = False
-    if rows:
-        out.append(tables.tabulate(rows, [key_h, "RUNQ", "HELD THE CPU", "TIME", "%"],
-                                   colalign=(key_al, "right", "left", "right", "right")))
-    else:
-        out.append("(no run-queue waits with a known duration)")
-    return out
+    def cells(g, a, first):
+        return [fmt_ns(g["runq_ns"]) if first else "", a["name"], fmt_ns(a["ns"]),
+                tables._pct_cell(a["ns"], g["runq_ns"])]
+
+    return ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
+            "(after a wake-up or a preemption), by the run-queue time they caused:",
+            _per_group(groups, by, key_h, key_al, "antagonists", cells, ["RUNQ", "HELD THE CPU", "TIME", "%"],
+                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)")]
 
 
 def render_reason_table(rep: dict) -> str:
