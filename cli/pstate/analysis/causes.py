@@ -222,9 +222,7 @@ class Causes:
         if end <= start:
             return
         seen = 0
-        q = self.slices.get(cpu, ())
-        for i in range(len(q) - 1, -1, -1):
-            s, e, other = q[i]
+        for s, e, other in reversed(self.slices.get(cpu, ())):
             if e <= start:
                 break
             if other == tid:

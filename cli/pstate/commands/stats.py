@@ -229,7 +229,8 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack
     if _is_snapshot_input(sources):
         ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--in-state": states, "--min-time": min_dur}))
+                                     "--in-state": states, "--min-time": min_dur, "--stacks": stack_states,
+                                     "--wakers": wakers, "--antagonists": antagonists}))
     why = _why_options(by, stack_states, wakers, antagonists, fmt, interval)
     opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
                 hist=hist, with_matrix=with_matrix or (fmt == "dot" and not wakers), fmt=fmt,
