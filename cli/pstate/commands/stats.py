@@ -156,7 +156,9 @@ def _sort_help() -> str:
                    "group (with --hist, the one system-wide histogram runqlat prints); reason: the blocked "
                    "time of every task by its reason (a recording made with record --stacks; implies "
                    "--stacks).")
-@click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
+@click.option("--top", type=click.IntRange(min=1), metavar="N",
+              help="Show only the first N groups (and, with --stacks, --wakers or --antagonists, the first "
+                   "N rows of each).")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
 @click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
