@@ -183,3 +183,39 @@ def test_by_all_fast_and_careful_agree():
         fast = run(path, "--by", "all", "--hist", "-f", "json")
         careful = run(path, "--by", "all", "--hist", "-f", "json", "--reader", "careful")
         assert (fast.exit_code, fast.stdout) == (careful.exit_code, careful.stdout)
+
+
+WHY_ARGS = [("--stacks", "--wakers", "--antagonists", "-f", "json"), ("-f", "folded"), ("--by", "reason", "--wakers"),
+            ("--strict", "--stacks=D", "--antagonists")]
+
+
+@pytest.mark.parametrize("args", WHY_ARGS, ids=["json", "folded", "reason", "strict"])
+def test_why_views_fast_and_careful_agree(args):
+    import test_one_reader
+
+    for path in [test_stats.DATA / WHY, *test_one_reader.INPUTS]:
+        fast = run(str(path), *args)
+        careful = run(str(path), *args, "--reader", "careful")
+        assert (fast.exit_code, fast.stdout, fast.stderr) == (careful.exit_code, careful.stdout, careful.stderr), path
+
+
+def test_lines_with_what_rows_lack_take_the_careful_path_wherever_they_are():
+    # a stack_id/waker line first in a chunk, last, and between plain ones: the same report
+    data = (test_stats.DATA / WHY).read_bytes()
+    whole = run(WHY, "--stacks", "--wakers", "--antagonists", "-f", "json").stdout
+    res = CliRunner().invoke(cli, ["stats", "--stacks", "--wakers", "--antagonists", "-f", "json", "-"],
+                             input=data, catch_exceptions=False)
+    assert res.exit_code == 0 and orjson.loads(res.stdout)["groups"] == orjson.loads(whole)["groups"]
+    from pstate.analysis import causes as c
+
+    calls = []
+
+    def bulk(buf, pos, end, n):
+        calls.append(buf[pos:end + 1])
+        return end + 1, buf.count(b"\n", pos, end + 1), 0
+
+    fast = c.stop_before((b'"k"',), bulk)
+    buf = b'{"a":1}\n{"k":2}\n{"b":3}\n'
+    assert fast(buf, 0, len(buf) - 1, 0) == (8, 1, 0) and calls == [b'{"a":1}\n']
+    assert fast(buf, 8, len(buf) - 1, 1) == (8, 0, 0)  # the line with the key: to the careful path
+    assert fast(buf, 16, len(buf) - 1, 2) == (24, 1, 0) and calls[-1] == b'{"b":3}\n'

@@ -2,9 +2,12 @@
 wakers that ended blocked states, and the tasks that held the CPU while a
 task waited on a run queue (its antagonists).
 
-A Causes digests the records the one reader hands out as dicts
-(reader.read_records), in stream order, next to the timeinstate.Aggregator
-that reads the same records; its size grows with the number of groups,
+A Causes digests what the one reader hands out, in stream order, next to
+the timeinstate.Aggregator that reads the same (digest()): plain state
+records as state rows, read in bulk by pstate._digest.parse_states when it
+is built, and as records (dicts, the careful path) the lines that hold what
+a row has not (record_keys(): stack_id, reason, the waker fields), with the
+same results either way. Its size grows with the number of groups,
 distinct stacks, wakers and antagonists, not of events (the run-queue
 slices it keeps per CPU are bounded: SLICES_PER_CPU).
 
@@ -32,12 +35,17 @@ the reason of the interval (run-queue waits have none: NO_REASON), or ALL.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 
+from pstate import native
+from pstate.analysis.ingest import feed_file
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import ALL, BLOCKED_PREFIX, RUNQ_PREEMPT, RUNQ_WAKEUP, latency_kind
+from pstate.analysis.timeinstate import ALL, BLOCKED_PREFIX, RUNQ_PREEMPT, RUNQ_WAKEUP, Aggregator, latency_kind
 from pstate.stream import schema
+from pstate.stream.reader import StreamReader, state_row
+from pstate.stream.streamio import MAX_LINE, ReadStats
 
 NO_STACK = "[no stack]"
 AT_END = "[blocked at the end]"
@@ -110,6 +118,7 @@ class GroupCauses:
         return sorted(self.antagonists.values(), key=lambda a: (-a.ns, a.tid == NOT_SEEN, str(a.tid)))
 
 
+@functools.lru_cache(maxsize=512)
 def blocked_state(state: str) -> bool:
     """Whether time in a state is blocked time (S, D, T, ...), as stats counts it."""
     kind = latency_kind(state, schema.RUNNABLE)
@@ -140,22 +149,24 @@ class Causes:
             g = self.groups[key] = GroupCauses(key=key)
         return g
 
-    def key_of(self, rec: dict):
-        by = self.by
-        if by == "pid":
-            return rec["pid"]
-        if by == "tid":
-            return rec["tid"]
-        if by == "comm":
-            return rec.get("comm")
-        if by == "reason":
-            return rec.get("reason") or NO_REASON
-        return ALL
+    def record_keys(self) -> tuple:
+        """What a state line must hold to be wanted whole (as a record)
+        rather than as a row: the fields of the views asked for."""
+        keys = []
+        if self.want_stacks or self.by == "reason":
+            keys.append(b'"stack_id"')
+            keys.append(b'"reason"')
+        if self.want_wakers:
+            keys.append(b'"waker')
+        return tuple(keys)
 
     def add(self, rec: dict) -> None:
+        """A record from the reader (a state record whole: its fields beyond
+        a row's are used)."""
         t = rec["type"]
         if t == "state":
-            self._state(rec)
+            self._state(rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"],
+                        rec.get("dur_ns"), rec["cpu"], rec)
         elif t == "stack":
             self.frames[(self.stream, rec["stack_id"])] = rec["frames"]
             self.has_stacks = True
@@ -164,33 +175,46 @@ class Causes:
         elif t in ("fork", "exec", "exit"):
             self.comms[rec["tid"]] = rec.get("comm")
 
-    def _state(self, rec: dict) -> None:
-        tid = rec["tid"]
-        ts = rec["ts"]
-        frm, to = rec["from"], rec["to"]
-        comm = rec.get("comm")
+    def add_rows(self, rows) -> None:
+        """State rows (reader.ROW_FIELDS) of lines without record_keys()."""
+        state = self._state
+        for ts, pid, tid, comm, frm, to, d, cpu, _w in rows:
+            state(ts, pid, tid, comm, frm, to, d, cpu, None)
+
+    def _key(self, pid, tid, comm, rec):
+        by = self.by
+        if by == "pid":
+            return pid
+        if by == "tid":
+            return tid
+        if by == "comm":
+            return comm
+        if by == "reason":
+            return (rec.get("reason") if rec is not None else None) or NO_REASON
+        return ALL
+
+    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec) -> None:
         self.comms[tid] = comm
-        self.pids[tid] = rec["pid"]
-        key = self.key_of(rec)
+        self.pids[tid] = pid
+        key = self._key(pid, tid, comm, rec)
         g = self.group(key)
         g.comm = comm or ""
-        d = rec.get("dur_ns")
         self.last[tid] = (ts, to, key if self.by != "reason" else NO_REASON)
         if d is None:
             return
         if blocked_state(frm):  # a wake-up, or a switch-in whose wake-up was not seen
             if self.want_stacks:
-                sid = rec.get("stack_id")
+                sid = rec.get("stack_id") if rec is not None else None
                 frames = self.frames.get((self.stream, sid), NO_STACK) if sid is not None else NO_STACK
                 _hist(g.stacks, (frm, frames)).add(d)
-                _hist(g.reasons, (frm, rec.get("reason") or NO_REASON)).add(d)
+                _hist(g.reasons, (frm, (rec.get("reason") if rec is not None else None) or NO_REASON)).add(d)
             if self.want_wakers:
-                self._waker(g, rec, d)
+                self._waker(g, rec or {}, d)
         elif self.want_antagonists:
             if frm == schema.RUNNING:
-                self._slice(rec["cpu"], ts - d, ts, tid)
+                self._slice(cpu, ts - d, ts, tid)
             elif to == schema.RUNNING and latency_kind(frm, to) in (RUNQ_WAKEUP, RUNQ_PREEMPT):
-                self._wait(g, rec["cpu"], ts - d, ts, tid)
+                self._wait(g, cpu, ts - d, ts, tid)
 
     def _waker(self, g: GroupCauses, rec: dict, d: int) -> None:
         irq = rec.get("waker")
@@ -278,3 +302,98 @@ def callers(frames: str, reason: str | None, n: int = 3) -> list[str]:
     if reason and reason in names:
         names = names[names.index(reason):]
     return names[:n + 1]
+
+
+# --- reading ---------------------------------------------------------------------
+
+_parse_states = getattr(native.load("_digest"), "parse_states", None)  # None: PSTATE_PURE=1 or not built
+
+
+def stop_before(keys: tuple, bulk):
+    """A bulk reader for reader.StreamReader (fast) that leaves every line
+    holding one of keys (bytes) to the careful path: bulk(buf, pos, end, n)
+    is given the lines before the first such line only. Where each key
+    next occurs in a buffer is remembered, so a buffer is searched once per
+    key and occurrence, not once per call."""
+    if not keys:
+        return bulk
+    seen = [None, -1, {}]  # the buffer, its end, key -> next occurrence (-1: none up to end)
+
+    def fast(buf, pos, end, n):
+        if seen[0] is not buf or seen[1] != end:
+            seen[0], seen[1], seen[2] = buf, end, {}
+        nxt = seen[2]
+        cut = end
+        for k in keys:
+            r = nxt.get(k)
+            if r is None or 0 <= r < pos:
+                r = nxt[k] = buf.find(k, pos, end)
+            if 0 <= r < cut:
+                cut = r
+        if cut < end:
+            end = buf.rfind(b"\n", pos, cut)
+            if end < 0:  # the first line: the careful path's
+                return pos, 0, 0
+        return bulk(buf, pos, end, n)
+
+    return fast
+
+
+class _Sink:
+    """The reader's rows and records to the Aggregator (state rows in
+    batches, whichever path read them) and to the Causes, in order."""
+
+    BATCH = 4096
+
+    def __init__(self, agg: Aggregator, causes: Causes):
+        self.agg = agg
+        self.causes = causes
+        self.pending: list = []  # state rows the Aggregator has not had yet
+
+    def flush(self) -> None:
+        if self.pending:
+            rows, self.pending = self.pending, []
+            self.agg.add_rows(rows)
+
+    def rows(self, rows: list) -> None:
+        self.pending.extend(rows)
+        self.causes.add_rows(rows)
+        if len(self.pending) >= self.BATCH:
+            self.flush()
+
+    def record(self, rec: dict, weight: int) -> None:
+        if rec["type"] == "state":
+            self.pending.append(state_row(rec, weight))
+            self.causes.add(rec)
+            if len(self.pending) >= self.BATCH:
+                self.flush()
+            return
+        self.flush()
+        if rec["type"] == "meta":
+            self.agg.begin_window(rec)
+        self.agg.add_record(rec)
+        self.causes.add(rec)
+
+
+def digest(sources, agg: Aggregator, causes: Causes, stats: ReadStats, *, strict: bool = False,
+           use_native: bool = True, chunk: int = 1 << 20) -> None:
+    """Files ("-" is stdin), in order, into both (see the module
+    docstring); use_native False: the careful path only."""
+    sink = _Sink(agg, causes)
+    fast = None
+    if use_native and _parse_states is not None:
+        parse = _parse_states
+
+        def bulk(buf, pos, end, n):
+            stop, lines, rows = parse(buf, pos, end, MAX_LINE, 1, n)
+            if rows:
+                sink.rows(rows)
+            return stop, lines, len(rows)
+
+        fast = stop_before(causes.record_keys(), bulk)
+    reader = StreamReader(sink, stats, strict=strict, max_line=MAX_LINE, fast=fast, dicts=True)
+    try:
+        for src in sources:
+            feed_file(src, reader, stats, chunk)
+    finally:  # also on an error or ^C: what was read counts
+        sink.flush()

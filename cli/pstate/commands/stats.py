@@ -242,7 +242,7 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack
     agg = timeinstate.Aggregator(by if by in timeinstate.BY_KEYS else "pid")
     with PipeInterruptGuard(sources):
         if why:
-            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by)
+            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by, reader=reader)
         elif interval:
             code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
                                   count=count, opts=opts)
@@ -343,18 +343,14 @@ def _blocked_states(spec: str | None) -> frozenset | None:
     return frozenset(out)
 
 
-def _run_why(sources, agg, stats, out, *, strict, opts, by) -> int:
-    """The whole input through the one reader as records: the Aggregator and
-    the Causes read the same ones."""
+def _run_why(sources, agg, stats, out, *, strict, opts, by, reader) -> int:
+    """The whole input through the one reader: the Aggregator and the Causes
+    read the same rows and records (causes.digest)."""
     why = opts["why"]
     found = causes.Causes(by, stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"])
     interrupted = False
     try:
-        for rec in read_records(sources, stats, strict=strict):
-            if rec["type"] == "meta":
-                agg.begin_window(rec)
-            agg.add_record(rec)
-            found.add(rec)
+        causes.digest(sources, agg, found, stats, strict=strict, use_native=reader == "fast", chunk=FILE_CHUNK)
     except KeyboardInterrupt:
         interrupted = True
     summary = agg.summarise(stats)

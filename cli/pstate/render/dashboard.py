@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+from pstate.analysis.causes import stop_before
 from pstate.render import heatmodel as hm
 from pstate.render import heatviews
 from pstate import native
@@ -153,17 +154,14 @@ class Feeder:
             parse = _parse_states
             max_line = MAX_LINE
 
-            def fast(buf, pos, end, n):
-                r = buf.find(REASON_KEY, pos, end)
-                if r >= 0:  # up to the line before it; that one takes the careful path
-                    end = buf.rfind(b"\n", pos, r)
-                    if end < 0:
-                        return pos, 0, 0
+            def bulk(buf, pos, end, n):
                 self._flush()
                 stop, lines, rows = parse(buf, pos, end, max_line, self.reader.k, n)
                 if rows:
                     self._rows(rows, False)
                 return stop, lines, len(rows)
+
+            fast = stop_before((REASON_KEY,), bulk)  # a line with a reason: the careful path's
 
         self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, fast=fast, dicts=True)
         self.reader.begin(name)
