@@ -87,6 +87,7 @@ class GroupCauses:
     wakers: dict = field(default_factory=dict)  # waker key -> Waker
     runq_ns: int = 0  # run-queue time (after wake-up and preemption) with a known duration
     runq_waits: int = 0
+    runq_kind_ns: dict = field(default_factory=dict)  # RUNQ_WAKEUP / RUNQ_PREEMPT -> ns
     antagonists: dict = field(default_factory=dict)  # tid or NOT_SEEN -> Antagonist
 
     def blocked_ns(self, states=None) -> int:
@@ -213,8 +214,11 @@ class Causes:
         elif self.want_antagonists:
             if frm == schema.RUNNING:
                 self._slice(cpu, ts - d, ts, tid)
-            elif to == schema.RUNNING and latency_kind(frm, to) in (RUNQ_WAKEUP, RUNQ_PREEMPT):
-                self._wait(g, cpu, ts - d, ts, tid)
+            elif to == schema.RUNNING:
+                kind = latency_kind(frm, to)
+                if kind in (RUNQ_WAKEUP, RUNQ_PREEMPT):
+                    g.runq_kind_ns[kind] = g.runq_kind_ns.get(kind, 0) + d
+                    self._wait(g, cpu, ts - d, ts, tid)
 
     def _waker(self, g: GroupCauses, rec: dict, d: int) -> None:
         irq = rec.get("waker")

@@ -130,7 +130,8 @@ CPU idle, a task the recording left out). Rows per group: --top N, else 5.
 json adds to every group: blocked_ns, stacks [{state, reason, frames, count,
 total_ns, p50_ns, p99_ns, max_ns}], reasons [{state, reason, count, ...}]
 (--stacks); wakers [{kind (task, irq, softirq, unknown), tid, pid, comm,
-name, count, ended_ns}]; runq_ns, runq_waits, antagonists [{tid, pid, comm,
+name, count, ended_ns}]; runq_ns (runq_wakeup_ns after a wake-up plus
+runq_preempt_ns after a preemption), runq_waits, antagonists [{tid, pid, comm,
 name, ns, pct, waits}]; and a "why" object says which were asked for.
 
 \b

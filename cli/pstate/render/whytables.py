@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pstate.analysis.causes import AT_END, NO_STACK, NOT_SEEN, GroupCauses, callers
 from pstate.analysis.latency import LogHist
+from pstate.analysis.timeinstate import RUNQ_PREEMPT, RUNQ_WAKEUP
 from pstate.kernel.stacks import reason_of
 from pstate.render import tables
 from pstate.stream import schema
@@ -60,6 +61,8 @@ def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool,
                           "count": w.count, "ended_ns": w.ended_ns} for w in gc.waker_rows()[:rows]]
     if antagonists:
         out["runq_ns"] = gc.runq_ns
+        out["runq_wakeup_ns"] = gc.runq_kind_ns.get(RUNQ_WAKEUP, 0)
+        out["runq_preempt_ns"] = gc.runq_kind_ns.get(RUNQ_PREEMPT, 0)
         out["runq_waits"] = gc.runq_waits
         out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
                                "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
