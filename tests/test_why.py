@@ -221,3 +221,23 @@ def test_lines_with_what_rows_lack_take_the_careful_path_wherever_they_are():
     assert fast(buf, 0, len(buf) - 1, 0) == (8, 1, 0) and calls == [b'{"a":1}\n']
     assert fast(buf, 8, len(buf) - 1, 1) == (8, 0, 0)  # the line with the key: to the careful path
     assert fast(buf, 16, len(buf) - 1, 2) == (24, 1, 0) and calls[-1] == b'{"b":3}\n'
+
+
+def test_stacks_alone_shows_the_states_the_recording_took_stacks_of(tmp_path):
+    # as record --stacks (D only) writes it: no sleep carries a stack
+    out = []
+    for raw in (test_stats.DATA / WHY).read_bytes().splitlines():
+        rec = orjson.loads(raw)
+        if rec["type"] == "state" and rec["from"] == "sleeping":
+            rec.pop("stack_id", None)
+            rec.pop("reason", None)
+        out.append(orjson.dumps(rec))
+    path = tmp_path / "d-only.jsonl"
+    path.write_bytes(b"\n".join(out) + b"\n")
+    rep = orjson.loads(run(str(path), "--stacks", "-f", "json").stdout)
+    assert {s["state"] for g in rep["groups"] for s in g["stacks"]} == {"uninterruptible"}
+    folded = run(str(path), "-f", "folded").stdout
+    assert all(";uninterruptible;" in line for line in folded.splitlines())
+    asked = orjson.loads(run(str(path), "--stacks=S", "-f", "json").stdout)
+    sleeper = by_key(asked)[400]
+    assert [s["frames"] for s in sleeper["stacks"]] == [causes.NO_STACK, causes.AT_END]

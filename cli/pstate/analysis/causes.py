@@ -143,6 +143,7 @@ class Causes:
         self.last: dict = {}  # tid -> (ts, state entered, group key)
         self.slices: dict = {}  # cpu -> deque of (start, end, tid)
         self.has_stacks = False  # the input had stack records
+        self.stacked: set = set()  # the states whose intervals came with a stack_id
 
     def group(self, key) -> GroupCauses:
         g = self.groups.get(key)
@@ -206,6 +207,8 @@ class Causes:
         if blocked_state(frm):  # a wake-up, or a switch-in whose wake-up was not seen
             if self.want_stacks:
                 sid = rec.get("stack_id") if rec is not None else None
+                if sid is not None:
+                    self.stacked.add(frm)
                 frames = self.frames.get((self.stream, sid), NO_STACK) if sid is not None else NO_STACK
                 _hist(g.stacks, (frm, frames)).add(d)
                 _hist(g.reasons, (frm, (rec.get("reason") if rec is not None else None) or NO_REASON)).add(d)
@@ -285,6 +288,10 @@ class Causes:
             if end_ts > ts:
                 g = self.group(key)
                 g.at_end[state] = g.at_end.get(state, 0) + (end_ts - ts)
+
+    def stack_states(self) -> frozenset | None:
+        """The states the input took stacks of (None: it took none)."""
+        return frozenset(self.stacked) or None
 
     def ordered(self) -> list:
         """The groups by blocked time (by reason or all), longest first."""

@@ -175,8 +175,8 @@ def _sort_help() -> str:
 @click.option("--stacks", "stack_states", is_flag=False, flag_value="all", metavar="STATES",
               help="Add the kernel stacks blocked tasks had (a recording made with record --stacks), ranked "
                    "by the blocked time they ended: count, total, p50, p99, max, and the reasons; only of "
-                   "these states (comma-separated letters or names; --stacks alone: every state). Rows per "
-                   "group: --top N, else 5. Example: --stacks=D.")
+                   "these states (comma-separated letters or names; --stacks alone: the states the recording "
+                   "took stacks of, else every state). Rows per group: --top N, else 5. Example: --stacks=D.")
 @click.option("--wakers", is_flag=True,
               help="Add who ended each group's blocked states: the waking task, irq or softirq, by wake-ups "
                    "and by the blocked time they ended; with --format dot, the wake-up graph.")
@@ -368,8 +368,9 @@ def _run_why(sources, agg, stats, out, *, strict, opts, by, reader) -> int:
 
 def _emit_why(summary, found, out, opts, by) -> None:
     why = opts["why"]
+    states = why["states"] if why["states"] is not None else found.stack_states()  # --stacks alone
     kw = dict(top=opts["top"], stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"],
-              states=why["states"])
+              states=states)
     fmt = opts["fmt"]
     if by in causes.WHY_BY_KEYS:
         rep = tables.build_report(summary, [])
@@ -388,7 +389,7 @@ def _emit_why(summary, found, out, opts, by) -> None:
     if fmt == "json":
         text = tables.render_json(rep)
     elif fmt == "folded":
-        text = whytables.render_folded(found, [g["key"] for g in rep["groups"]], why["states"])
+        text = whytables.render_folded(found, [g["key"] for g in rep["groups"]], states)
     elif fmt == "dot":
         text = whytables.render_wake_dot(rep) if why["wakers"] else tables.render_dot(rep)
     elif by in causes.WHY_BY_KEYS:

@@ -115,7 +115,7 @@ def main() -> None:
     lines = [{"type": "meta", "schema": 1, "source": "record", "tool": "pstate", "version": "0.1.0",
               "host": "fixture", "kernel": "6.18.0", "boot_id": "00000000-0000-0000-0000-000000000000",
               "clock": "monotonic", "ts": T0, "wall_ns": 1767225600000000000, "ncpu": 3,
-              "include_idle": False, "stacks": "D,S"}]
+              "include_idle": False}]
     defined = set()
     for _ts, _seq, rec in ev:
         sid = rec.get("stack_id")
