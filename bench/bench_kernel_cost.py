@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -308,12 +307,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(report(results, labels))
-    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(results, f, indent=1, default=str)
-        f.write("\n")
-    os.replace(a.json + ".tmp", a.json)
-    print(f"(JSON: {os.path.relpath(a.json)})")
+    storm.write_results(a.json, results)
     return 0
 
 

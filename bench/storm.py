@@ -177,3 +177,15 @@ if __name__ == "__main__":
         print(f"{res['round_trips']} {res['seconds']:.6f} {res['rate']:.1f}")
     else:
         sys.exit(f"usage: {sys.argv[0]} pingpong ROUND_TRIPS_PER_S SECONDS")
+
+
+def write_results(path: str, results: dict) -> None:
+    """A bench's results as JSON, replaced atomically; says where."""
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    print(f"(JSON: {os.path.relpath(path)})")

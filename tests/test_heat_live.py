@@ -19,6 +19,7 @@ import orjson
 from pstate.render import heatmodel as hm
 from pstate.render import dashboard
 from pstate.stream.streamio import MAX_LINE, ReadStats
+from pstate.stream import reader
 
 DATA = Path(__file__).parent / "data" / "heat"
 SMALL = DATA / "small.jsonl"
@@ -304,3 +305,46 @@ def test_the_header_counts_the_rows_it_chooses_from():
         m = re.match(r"Live: dominant state per thread, busiest (\d+) of (\d+),", frame)
         if m:
             assert int(m[1]) <= int(m[2])
+
+
+# --- the reason column (a recording made with record --stacks) ---------------------
+
+WHY = Path(__file__).parent / "data" / "stats" / "why.jsonl"
+LIVE_GOLDEN = Path(__file__).parent / "golden" / "heat" / "live-reasons-w80.txt"
+CLOCK = re.compile(r"^\d\d:\d\d:\d\d ", re.M)
+
+
+def _final_frame(data: bytes) -> str:
+    _res, text = run_pipe(data, window_ns=30_000_000)
+    return CLOCK.sub("HH:MM:SS ", text.split("\n\n")[-1])
+
+
+def test_live_shows_the_top_reason_beside_d_rows(monkeypatch):
+    frame = _final_frame(WHY.read_bytes())
+    if os.environ.get("PSTATE_REGEN") == "1":
+        LIVE_GOLDEN.write_text(frame)
+    assert frame == LIVE_GOLDEN.read_text()
+    assert max(len(x) for x in frame.splitlines()) <= 80
+    rows = {x.split()[1]: x for x in frame.splitlines()[1:7]}
+    assert rows["100"].endswith(" __iomap_dio_rw")  # dd's D: 7 ms of it, 2 ms submit_bio_wait
+    assert not rows["400"].endswith("do_nanosleep")  # S reasons are not D rows
+    monkeypatch.setattr(reader, "_parse_states", None)  # the careful path: the same frame
+    assert _final_frame(WHY.read_bytes()) == frame
+
+
+def wake(ts, tid, reason, dur):
+    return orjson.dumps({"type": "state", "ts": ts, "cpu": 0, "pid": tid, "tid": tid, "comm": "t",
+                         "from": "uninterruptible", "to": "runnable", "dur_ns": dur, "cause": "wakeup",
+                         "stack_id": 1, "reason": reason}) + b"\n"
+
+
+def test_the_top_reason_is_the_one_with_most_d_time_in_the_window():
+    f, model = feeder()
+    f.feed(wake(1000, 7, "old_wait", 900) + line(2000, 7, "running", "sleeping")
+           + wake(5000, 7, "folio_wait_writeback", 300) + wake(6000, 7, "blkdev_issue_flush", 200)
+           + wake(7000, 7, "blkdev_issue_flush", 200) + line(8000, 8, "running", "sleeping"))
+    f.finish()
+    assert model.events == {7: 5, 8: 1}  # the rows handed out whole reach the model too
+    assert f.reasons.top(7, 0) == "old_wait"
+    assert f.reasons.top(7, 4000) == "blkdev_issue_flush"  # 400 ns of it since 4000, 300 of the other
+    assert f.reasons.top(8, 0) == ""

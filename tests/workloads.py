@@ -65,10 +65,14 @@ def go(*children: subprocess.Popen) -> None:
 class Recording:
     """`pstate record ARGS` running in the background, reading its stdout."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, cpu: int | None = None):
         # Unbuffered: the first line is read here, the rest by communicate(),
-        # which would not see bytes left in a read buffer.
-        self.proc = subprocess.Popen(pstate_cmd("record", "-q", *args), stdout=subprocess.PIPE,
+        # which would not see bytes left in a read buffer. cpu: pin record
+        # there (away from a workload's CPU).
+        cmd = pstate_cmd("record", "-q", *args)
+        if cpu is not None:
+            cmd = ["taskset", "-c", str(cpu)] + cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=clean_env(), bufsize=0)
         first = self.proc.stdout.readline()
         if not first:
@@ -100,6 +104,22 @@ def record_workload(code: str, *args: str, cpu: int | None = None, during=None) 
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def record_children(children: list, *args: str, cpu: int | None = None) -> list[dict]:
+    """`pstate record ARGS` (pinned to cpu) around children started with
+    start(): let them go, wait for them, stop record; kill what is left."""
+    try:
+        rec = Recording(*args, cpu=cpu)
+        go(*children)
+        for c in children:
+            c.wait(timeout=60)
+        return rec.stop()
+    finally:
+        for c in children:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
 
 
 def states(recs: list[dict], tid: int | None = None) -> list[dict]:

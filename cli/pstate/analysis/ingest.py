@@ -38,7 +38,7 @@ class LineDigester:
         self._take = None  # the native Digester's take, while it holds sums back
         fast = None
         if use_native and _digest is not None:
-            dig = _digest.Digester(agg.by, agg.state_id, agg.comm_id)
+            dig = _digest.Digester(agg.digest_by, agg.state_id, agg.comm_id)
             digest = dig.digest
             take = dig.take
 
@@ -103,30 +103,36 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
     """Files ("-" is stdin), in order, through LineDigester. A large regular
     file is split into jobs parts, digested by as many processes. use_native
     False: the careful path only (stats --reader careful)."""
-    import sys
-
     dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
     for src in sources:
-        name = "<stdin>" if src == "-" else src
         if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
             agg.begin_window(_first_meta(src))  # the parts after the first never see it
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
                             use_native=use_native)
             continue
-        fp = open_input(src)
-        try:
-            dig.begin(name)
-            read = getattr(fp, "read1", None) or fp.read  # a peeked pipe's bytes are in its buffer
-            while True:
-                data = read(chunk)
-                if not data:
-                    break
-                dig.feed(data)
-            dig.end()
-            note_damage(fp, name, stats)
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()
+        feed_file(src, dig, stats, chunk)
+
+
+def feed_file(src: str, dig, stats: ReadStats, chunk: int = 1 << 20) -> None:
+    """One file ("-" is stdin) into a digester (begin, feed, end: a
+    LineDigester or a StreamReader), its damage noted in stats."""
+    import sys
+
+    name = "<stdin>" if src == "-" else src
+    fp = open_input(src)
+    try:
+        dig.begin(name)
+        read = getattr(fp, "read1", None) or fp.read  # a peeked pipe's bytes are in its buffer
+        while True:
+            data = read(chunk)
+            if not data:
+                break
+            dig.feed(data)
+        dig.end()
+        note_damage(fp, name, stats)
+    finally:
+        if fp is not sys.stdin.buffer:
+            fp.close()
 
 
 def _first_meta(path: str) -> dict:

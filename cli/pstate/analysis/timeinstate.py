@@ -39,7 +39,9 @@ from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_forc
 from pstate.stream.reader import state_row
 from pstate.stream.streamio import ReadStats
 
-BY_KEYS = ("pid", "tid", "comm")
+BY_KEYS = ("pid", "tid", "comm", "all")
+ALL = "all"  # by all: the one group's key
+_NAMED = ("comm", ALL)  # groups keyed by a name (an id in the cells), not a pid or tid
 LIFECYCLE = ("fork", "exec", "exit")
 
 RUNQ_WAKEUP = "runq_wakeup"
@@ -214,7 +216,7 @@ class Aggregator:
         self.state_ids: dict = {}  # state name -> id
         self.state_names: list = []  # id -> state name
         self.comm_ids: dict = {}  # by comm: comm -> group id
-        self.comm_names: list = []
+        self.comm_names: list = [ALL] if by == ALL else []  # by all: every comm is group 0
         self.cuts: dict = {}  # (group, state) -> ns clipped off at clip_ts
         self.life: dict = {}  # (group, type) -> count
         self.life_last_ts = 0
@@ -245,7 +247,15 @@ class Aggregator:
             self.state_names.append(name)
         return sid
 
+    @property
+    def digest_by(self) -> str:
+        """The grouping the native Digester is told (by all: comm, whose
+        comm_id is always 0)."""
+        return "comm" if self.by == ALL else self.by
+
     def comm_id(self, comm) -> int:
+        if self.by == ALL:
+            return 0
         cid = self.comm_ids.get(comm)
         if cid is None:
             cid = self.comm_ids[comm] = len(self.comm_names)
@@ -257,7 +267,7 @@ class Aggregator:
         return pid if by == "pid" else (tid if by == "tid" else self.comm_id(comm))
 
     def group_name(self, g: int):
-        return self.comm_names[g] if self.by == "comm" else g
+        return self.comm_names[g] if self.by in _NAMED else g
 
     def begin_window(self, meta: dict) -> None:
         """A meta record: when it says the stream is cut (window_begin_ts),
@@ -448,7 +458,7 @@ class Aggregator:
         self.sync()
         later.sync()
         ids = [self.state_id(name) for name in later.state_names]
-        gmap = ([self.comm_id(c) for c in later.comm_names] if self.by == "comm" else None)
+        gmap = ([self.comm_id(c) for c in later.comm_names] if self.by in _NAMED else None)
 
         def regroup(g):
             return gmap[g] if gmap is not None else g
@@ -590,7 +600,7 @@ class Aggregator:
             if window is not None and window > 0:
                 grp.cpu_limit_ns = window * max(1, min(len(grp.tids), ncpu) if ncpu else len(grp.tids))
             grp.key = self.group_name(grp.key)
-            if by == "comm":
+            if by in _NAMED:
                 grp.comm = grp.key or ""
         ordered = sorted(groups.values(), key=lambda x: _sort_key(x.key))
         return Summary(

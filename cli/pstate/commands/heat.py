@@ -105,7 +105,9 @@ class MeasureChoice(Choice):
 @click.option("--no-color", is_flag=True, help="The glyphs without colour, same as --color never.")
 @click.option("--live", is_flag=True,
               help="Read a stream and redraw in place over a sliding window until the input ends "
-                   "or Ctrl-C / q.")
+                   "or Ctrl-C / q. From a recording made with record --stacks, a row with D time shows "
+                   "its top reason (most D time in the window) beside it. Example: "
+                   "sudo pstate record --stacks | pstate heat --live.")
 @click.option("--window", type=Duration("s"), default="10s", show_default=True, metavar="DURATION",
               help="With --live: how much time the map shows.")
 @click.option("--refresh", type=click.FloatRange(0.2, 60), default=4.0, show_default=True, metavar="HZ",

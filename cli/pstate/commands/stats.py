@@ -16,16 +16,19 @@ from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.analysis import selection
+from pstate.analysis import causes
+from pstate.render import whytables
 from pstate.stream.durations import Duration, parse_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import RenamedCommand, StateName
+from pstate.commands.options import STATE_LETTERS, RenamedCommand, StateName
 from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
 from pstate.stream.meta import boot_id
 from pstate.snapshots import snapdir
 
 PROG = "pstate stats"
-FORMATS = ("table", "json", "csv", "dot")
+FORMATS = ("table", "json", "csv", "dot", "folded")
+BY_CHOICES = timeinstate.BY_KEYS + ("reason",)
 CHUNK = 1 << 20
 # Reads from files: the native loop writes its sums back once per chunk, so
 # bigger chunks mean fewer cold Python objects touched per event.
@@ -36,12 +39,19 @@ Examples:
   sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
   pstate stats rec.jsonl                      per process: time in each state, latencies
   pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
+  pstate stats rec.jsonl --by all --hist      system-wide histograms, as runqlat prints
   pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
   pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
   pstate stats rec.jsonl --matrix             transition counts and mean durations
   pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
   sudo pstate record | pstate stats --interval 1 --count 10
   pstate stats /var/lib/pstate/               snapshots (from pstate snap)
+  sudo pstate record --stacks -d 10 -o rec.jsonl
+  pstate stats rec.jsonl --stacks=D --top 3   the 3 stacks most time in D, per process
+  pstate stats rec.jsonl --by reason          blocked time of every task, by reason
+  pstate stats rec.jsonl -f folded | flamegraph.pl > offcpu.svg
+  pstate stats rec.jsonl --wakers -f dot | dot -Tsvg > wakeups.svg
+  pstate stats rec.jsonl --by tid --antagonists   who held the CPU while each waited
 
 \b
 Time in state: dur_ns summed by the state left; the time from a task's last
@@ -103,6 +113,28 @@ Ctrl-C prints what it has at once.
     matrix (with --matrix)}],
   matrix [{from, to, count, mean_ns, total_ns}] (with --matrix).
 KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
+\b
+Why (--stacks, --wakers, --antagonists, --by reason, --format folded): read
+the whole input as records (no --interval; csv has no columns for them).
+--stacks ranks, per group, the kernel stacks of the blocked intervals that
+ended (the stack_id of the wake-up, from record --stacks), by total time,
+with count, p50, p99 and max; "[no stack]" for blocked time without one,
+"[blocked at the end]" for tasks still blocked when the window ends (so a
+state's stacks sum to its blocked time). --format folded writes every stack
+of the shown groups as "GROUP;STATE;root;...;leaf MICROSECONDS" lines.
+--wakers: per group, who woke it from a blocked state: a task (comm tid),
+irq or softirq, or [unknown]. --antagonists: per group, the run-queue time
+(after a wake-up and after a preemption) and the tasks whose on-CPU slices
+on the CPU it then got fall within it; "[idle or unseen]" is the rest (the
+CPU idle, a task the recording left out). Rows per group: --top N, else 5.
+json adds to every group: blocked_ns, stacks [{state, reason, frames, count,
+total_ns, p50_ns, p99_ns, max_ns}], reasons [{state, reason, count, ...}]
+(--stacks); wakers [{kind (task, irq, softirq, unknown), tid, pid, comm,
+name, count, ended_ns}]; runq_ns (runq_wakeup_ns after a wake-up plus
+runq_preempt_ns after a preemption), runq_waits, antagonists [{tid, pid, comm,
+name, ns, pct, waits}]; and a "why" object says which were asked for.
+
+\b
 --format csv writes one row per group (fixed columns: STATE_ns for every
 state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row
 per group and transition instead; with --interval, a first column "interval"
@@ -120,9 +152,14 @@ def _sort_help() -> str:
 @click.command(name="stats", epilog=EPILOG, cls=RenamedCommand,
                renamed={"--state": "--in-state", "--min-dur": "--min-time"})
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
-@click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
-              help="Group by process (pid), thread (tid) or task name (comm).")
-@click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
+@click.option("--by", type=click.Choice(BY_CHOICES), default="pid", show_default=True,
+              help="Group by process (pid), thread (tid) or task name (comm); all: every task in one "
+                   "group (with --hist, the one system-wide histogram runqlat prints); reason: the blocked "
+                   "time of every task by its reason (a recording made with record --stacks; implies "
+                   "--stacks).")
+@click.option("--top", type=click.IntRange(min=1), metavar="N",
+              help="Show only the first N groups (and, with --stacks, --wakers or --antagonists, the first "
+                   "N rows of each).")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
 @click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
@@ -135,8 +172,21 @@ def _sort_help() -> str:
                    "100 ms or more and the median 16 ms or more).")
 @click.option("--matrix", "with_matrix", is_flag=True,
               help="Add the transition matrix: from -> to counts and mean time in the state left.")
+@click.option("--stacks", "stack_states", is_flag=False, flag_value="all", metavar="STATES",
+              help="Add the kernel stacks blocked tasks had (a recording made with record --stacks), ranked "
+                   "by the blocked time they ended: count, total, p50, p99, max, and the reasons; only of "
+                   "these states (comma-separated letters or names; --stacks alone: the states the recording "
+                   "took stacks of, else every state). Rows per group: --top N, else 5. Example: --stacks=D.")
+@click.option("--wakers", is_flag=True,
+              help="Add who ended each group's blocked states: the waking task, irq or softirq, by wake-ups "
+                   "and by the blocked time they ended; with --format dot, the wake-up graph.")
+@click.option("--antagonists", is_flag=True,
+              help="Add, for run-queue waits (after a wake-up and after a preemption), the tasks that held "
+                   "the CPU meanwhile, by the run-queue time they caused.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="Output format: table (80 columns), json, csv or dot (Graphviz state graph).")
+              help="Output format: table (80 columns), json, csv, dot (Graphviz: the state graph; with "
+                   "--wakers, the wake-up graph) or folded (blocked time by stack, in microseconds, for "
+                   "flamegraph.pl, speedscope or inferno; implies --stacks).")
 @click.option("-i", "--interval", type=Duration("s", positive=True), metavar="DURATION",
               help="Print a summary of every DURATION (e.g. 500ms, 5s, 1m; a plain number is seconds) while the stream flows in (of recorded time "
                    "for a file), each covering only its interval.")
@@ -153,8 +203,8 @@ def _sort_help() -> str:
 @click.option("--reader", type=click.Choice(("fast", "careful")), default="fast", hidden=True,
               help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
 @click.pass_context
-def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, interval, count,
-        timestamp, strict, jobs, reader):
+def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack_states, wakers, antagonists,
+        fmt, interval, count, timestamp, strict, jobs, reader):
     """Thread State Analysis: where each task's time goes, state by state.
 
     Reads a pstate event stream (from a pipe, standard input, or recordings
@@ -182,14 +232,19 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, fmt, 
     if _is_snapshot_input(sources):
         ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--in-state": states, "--min-time": min_dur}))
+                                     "--in-state": states, "--min-time": min_dur, "--stacks": stack_states,
+                                     "--wakers": wakers, "--antagonists": antagonists}))
+    why = _why_options(by, stack_states, wakers, antagonists, fmt, interval)
     opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
-                hist=hist, with_matrix=with_matrix or fmt == "dot", fmt=fmt, timestamp=timestamp)
+                hist=hist, with_matrix=with_matrix or (fmt == "dot" and not wakers), fmt=fmt,
+                timestamp=timestamp, why=why)
     out = sys.stdout
     stats = ReadStats()
-    agg = timeinstate.Aggregator(by)
+    agg = timeinstate.Aggregator(by if by in timeinstate.BY_KEYS else "pid")
     with PipeInterruptGuard(sources):
-        if interval:
+        if why:
+            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by, reader=reader)
+        elif interval:
             code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
                                   count=count, opts=opts)
         else:
@@ -252,6 +307,98 @@ def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
         print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
         return int(ExitCode.SIGINT)
     return code
+
+
+# --- why: --stacks, --wakers, --antagonists, --by reason -------------------------
+
+
+def _why_options(by, stack_states, wakers, antagonists, fmt, interval) -> dict | None:
+    """What the why views need ({stacks, states, wakers, antagonists}), or
+    None when no such view is asked for."""
+    if fmt == "folded" or by == "reason":
+        stack_states = stack_states or "all"
+    if not (stack_states or wakers or antagonists):
+        return None
+    if interval:
+        raise click.UsageError("--stacks, --wakers, --antagonists, --by reason and --format folded "
+                               "summarise the whole input, not --interval")
+    if fmt == "csv":
+        raise click.UsageError("--format csv has no columns for stacks, wakers or antagonists: use json")
+    if fmt == "dot" and by == "reason" and not wakers:
+        raise click.UsageError("--by reason has no state graph: add --wakers for the wake-up graph")
+    return {"stacks": bool(stack_states), "states": _blocked_states(stack_states), "wakers": wakers,
+            "antagonists": antagonists}
+
+
+def _blocked_states(spec: str | None) -> frozenset | None:
+    """--stacks' states as stream state names (None: every state)."""
+    if not spec or spec == "all":
+        return None
+    out = set()
+    for part in (p.strip() for p in spec.split(",")):
+        name = STATE_LETTERS.get(part) or (part if part in schema.STATES else None)
+        if not name:
+            raise click.BadParameter(f"{part!r} is not a state (letters such as D or S, or names such as "
+                                     "uninterruptible)", param_hint="'--stacks'")
+        out.add(name)
+    return frozenset(out)
+
+
+def _run_why(sources, agg, stats, out, *, strict, opts, by, reader) -> int:
+    """The whole input through the one reader: the Aggregator and the Causes
+    read the same rows and records (causes.digest)."""
+    why = opts["why"]
+    found = causes.Causes(by, stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"])
+    interrupted = False
+    try:
+        causes.digest(sources, agg, found, stats, strict=strict, use_native=reader == "fast", chunk=FILE_CHUNK)
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = agg.summarise(stats)
+    summary.interrupted = interrupted
+    found.finish(summary.end_ts)
+    _refuse_snapshot_stream(summary)
+    _emit_why(summary, found, out, opts, by)
+    code = stats.report(PROG, strict=strict)
+    if interrupted:
+        print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
+        return int(ExitCode.SIGINT)
+    return code
+
+
+def _emit_why(summary, found, out, opts, by) -> None:
+    why = opts["why"]
+    states = why["states"] if why["states"] is not None else found.stack_states()  # --stacks alone
+    kw = dict(top=opts["top"], stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"],
+              states=states)
+    fmt = opts["fmt"]
+    if by in causes.WHY_BY_KEYS:
+        rep = tables.build_report(summary, [])
+        groups = whytables.reason_groups(found, **{**kw, "top": None})
+        rep["by"] = by
+        rep["accounting"]["groups"] = len(groups)
+        rep["groups"] = groups[:opts["top"]] if opts["top"] else groups
+        rep["accounting"]["groups_shown"] = len(rep["groups"])
+        rep["why"] = {"stacks": why["stacks"], "wakers": why["wakers"], "antagonists": why["antagonists"],
+                      "stack_records": found.has_stacks, "rows_per_group": None}
+    else:
+        groups = selection.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
+                                  sort=opts["sort"], top=opts["top"])
+        rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
+        whytables.attach(rep, found, **kw)
+    if fmt == "json":
+        text = tables.render_json(rep)
+    elif fmt == "folded":
+        text = whytables.render_folded(found, [g["key"] for g in rep["groups"]], states)
+    elif fmt == "dot":
+        text = whytables.render_wake_dot(rep) if why["wakers"] else tables.render_dot(rep)
+    elif by in causes.WHY_BY_KEYS:
+        text = whytables.render_reason_table(rep)
+    else:
+        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
+        text += "\n".join(whytables.render_tables(rep)) + "\n"
+    out.write(text)
+    out.flush()
 
 
 def _refuse_snapshot_stream(summary) -> None:

@@ -26,6 +26,7 @@ import select
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -36,7 +37,7 @@ from pstate.render import heatdraw as hr
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.stream.reader import StreamReader
+from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats
 
 CHUNK = 1 << 17
@@ -87,13 +88,53 @@ class _Stop(Exception):
         self.code = code
 
 
+REASON_KEY = b'"reason":'
+REASON_STATE = "uninterruptible"
+NOTE_W = 20  # at most this many characters of a reason beside a row
+
+
+class Reasons:
+    """heat --live's reason column: per row (the model's key), the reasons
+    of its D intervals that ended lately (the wake-ups of a recording made
+    with record --stacks carry them), and the one with the most D time in
+    the window shown."""
+
+    def __init__(self, keyf):
+        self.keyf = keyf
+        self.seen: dict = {}  # key -> deque of (ts, reason, dur_ns)
+
+    def note(self, rec: dict) -> None:
+        reason = rec.get("reason")
+        if not reason or rec["from"] != REASON_STATE or not isinstance(reason, str):
+            return
+        key = self.keyf(rec["pid"], rec["tid"], rec.get("comm") or "?")
+        q = self.seen.get(key)
+        if q is None:
+            q = self.seen[key] = deque(maxlen=256)
+        q.append((rec["ts"], reason, rec.get("dur_ns") or 0))
+
+    def top(self, key, since: int) -> str:
+        q = self.seen.get(key)
+        if not q:
+            return ""
+        while q and q[0][0] < since:
+            q.popleft()
+        by: dict = {}
+        for _ts, reason, dur in q:
+            by[reason] = by.get(reason, 0) + dur
+        return min(by, key=lambda r: (-by[r], r)) if by else ""
+
+
 class Feeder:
     """Feeds a Window from input bytes through the one reader
     (reader.StreamReader and its rules). Plain state records (the bulk) go
     to the model in batches of state rows (Window.states), read by the
     native row reader (pstate._digest.parse_states) when it is built, else by the careful path,
     with the same results; other records one at a time, in order. k > 1:
-    sampling, as StreamReader.k."""
+    sampling, as StreamReader.k. The bulk reader stops before a line that
+    names a reason (record --stacks' wake-ups): the careful path hands it
+    out whole (dicts), for the reason column (Reasons), and its row joins
+    the batches."""
 
     def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool):
         self.model = model
@@ -101,7 +142,11 @@ class Feeder:
         self.name = name
         self.total = 0  # bytes received
         self.parsed = 0  # records read (sampled-over lines are not)
-        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, native_rows=True)
+        self.reasons = Reasons(model.keyf)
+        self._pending: list = []  # rows of state records handed out whole
+        # a line with a reason (record --stacks' wake-ups) is the careful path's
+        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, native_rows=True, dicts=True,
+                                   careful_keys=(REASON_KEY,))
         self.reader.begin(name)
 
     k = property(lambda self: self.reader.k, lambda self, v: setattr(self.reader, "k", v))
@@ -112,18 +157,30 @@ class Feeder:
     def feed(self, data: bytes) -> None:
         self.total += len(data)
         before = self.stats.records
-        self.reader.feed(data)
+        try:
+            self.reader.feed(data)
+        finally:  # an error (a newer schema, --strict) leaves what came before it in the model
+            self._flush()
         self.parsed += self.stats.records - before
 
     def finish(self) -> None:
         """End of input: a last line without a newline is a record or the
         truncated final record, as for every reader."""
         before = self.stats.records
-        self.reader.end()
+        try:
+            self.reader.end()
+        finally:
+            self._flush()
         self.parsed += self.stats.records - before
 
     def rows(self, rows: list) -> None:
+        self._flush()
         self._rows(rows, False)
+
+    def _flush(self) -> None:
+        if self._pending:
+            rows, self._pending = self._pending, []
+            self._rows(rows, False)
 
     def _rows(self, rows: list, filtered: bool) -> None:
         """State rows (reader.ROW_FIELDS) to the model, through the task
@@ -139,6 +196,13 @@ class Feeder:
         model.states(rows, False)
 
     def record(self, rec: dict, weight: int) -> None:
+        if rec["type"] == "state":
+            filt = self.model.filt
+            if filt is None or filt.match(rec):
+                self.reasons.note(rec)
+            self._pending.append(state_row(rec, weight))
+            return
+        self._flush()
         if rec["type"] != "loss":  # (loss records are counted in the ReadStats)
             self.model.feed(rec, weight)
 
@@ -154,6 +218,7 @@ class Dashboard:
         self.tty = tty
         self.cursor = tty if cursor is None else cursor  # redraw in place, else frame after frame
         self.prev: list[str] = []
+        self.reasons: Reasons | None = None  # the reason column beside D rows (run_live sets it)
         self.size = self._size()
         self.lw = 7 if opts.measure else max(8, min(20, self.size[0] // 4))
         ncols = hr.map_columns(self.size[0] - 1, self.lw)
@@ -214,6 +279,12 @@ class Dashboard:
             total = len(model.candidates(scores))
             status = status_of(total)
             keys = model.rank(scores, min(opts.top or rows_max, rows_max))
+            notes = self._notes(model, keys, visible)
+            if notes:  # the cells give way to the reason column
+                visible = max(1, min(visible, hr.map_columns(width - NOTE_W - 1, self.lw)))
+                c0 = hi - visible + 1
+                win = fmt_ns(self.bucket * visible)
+                notes = self._notes(model, keys, visible)
             overlay = model.overlay(keys)
             rows, seen = heatviews.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
             unit = {"tid": "thread", "pid": "process", "comm": "command"}[opts.by]
@@ -227,10 +298,18 @@ class Dashboard:
                 kind = "share"
             view = heatviews.View(kind, title, [model.label(k) for k in keys], rows, axis=axis,
                            scale_max=1.0, scale_title="share", scale_unit="%",
-                           states_present=seen, footer=[status])
+                           states_present=seen, footer=[status], row_notes=notes)
         if waiting:
             view.title = f"Live: waiting for events on {opts.name}"
         return hr.render(view, width, opts.style, label_w=self.lw)
+
+    def _notes(self, model: hm.Window, keys: list, visible: int) -> list | None:
+        """Each row's top D reason in the visible window (None: no row has one)."""
+        if self.reasons is None or not self.reasons.seen or model.last_ts is None:
+            return None
+        since = (model.last_ts // self.bucket - visible + 1) * self.bucket
+        notes = [self.reasons.top(k, since)[:NOTE_W] for k in keys]
+        return notes if any(notes) else None
 
     def draw(self, lines: list[str]) -> None:
         if not self.cursor:
@@ -343,6 +422,7 @@ def run_live(in_fd: int, out_fd: int, opts: LiveOptions, tty: bool | None = None
     dash = Dashboard(opts, out_fd, tty, cursor)
     model = hm.Window(dash.bucket, dash.ncols, opts.by, opts.filt, opts.measure)
     feeder = Feeder(model, stats, opts.name, opts.strict)
+    dash.reasons = feeder.reasons
     term = _Terminal(out_fd, opts.keys) if cursor else None
     period = 1.0 / opts.refresh
     resized = []

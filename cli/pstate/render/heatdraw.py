@@ -335,8 +335,10 @@ def render(view: View, width: int, style: Style = PLAIN, label_w: int | None = N
             lines.append(f"{style.bold}{t}{style.reset}" if style.color else t)
     if not view.cells:
         lines.append("(nothing to show)")
-    for label, row in zip(view.row_labels, view.cells):
-        lines.append(f"{fit_label(label, lw)} {render_cells(view, row, style)}")
+    notes = view.row_notes or [""] * len(view.cells)
+    for label, row, note in zip(view.row_labels, view.cells, notes):
+        line = f"{fit_label(label, lw)} {render_cells(view, row, style)}"
+        lines.append(f"{line} {note}" if note else line)
     if ncols:
         if view.axis is not None:
             ticks = time_ticks(view.axis, ncols)

@@ -41,6 +41,7 @@ class View:
     scale_unit: str = ""  # "%" for shares
     footer: list = field(default_factory=list)
     states_present: list = field(default_factory=list)
+    row_notes: list | None = None  # a word drawn right of each row's cells (heat --live: D reasons)
 
 
 def dominant(cell) -> int | None:

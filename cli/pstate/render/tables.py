@@ -175,7 +175,8 @@ def tabulate(rows, headers, **kw) -> str:
         _tabulate_mod.MIN_PADDING = saved
 
 
-BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM"}
+BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM", "all": "ALL"}
+NAMED = ("comm", "all")  # groups keyed by a name: no COMM column of their own
 
 
 def _pct_cell(part: int, whole: int) -> str:
@@ -238,7 +239,7 @@ def _comm(c) -> str:
 
 
 def _key_cell(g: dict, by: str):
-    return _comm(g["key"]) if by == "comm" else g["key"]
+    return _comm(g["key"]) if by in NAMED else g["key"]
 
 
 def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) -> str:
@@ -250,7 +251,7 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
         out.append("no groups to show")
         return "\n".join(out) + "\n"
     key_h = BY_HEADER[by]
-    key_al = "left" if by == "comm" else "right"
+    key_al = "left" if by in NAMED else "right"
 
     if rep.get("ledger", {}).get("time_in_state", True):
         out.extend(_state_table(groups, by, key_h, key_al))
@@ -267,15 +268,15 @@ def _state_table(groups: list, by: str, key_h: str, key_al: str) -> list:
         cells = [_pct_cell(sum(ns.get(s, 0) for s in states), obs) for _h, states in TABLE_STATE_COLUMNS]
         other = sum(v for s, v in ns.items() if s not in _COLUMN_STATES)
         cells.append(_pct_cell(other, obs))
-        first = [_key_cell(g, by)] if by == "comm" else [_key_cell(g, by), _comm(g["comm"])]
+        first = [_key_cell(g, by)] if by in NAMED else [_key_cell(g, by), _comm(g["comm"])]
         rows.append(first + [fmt_ns(obs)] + cells)
-    headers = ([key_h] if by == "comm" else [key_h, "COMM"]) + ["OBSERVED"] + \
+    headers = ([key_h] if by in NAMED else [key_h, "COMM"]) + ["OBSERVED"] + \
         [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
     out.append("")
     out.append("Time in state, % of the time observed:")
     out.append(_wrap(TABLE_LEGEND))
     out.append(tabulate(rows, headers,
-                        colalign=(key_al,) + ("left",) * (0 if by == "comm" else 1) + ("right",) * 8))
+                        colalign=(key_al,) + ("left",) * (0 if by in NAMED else 1) + ("right",) * 8))
     return out
 
 
@@ -331,8 +332,8 @@ def _hist_lines(rep: dict) -> list[str]:
             rows = d.get("hist")
             if not rows:
                 continue
-            who = f"{BY_HEADER[by].lower()} {_key_cell(g, by)}"
-            if by != "comm":
+            who = "all tasks" if by == "all" else f"{BY_HEADER[by].lower()} {_key_cell(g, by)}"
+            if by not in NAMED:
                 who += f" ({_comm(g['comm'])})"
             out.append("")
             out.append(f"{who}, {kind_label(kind)}:")
@@ -389,7 +390,7 @@ def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> 
 
 
 CSV_IDENTITY = {"pid": ("pid", "comm", "threads"), "tid": ("tid", "pid", "comm"),
-                "comm": ("comm", "processes", "threads")}
+                "comm": ("comm", "processes", "threads"), "all": ("all", "processes", "threads")}
 
 
 def _num(v) -> str:

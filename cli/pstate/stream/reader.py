@@ -97,6 +97,37 @@ def overlong(max_line: int) -> str:
     return f"line longer than {max_line} bytes"
 
 
+def stop_before(keys: tuple, bulk):
+    """A bulk reader for reader.StreamReader (fast) that leaves every line
+    holding one of keys (bytes) to the careful path: bulk(buf, pos, end, n)
+    is given the lines before the first such line only. Where each key
+    next occurs in a buffer is remembered, so a buffer is searched once per
+    key and occurrence, not once per call."""
+    if not keys:
+        return bulk
+    seen = [None, -1, {}]  # the buffer, its end, key -> next occurrence (-1: none up to end)
+
+    def fast(buf, pos, end, n):
+        if seen[0] is not buf or seen[1] != end:
+            seen[0], seen[1], seen[2] = buf, end, {}
+        nxt = seen[2]
+        cut = end
+        for k in keys:
+            r = nxt.get(k)
+            if r is None or 0 <= r < pos:
+                r = nxt[k] = buf.find(k, pos, end)
+            if 0 <= r < cut:
+                cut = r
+        if cut < end:
+            end = buf.rfind(b"\n", pos, cut)
+            if end < 0:  # the first line: the careful path's
+                return pos, 0, 0
+        return bulk(buf, pos, end, n)
+
+    return fast
+
+
+
 class StreamReader:
     """Cuts byte chunks into lines, checks them and hands rows and records to
     a sink; see the module docstring for the rules.
@@ -110,11 +141,14 @@ class StreamReader:
     into, like every other record (read_records; the careful path only).
     native_rows: the bulk reader is the native row reader (parse_states),
     when built, handing its rows to sink.rows; wide: wide rows.
+    careful_keys: lines holding one of these (bytes, e.g. b'"reason":')
+    are left to the careful path by the bulk reader (stop_before): for a
+    sink that wants what a row lacks.
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
                  dicts: bool = False, native_rows: bool = False, wide: bool = False, lines: bool = False,
-                 unknown: bool = False):
+                 unknown: bool = False, careful_keys: tuple = ()):
         self.sink = sink
         self.dicts = dicts or lines  # state records to the sink as dicts too (read_records, replay)
         self.wide = wide
@@ -125,6 +159,8 @@ class StreamReader:
         self.max_line = max_line
         if native_rows and fast is None and _parse_states is not None:
             fast = self._native_rows
+        if fast is not None and careful_keys:
+            fast = stop_before(tuple(careful_keys), fast)
         self.fast = fast
         self.k = 1
         self.name = "<stdin>"

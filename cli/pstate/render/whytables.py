@@ -1,0 +1,302 @@
+"""Renderers for why tasks waited (stats --stacks, --wakers, --antagonists,
+--by reason): their part of the JSON model, the tables, folded stacks
+(flamegraph.pl, speedscope, inferno) and the wake-up graph (Graphviz).
+
+attach() puts the rows of analysis.causes into the groups of the report
+tables.build_report made; the table and dot renderers read that model, so
+the formats say the same thing. Folded output reads the Causes themselves:
+every stack, never cut to --top rows.
+"""
+
+from __future__ import annotations
+
+from pstate.analysis.causes import AT_END, NO_STACK, NOT_SEEN, GroupCauses, callers
+from pstate.analysis.latency import LogHist
+from pstate.analysis.timeinstate import RUNQ_PREEMPT, RUNQ_WAKEUP
+from pstate.kernel.stacks import reason_of
+from pstate.render import tables
+from pstate.stream import schema
+from pstate.stream.durations import fmt_ns
+
+DEFAULT_ROWS = 5  # rows per group in the table and json, unless --top says
+KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON"}
+_CELL = 30  # characters of a stack cell's line
+_REASON = 24  # characters of a reason
+
+
+def letter(state: str) -> str:
+    return schema.STATES.get(state, (state,))[0] or state
+
+
+def _dist(h: LogHist, ended: bool = True) -> dict:
+    if not ended or not h.count:
+        return {"count": None, "total_ns": h.total, "p50_ns": None, "p99_ns": None, "max_ns": None}
+    return {"count": h.count, "total_ns": h.total, "p50_ns": h.percentile(50), "p99_ns": h.percentile(99),
+            "max_ns": h.max}
+
+
+def stack_reason(frames: str) -> str | None:
+    if frames in (NO_STACK, AT_END):
+        return None
+    return reason_of(list(reversed(frames.split(";"))))
+
+
+def _waker_name(w) -> str:
+    if w.kind == "task":
+        return f"{(w.comm or '?')[:15]} {w.tid}"
+    return w.kind if w.kind in ("irq", "softirq") else "[unknown]"
+
+
+def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool, antagonists: bool,
+               states=None) -> dict:
+    """The JSON model of one group's causes, each list cut to `rows`."""
+    out: dict = {}
+    if stacks:
+        out["blocked_ns"] = gc.blocked_ns(states)
+        out["stacks"] = [{"state": s, "reason": stack_reason(f), "frames": f, **_dist(h, f != AT_END)}
+                         for s, f, h in gc.stack_rows(states)[:rows]]
+        out["reasons"] = [{"state": s, "reason": r, **_dist(h)} for s, r, h in gc.reason_rows(states)[:rows]]
+    if wakers:
+        out["wakers"] = [{"kind": w.kind, "tid": w.tid, "pid": w.pid, "comm": w.comm, "name": _waker_name(w),
+                          "count": w.count, "ended_ns": w.ended_ns} for w in gc.waker_rows()[:rows]]
+    if antagonists:
+        out["runq_ns"] = gc.runq_ns
+        out["runq_wakeup_ns"] = gc.runq_kind_ns.get(RUNQ_WAKEUP, 0)
+        out["runq_preempt_ns"] = gc.runq_kind_ns.get(RUNQ_PREEMPT, 0)
+        out["runq_waits"] = gc.runq_waits
+        out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
+                               "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
+                               "ns": a.ns, "pct": tables._pct(a.ns, gc.runq_ns), "waits": a.waits}
+                              for a in gc.antagonist_rows()[:rows]]
+    return out
+
+
+def attach(rep: dict, causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool,
+           states=None) -> None:
+    """Add each shown group's causes to the report (rows per group: --top,
+    else DEFAULT_ROWS)."""
+    rows = top or DEFAULT_ROWS
+    for g in rep["groups"]:
+        gc = causes.groups.get(g["key"])
+        if gc is None:
+            gc = GroupCauses(key=g["key"])
+        g.update(group_rows(gc, rows=rows, stacks=stacks, wakers=wakers, antagonists=antagonists,
+                            states=states))
+    rep["why"] = {"stacks": stacks, "wakers": wakers, "antagonists": antagonists,
+                  "stack_records": causes.has_stacks, "rows_per_group": rows}
+
+
+def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool, states=None) -> list:
+    """--by reason: the groups are the Causes' own, with blocked or
+    run-queue time, longest first."""
+    out = []
+    for gc in causes.ordered():
+        if not (gc.blocked_ns(states) or (antagonists and gc.runq_ns) or (wakers and gc.wakers)):
+            continue
+        g = {"key": gc.key}
+        g.update(group_rows(gc, rows=None, stacks=stacks, wakers=wakers, antagonists=antagonists, states=states))
+        out.append(g)
+    return out[:top] if top else out
+
+
+# --- tables -------------------------------------------------------------------
+
+
+def _key(g: dict, by: str):
+    if by == "reason":
+        return str(g["key"])[:_REASON]
+    return tables._comm(g["key"]) if by in tables.NAMED else g["key"]
+
+
+def _stack_cell(row: dict, width: int) -> str:
+    frames = row["frames"]
+    if frames in (NO_STACK, AT_END):
+        return frames
+    names = callers(frames, row["reason"])
+    lines = [names[0]] + ["< " + n for n in names[1:]]
+    return "\n".join(x[:width] for x in lines)
+
+
+def render_tables(rep: dict) -> list[str]:
+    by = rep["by"]
+    why = rep.get("why", {})
+    groups = rep["groups"]
+    key_h = KEY_HEADER.get(by, by.upper())
+    key_al = "right" if by in ("pid", "tid") else "left"
+    out: list[str] = []
+    if why.get("stacks"):
+        out.extend(_stack_table(groups, by, key_h, key_al, why))
+    if why.get("wakers"):
+        out.extend(_waker_table(groups, by, key_h, key_al))
+    if why.get("antagonists"):
+        out.extend(_antagonist_table(groups, by, key_h, key_al))
+    return out
+
+
+def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
+    out = ["", "Blocked time by kernel stack (the reason, then its callers; --format folded",
+           "gives every stack whole):"]
+    if not why.get("stack_records"):
+        out.append("(the input has no stack records: record it with pstate record --stacks)")
+    def table(width: int) -> str:
+        rows = []
+        for g in groups:
+            first = True
+            for r in g.get("stacks", []):
+                ended = r["count"] is not None
+                rows.append([_key(g, by) if first else "", letter(r["state"]), r["count"] if ended else "-",
+                             fmt_ns(r["total_ns"])] + [fmt_ns(r[k]) for k in ("p50_ns", "p99_ns", "max_ns")]
+                            + [_stack_cell(r, width)])
+                first = False
+        if not rows:
+            return ""
+        return tables.tabulate(rows, [key_h, "ST", "COUNT", "TOTAL", "P50", "P99", "MAX", "STACK"],
+                               colalign=(key_al, "left") + ("right",) * 5 + ("left",))
+
+    width = _CELL
+    text = table(width)
+    while width > 12 and max((len(x) for x in text.splitlines()), default=0) > 80:
+        width -= 1  # long keys (reasons): the stack cells give way
+        text = table(width)
+    out.append(text or "(no blocked time with a known duration)")
+    rows = []
+    for g in groups:
+        first = True
+        for r in g.get("reasons", []):
+            rows.append([_key(g, by) if first else "", letter(r["state"]), r["reason"][:_REASON], r["count"],
+                         fmt_ns(r["total_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"])])
+            first = False
+    if rows and by != "reason":
+        out.append("")
+        out.append("Blocked time by reason (the first function that is not scheduler plumbing):")
+        out.append(tables.tabulate(rows, [key_h, "ST", "REASON", "COUNT", "TOTAL", "P50", "P99", "MAX"],
+                                   colalign=(key_al, "left", "left") + ("right",) * 5))
+    return out
+
+
+def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, align: tuple, empty: str) -> str:
+    """One table of a list each group has (field): cells(g, item, first)
+    gives a row after the key cell."""
+    rows = []
+    for g in groups:
+        for i, item in enumerate(g.get(field, [])):
+            rows.append([_key(g, by) if i == 0 else ""] + cells(g, item, i == 0))
+    if not rows:
+        return empty
+    return tables.tabulate(rows, [key_h] + headers, colalign=(key_al,) + align)
+
+
+def _waker_table(groups, by, key_h, key_al) -> list[str]:
+    def cells(g, w, _first):
+        total = sum(x["ended_ns"] for x in g["wakers"])
+        return [w["name"], w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
+
+    return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked", "time ended:",
+            _per_group(groups, by, key_h, key_al, "wakers", cells, ["WAKER", "WAKEUPS", "ENDED", "%"],
+                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)")]
+
+
+def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
+    def cells(g, a, first):
+        return [fmt_ns(g["runq_ns"]) if first else "", a["name"], fmt_ns(a["ns"]),
+                tables._pct_cell(a["ns"], g["runq_ns"])]
+
+    return ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
+            "(after a wake-up or a preemption), by the run-queue time they caused:",
+            _per_group(groups, by, key_h, key_al, "antagonists", cells, ["RUNQ", "HELD THE CPU", "TIME", "%"],
+                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)")]
+
+
+def render_reason_table(rep: dict) -> str:
+    """--by reason: the headline, then the tables of the reasons."""
+    out = tables._headline(rep)
+    if not rep["groups"]:
+        out += ["", "no groups to show"]
+    else:
+        out.extend(render_tables(rep))
+    return "\n".join(out) + "\n"
+
+
+# --- folded -------------------------------------------------------------------
+
+
+def _frame_name(frame: str) -> str:
+    """"name+0x1a [mod]" -> "name [mod]": one frame per function, as
+    flame graphs merge them."""
+    name, _, rest = frame.partition("+")
+    mod = rest.partition(" ")[2]
+    return f"{name} {mod}" if mod else name
+
+
+def group_label(gc: GroupCauses, by: str) -> str:
+    if by in ("pid", "tid"):
+        return f"{gc.comm or '?'}-{gc.key}"
+    return str(gc.key if gc.key is not None else "?")
+
+
+def render_folded(causes, keys, states=None) -> str:
+    """One `frame;frame;... <microseconds>` line per group, state and stack
+    (group label and state as the first two frames), every stack of the
+    groups with these keys; blocked time without a stack under NO_STACK or
+    AT_END."""
+    by = causes.by
+    out = []
+    for key in keys:
+        gc = causes.groups.get(key)
+        if gc is None:
+            continue
+        acc: dict = {}
+        for s, frames, h in gc.stack_rows(states):
+            path = frames if frames in (NO_STACK, AT_END) else ";".join(_frame_name(f) for f in frames.split(";"))
+            k = f"{group_label(gc, by).replace(';', ':')};{s};{path}"
+            acc[k] = acc.get(k, 0) + h.total
+        for k, ns in sorted(acc.items(), key=lambda kv: (-kv[1], kv[0])):
+            us = round(ns / 1000)
+            if us:
+                out.append(f"{k} {us}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+# --- the wake-up graph ----------------------------------------------------------
+
+
+def render_wake_dot(rep: dict) -> str:
+    """Wakers -> the groups they woke, edges labelled with the wake-ups and
+    the blocked time they ended (shown groups that were woken; their listed
+    wakers)."""
+    by = rep["by"]
+    nodes: dict = {}
+    edges = []
+    for g in rep["groups"]:
+        gid = f"g:{g['key']}"
+        if g.get("wakers"):
+            nodes[gid] = _node_label(by, g["key"], g.get("comm"))
+        for w in g.get("wakers", []):
+            if w["kind"] == "task":
+                wkey = {"pid": w["pid"], "tid": w["tid"], "comm": w["comm"]}.get(by)
+                wid = f"g:{wkey}" if wkey is not None else f"t:{w['tid']}"
+                nodes.setdefault(wid, _node_label(by, wkey, w["comm"]) if wkey is not None else w["name"])
+            else:
+                wid = f"k:{w['kind']}"
+                nodes.setdefault(wid, w["name"])
+            edges.append((wid, gid, w["count"], w["ended_ns"]))
+    peak = max((e[3] for e in edges), default=1) or 1
+    out = ["digraph wakeups {",
+           "  rankdir=LR;",
+           '  node [shape=box, style="rounded,filled", fillcolor="#f4f4f4", fontname="Helvetica"];',
+           '  edge [fontname="Helvetica", fontsize=10];']
+    for nid, label in sorted(nodes.items()):
+        extra = ', shape=ellipse, fillcolor="#fde2c8"' if nid.startswith("k:") else ""
+        out.append(f"  {tables._q(nid)} [label={tables._q(label)}{extra}];")
+    for wid, gid, n, ns in edges:
+        label = f"{n} wake-ups\n{fmt_ns(ns)} ended"
+        out.append(f"  {tables._q(wid)} -> {tables._q(gid)} [label={tables._q(label)}, "
+                   f"penwidth={1 + 3 * ns / peak:.2f}];")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _node_label(by: str, key, comm) -> str:
+    if by in ("pid", "tid"):
+        return f"{comm or '?'}\n{by} {key}"
+    return str(key)
