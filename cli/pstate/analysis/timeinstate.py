@@ -140,6 +140,7 @@ class Summary:
     impossible: int = 0  # running -> running switch-ins
     transition_filters: list = field(default_factory=list)  # --state, --cpu, --min-dur in force
     task_filters: list = field(default_factory=list)  # --pid, --tid, --comm in force
+    read_filters: list = field(default_factory=list)  # those of them applied by this read (not recorded)
     cut: bool = False  # the input said which window it covers (window_begin_ts/_end_ts)
     null_dur: int = 0
     unobserved_ns: int = 0
@@ -601,6 +602,7 @@ class Aggregator:
             impossible=sum(x.impossible for x in ordered),
             transition_filters=filters_in_force(stats.metas, TRANSITION_FILTERS),
             task_filters=filters_in_force(stats.metas, TASK_FILTERS),
+            read_filters=filters_in_force(stats.metas, prefixes=("read_",)),
             cut=self.window_cut,
         )
 

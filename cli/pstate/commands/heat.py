@@ -18,7 +18,7 @@ from pstate.snapshots import snapdir
 from pstate.stream.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.commands.options import Choice, RenamedCommand, StateName, task_filter_options
+from pstate.commands.options import Choice, RenamedCommand, StateName, filter_options
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import read_records
 
@@ -72,7 +72,7 @@ class MeasureChoice(Choice):
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-               cls=RenamedCommand, renamed={"--state": "--shade", "-n": "--top"})
+               cls=RenamedCommand, renamed={"-n": "--top"})
 @click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
 @click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,
               flag_value="runq", default=None, metavar="[MEASURE]",
@@ -109,11 +109,11 @@ class MeasureChoice(Choice):
               help="With --live: how much time the map shows.")
 @click.option("--refresh", type=click.FloatRange(0.2, 60), default=4.0, show_default=True, metavar="HZ",
               help="With --live: frames per second.")
-@task_filter_options
+@filter_options
 @click.option("--strict", is_flag=True,
               help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
 def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color, live, window, refresh,
-        pids, tids, comms, include_idle, strict):
+        filt, strict):
     """Draw terminal heat maps of task states and latencies.
 
     The state map has one row per task and one column per time bucket; each
@@ -124,7 +124,6 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     snapshots. Input: recordings, a stream on standard input, or a directory.
     """
     ctx = click.get_current_context()
-    filt = Filter(pids=tuple(pids), tids=tuple(tids), comms=tuple(comms), include_idle=include_idle)
     isatty = sys.stdout.isatty()
     style = hr.pick_style("never" if no_color else color, isatty)
     term = shutil.get_terminal_size((80, 24))
@@ -184,9 +183,9 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         ctx.exit(lv.stderr_report(res, strict))
 
     stats = ReadStats()
-    tracker = hm.RecordedStates(by, filt, latency)
+    tracker = hm.RecordedStates(by, Filter(include_idle=filt.include_idle), latency)  # the reader filters
     try:
-        for rec in read_records(sources, stats, strict=strict):
+        for rec in read_records(sources, stats, strict=strict, filt=filt):
             tracker.feed(rec)
     except KeyboardInterrupt:
         # `pstate record | pstate heat`: Ctrl-C ends the recording; draw what came.

@@ -99,7 +99,7 @@ class Feeder:
     with the same results; other records one at a time, in order. k > 1:
     sampling, as StreamReader.k."""
 
-    def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool):
+    def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool, filt: Filter | None = None):
         self.model = model
         self.stats = stats
         self.name = name
@@ -116,7 +116,7 @@ class Feeder:
                     self._rows(rows, False)
                 return stop, lines, len(rows)
 
-        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, fast=fast)
+        self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, fast=fast, filt=filt)
         self.reader.begin(name)
 
     k = property(lambda self: self.reader.k, lambda self, v: setattr(self.reader, "k", v))
@@ -356,8 +356,9 @@ def run_live(in_fd: int, out_fd: int, opts: LiveOptions, tty: bool | None = None
     res = LiveResult()
     stats = res.stats
     dash = Dashboard(opts, out_fd, tty, cursor)
-    model = hm.Window(dash.bucket, dash.ncols, opts.by, opts.filt, opts.measure)
-    feeder = Feeder(model, stats, opts.name, opts.strict)
+    idle = Filter(include_idle=opts.filt is not None and opts.filt.include_idle)  # the reader filters
+    model = hm.Window(dash.bucket, dash.ncols, opts.by, idle, opts.measure)
+    feeder = Feeder(model, stats, opts.name, opts.strict, filt=opts.filt)
     term = _Terminal(out_fd, opts.keys) if cursor else None
     period = 1.0 / opts.refresh
     resized = []

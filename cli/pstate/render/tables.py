@@ -146,7 +146,7 @@ def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: b
     rep["accounting"]["impossible_transitions"] = s.impossible
     rep["accounting"]["oncpu_exceeds_cpus"] = [g.key for g in s.groups if g.oncpu_exceeds]
     rep["ledger"] = {"time_in_state": s.ledger, "transition_filters": s.transition_filters,
-                     "task_filters": s.task_filters, "cut": s.cut}
+                     "task_filters": s.task_filters, "read_filters": s.read_filters, "cut": s.cut}
     rep["groups"] = [group_dict(g, s.by, hist=hist, with_matrix=with_matrix) for g in groups]
     if not s.ledger:  # no percentage the input cannot support
         for g in rep["groups"]:
@@ -221,12 +221,23 @@ def _headline(rep: dict) -> list[str]:
                      "its records are inconsistent")
     led = rep.get("ledger") or {}
     if led.get("transition_filters"):
-        lines.append(f"FILTERED: recorded with {', '.join(led['transition_filters'])}: only the "
+        lines.append(f"FILTERED: {_filtered_with(led, led['transition_filters'])}: only the "
                      "transitions that passed are here, so time in state is not shown; counts and "
                      "latencies are of the transitions kept.")
     elif led.get("task_filters"):
-        lines.append(f"filtered: recorded with {', '.join(led['task_filters'])}: only the tasks kept.")
+        lines.append(f"filtered: {_filtered_with(led, led['task_filters'])}: only the tasks kept.")
     return [_wrap(x) for x in lines]
+
+
+def _filtered_with(led: dict, options: list) -> str:
+    """"recorded with --state", "read with --pid" or both: filters of the
+    recording (its meta records) and those this read applied."""
+    read = set(led.get("read_filters") or ())
+    parts = []
+    for how, opts in (("recorded", [o for o in options if o not in read]), ("read", [o for o in options if o in read])):
+        if opts:
+            parts.append(f"{how} with {', '.join(opts)}")
+    return ", ".join(parts)
 
 
 def _wrap(text: str, width: int = 80) -> str:

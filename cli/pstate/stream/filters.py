@@ -1,11 +1,14 @@
 """Event filters shared by record (map values of its BPF program, see
-pstate.kernel.filtermaps) and replay (applied in Python), so `record -p X` and `record | replay -p X` agree."""
+pstate.kernel.filtermaps) and every command that reads a stream (applied by
+the one reader, pstate.stream.reader), so `record -p X`, `record | replay -p X`
+and `record | stats -p X` keep the same events."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from pstate.stream import schema
+from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS
 
 LIFECYCLE = ("fork", "exec", "exit")
 
@@ -31,6 +34,16 @@ class Filter:
     @property
     def active(self) -> bool:
         return bool(self.pids or self.tids or self.comms or self.states or self.cpus or self.min_dur_ns)
+
+    def options(self) -> list[str]:
+        """The options in force, as meta.filters_in_force names them."""
+        fields = self.meta_fields()
+        return [opt for f, opt in TRANSITION_FILTERS + TASK_FILTERS if fields.get(f)]
+
+    def read_fields(self) -> dict:
+        """The read_filter_* fields the one reader adds to the meta records
+        of a stream it filters (stats then knows which transitions are gone)."""
+        return {"read_" + k: v for k, v in self.meta_fields().items() if k.startswith("filter_")}
 
     def meta_fields(self) -> dict:
         """The filter_* fields of a meta record."""

@@ -20,6 +20,10 @@ through a StreamReader, so one set of rules holds everywhere:
   meta record of a newer schema raises PstateError (exit 65);
 - a record type this pstate does not know (schema.KNOWN_TYPES) is skipped
   quietly and counted in ReadStats.unknown, never a bad line.
+- with a filter (stream.filters.Filter, the options record takes), only
+  the event records it passes come out (other records all do), and each
+  meta record comes out with the read_filter_* fields of the filter; the
+  bulk reader is not used (every line takes the careful path).
 
 What comes out, in input order, goes to a sink with two methods:
 
@@ -91,8 +95,11 @@ class StreamReader:
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
-                 dicts: bool = False):
+                 dicts: bool = False, filt=None):
         self.sink = sink
+        self.filt = filt if filt is not None and filt.active else None
+        if self.filt is not None:
+            fast = None  # the bulk readers do not filter
         self.dicts = dicts  # state records to sink.record as dicts too (read_records)
         self.stats = stats
         self.strict = strict
@@ -259,12 +266,20 @@ class StreamReader:
             stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         stats.records += 1
         t = rec["type"]
+        filt = self.filt
         if t == "state" and not self.dicts:
-            self._rows.append(state_row(rec, weight))
+            if filt is None or filt.match_state(rec["pid"], rec["tid"], rec.get("comm"), rec["cpu"], rec["from"],
+                                                rec["to"], rec.get("dur_ns")):
+                self._rows.append(state_row(rec, weight))
             return
         if t not in schema.KNOWN_TYPES:
             stats.unknown[t] = stats.unknown.get(t, 0) + 1
             return
+        if filt is not None:
+            if t == "meta":
+                rec.update(filt.read_fields())
+            elif not filt.match(rec):
+                return
         self._flush_rows()
         stats.note(rec, self.name)
         self.sink.record(rec, weight)
@@ -313,17 +328,17 @@ class _Collect:
 
 
 def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX_LINE, strict: bool = False,
-                 types: frozenset | None = None):
+                 types: frozenset | None = None, filt=None):
     """Yield the usable records of files (or "-" for stdin), in order, as
     dicts: the careful path of a StreamReader, for readers that want whole
-    records (types: only these). meta, loss and end records are also noted
+    records (types: only these; filt: only the events it passes). meta, loss and end records are also noted
     in stats; a newer schema raises PstateError; with strict, so does the
     first bad line (LineError)."""
     import sys
 
     stats = stats if stats is not None else ReadStats()
     sink = _Collect(types)
-    rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True)
+    rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True, filt=filt)
     for src in sources:
         fp = open_input(src)
         try:
