@@ -37,7 +37,8 @@ class LineDigester:
         self.stats = stats
         self._take = None  # the native Digester's take, while it holds sums back
         fast = None
-        if use_native and _digest is not None and not (filt is not None and filt.active):
+        if use_native and _digest is not None and not (filt is not None and filt.active) and \
+                agg.directory is None:  # (the native loop groups by pid, tid or comm)
             dig = _digest.Digester(agg.by, agg.state_id, agg.comm_id)
             digest = dig.digest
             take = dig.take
@@ -110,7 +111,9 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
     dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
     for src in sources:
         name = "<stdin>" if src == "-" else src
-        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
+        # (a part on its own would not see the process records before it)
+        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src) and \
+                agg.directory is None:
             agg.begin_window(_first_meta(src))  # the parts after the first never see it
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
                             use_native=use_native, filt=filt)

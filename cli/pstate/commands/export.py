@@ -9,7 +9,7 @@ import time
 import click
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import filter_options, input_options
+from pstate.commands.options import input_options, read_filter_options
 from pstate.stream.outfiles import open_output
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import read_records
@@ -98,7 +98,7 @@ def make_writer(fmt: str, fp, metas: list, rates: int = 0):
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE",
               help="Write to FILE instead of standard output.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no notes on stderr (warnings stay).")
-@filter_options
+@read_filter_options
 @input_options
 def cli(fmt, output, quiet, files, strict, filt):
     """Export a recording as a trace for Perfetto or chrome://tracing.

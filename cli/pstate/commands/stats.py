@@ -18,7 +18,7 @@ from pstate.analysis import ingest
 from pstate.analysis import selection
 from pstate.stream.durations import Duration, parse_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import StateName, filter_options
+from pstate.commands.options import StateName, read_filter_options
 from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
 from pstate.stream.meta import boot_id
@@ -72,7 +72,13 @@ threads of some VM agents show) is counted apart as impossible, not as a
 switch; a group on a CPU longer than its threads and the CPUs allow is
 flagged; the headline names the task of the largest deviation.
 A transition counts under the pid and comm of its own record (a thread that
-execs moves to its new name). Memory grows with the number of tasks and
+execs moves to its new name). --by cgroup, unit, container, title and ppid
+group processes by what the recording's process and cgroup records (written
+by record) said of them at that point of the stream: a process whose title
+changes moves to its new title; one the stream says nothing of is in "?".
+Units and containers come from the cgroup path (system.slice/x.service,
+docker-ID.scope, kubepods/.../podUID/ID). When --top hides groups, a row
+"(N more)" sums them up and a row "(total)" all the groups chosen. Memory grows with the number of tasks and
 latency buckets, not of events.
 
 \b
@@ -105,7 +111,9 @@ Ctrl-C prints what it has at once.
     latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
       hist_unit, hist [[lo, hi, count]] (with --hist)}},
     matrix (with --matrix)}],
-  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix).
+  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix),
+  rest, total (when --top hides groups: the hidden groups summed up, and
+    all the groups chosen; shown + rest = total, figure by figure).
 KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
 --format csv writes one row per group (fixed columns: STATE_ns for every
 state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row
@@ -124,7 +132,9 @@ def _sort_help() -> str:
 @click.command(name="stats", epilog=EPILOG)
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(timeinstate.BY_KEYS), default="pid", show_default=True,
-              help="Group by process (pid), thread (tid) or task name (comm).")
+              help="Group by process (pid), thread (tid), task name (comm), or by what the "
+                   "recording's process records say: cgroup (v2 path), unit (systemd unit), "
+                   "container (container id, pod), title (process title) or ppid (parent).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N", help="Show only the first N groups.")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
 @click.option("--in-state", "in_states", type=StateName(), multiple=True, metavar="STATE",
@@ -155,7 +165,7 @@ def _sort_help() -> str:
                    "Memory then grows with N times the number of tasks.")
 @click.option("--reader", type=click.Choice(("fast", "careful")), default="fast", hidden=True,
               help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
-@filter_options
+@read_filter_options
 @click.pass_context
 def cli(ctx, files, by, top, sort_key, in_states, min_time, hist, with_matrix, fmt, interval, count,
         timestamp, strict, jobs, reader, filt):
@@ -270,9 +280,11 @@ def _refuse_snapshot_stream(summary) -> None:
 
 
 def _emit(summary, out, opts, banner: str | None = None) -> None:
-    groups = selection.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
-                        sort=opts["sort"], top=opts["top"])
-    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
+    groups, rest, total = selection.select_with_rest(summary.groups, states=opts["states"],
+                                                     min_dur_ns=opts["min_dur_ns"], sort=opts["sort"],
+                                                     top=opts["top"])
+    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"],
+                              rest=rest, total=total)
     fmt = opts["fmt"]
     if fmt == "json":
         text = tables.render_json(rep)
@@ -408,6 +420,9 @@ class IntervalRunner:
             t = rec["type"]
             if t == "meta":
                 agg.begin_window(rec)  # a cut stream: clipped to its window
+            if t in ("process", "cgroup"):
+                agg.add_record(rec)  # (--by title and the like)
+                continue
             if t != "state" and t not in timeinstate.LIFECYCLE:
                 continue
             ts = rec["ts"]

@@ -66,7 +66,8 @@ def meta_record(source: str, kernel_states=None) -> dict:
 # Filters that drop transitions of the tasks they keep: what is left is no
 # ledger of their time. Task filters keep every transition of the tasks kept.
 TRANSITION_FILTERS = (("filter_state", "--state"), ("filter_cpu", "--cpu"), ("filter_min_dur_ns", "--min-dur"))
-TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"))
+TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"),
+                ("filter_cgroup", "--cgroup"), ("filter_title", "--title"))
 
 
 def filters_in_force(metas, fields=TRANSITION_FILTERS + TASK_FILTERS, prefixes=("", "replay_", "read_")) -> list:

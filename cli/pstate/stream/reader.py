@@ -278,6 +278,8 @@ class StreamReader:
         if filt is not None:
             if t == "meta":
                 rec.update(filt.read_fields())
+            elif t in ("process", "cgroup"):
+                filt.note(rec)  # (--cgroup, --title)
             elif not filt.match(rec):
                 return
         self._flush_rows()

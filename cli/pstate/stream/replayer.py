@@ -15,7 +15,7 @@ reader.StreamReader's fast path), and written as they are; every other line
 (meta, loss, end, lifecycle records, unusual spellings, damaged lines) is
 parsed and checked on its own, so replay passes exactly the records the
 reader accepts. Without the native module (PSTATE_PURE=1) every line is
-parsed, with the same result.
+parsed, with the same result (_plain_states is None).
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from pstate.stream.filters import Filter
 from pstate.stream.streamio import BOM, MAX_INT, MAX_LINE, LineWriter, ReadStats, check_record, check_schema, note_damage, open_input
 from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, cut_end, fmt_wall
 
-# The native check of plainly written state records (None when not built or
-# PSTATE_PURE=1: then every line is parsed, with the same result).
 _plain_states = getattr(native.load("_digest"), "plain_states", None)
 BLOCK = 1 << 18  # bytes per read
 FAST_MIN = 1 << 12  # runs shorter than this that fail the quick check are parsed line by line
@@ -651,8 +649,10 @@ class Replayer:
             self.last_ts = ts
 
     def _other(self, rec: dict, line: bytes) -> None:
-        # rate records, snapshot rows and types of a later format version. Before
-        # the window they still say what is in force (e.g. sampling), so keep them.
+        # rate and process records, snapshot rows, types of a later format: before the
+        # window they still say what is in force (sampling, who a pid is), so keep them.
+        if self.filt is not None and rec["type"] in ("process", "cgroup"):  # (--cgroup, --title)
+            self.filt.note(rec)
         ts = _valid_ts(rec.get("ts"))
         self._timed(ts)
         if ts is not None and self.mode == "stream":
