@@ -138,3 +138,35 @@ def test_titles_rewritten_after_start_are_told_apart(tmp_path):
     table = CliRunner().invoke(cli, ["stats", "--by", "title", "--top", "2", str(path)], prog_name="pstate")
     assert table.exit_code == 0
     assert f"({len(groups) - 2} more)" in table.stdout and "(total)" in table.stdout
+
+
+def test_snapshots_carry_the_cgroup_and_stats_dir_groups_by_it(tmp_path):
+    import subprocess
+
+    from conftest import clean_env, pstate_cmd
+
+    with V2Cgroups(SERVICE, SCOPE) as cg:
+        hog, sleeper = start(BUSY.format(secs=1.5)), start(SLEEPER.format(n=15, secs=0.1))
+        try:
+            cg.move(hog.pid, cg.top + "/" + SERVICE)
+            cg.move(sleeper.pid, cg.top + "/" + SCOPE)
+            go(hog, sleeper)
+            p = subprocess.run(pstate_cmd("snap", "-q", "--dir", str(tmp_path), "--interval", "0.6", "--count", "1"),
+                               capture_output=True, timeout=120, env=clean_env())
+            assert p.returncode == 0, p.stderr
+        finally:
+            for c in (hog, sleeper):
+                c.kill()
+                c.wait()
+        top = cg.top
+    rows = [orjson.loads(x) for f in tmp_path.glob("pstate-snap-*.jsonl") for x in f.read_bytes().splitlines()]
+    mine = {r["pid"]: r for r in rows if r.get("type") == "task" and r["pid"] in (hog.pid, sleeper.pid)}
+    assert mine[hog.pid]["cgroup_path"] == f"{top}/{SERVICE}" and mine[sleeper.pid]["cgroup_path"] == f"{top}/{SCOPE}"
+    r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "unit", str(tmp_path)], prog_name="pstate")
+    assert r.exit_code == 0, r.output
+    trends = {t["comm"]: t for t in orjson.loads(r.stdout)["trends"]}
+    assert trends["pstate-test.service"]["cpu_share_avg"] > 0.5
+    assert trends[f"docker-{DOCKER_ID}.scope"]["cpu_share_avg"] < 0.1
+    r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "container", str(tmp_path)], prog_name="pstate")
+    trends = {t["comm"]: t for t in orjson.loads(r.stdout)["trends"]}
+    assert trends[DOCKER_ID[:12]]["cpu_share_avg"] < 0.1 and "host" in trends

@@ -1,7 +1,8 @@
 """Services and roles: the group keys --by cgroup, unit, container, title
 and ppid, from a stream's process and cgroup records.
 
-A Directory notes the process and cgroup records of a stream as they come
+The units and containers of paths are kernel.identity's unit_of and
+container_of (snapshots use them too). A Directory notes the process and cgroup records of a stream as they come
 and answers, for a pid, the key of its group at that point of the stream:
 
 - cgroup: its cgroup's v2 path (/system.slice/nginx.service);
@@ -23,55 +24,10 @@ pstate could read it, "(gone)".
 
 from __future__ import annotations
 
-import re
+from pstate.kernel.identity import UNKNOWN, container_of, unit_of
 
 BY_KEYS = ("cgroup", "unit", "container", "title", "ppid")
-UNKNOWN = "?"
 GONE = "(gone)"
-HOST = "host"
-
-_CONTAINER = re.compile(r"^(?:docker|cri-containerd|crio|libpod|containerd)-([0-9a-f]{12,})\.scope$")
-_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
-_POD = re.compile(r"^(?:kubepods-(?:besteffort-|burstable-)?)?pod([0-9a-f_-]{8,})(?:\.slice)?$")
-
-
-def unit_of(path: str | None) -> str:
-    """The systemd unit a cgroup path belongs to ("-" when none: the root)."""
-    if path is None:
-        return UNKNOWN
-    parts = [p for p in path.split("/") if p]
-    for p in reversed(parts):
-        if p.endswith((".service", ".scope")):
-            return p
-    for p in reversed(parts):
-        if p.endswith(".slice"):
-            return p
-    return "-"
-
-
-def container_of(path: str | None) -> str:
-    """The container (and pod) a cgroup path belongs to, or "host"."""
-    if path is None:
-        return UNKNOWN
-    parts = [p for p in path.split("/") if p]
-    pod = None
-    cid = None
-    for i, p in enumerate(parts):
-        m = _POD.match(p)
-        if m and any(x.startswith("kubepods") for x in parts[:i + 1]):
-            pod = "pod" + m.group(1).replace("_", "-")
-            continue
-        m = _CONTAINER.match(p)
-        if m:
-            cid = m.group(1)[:12]
-        elif _BARE_ID.match(p) and (i == 0 or parts[i - 1] in ("docker", "libpod") or pod):
-            cid = p[:12]
-    if cid is None and pod is None:
-        return HOST
-    if pod is None:
-        return cid
-    return f"{pod}/{cid}" if cid else pod
-
 
 class Directory:
     """What a stream's process and cgroup records said, so far."""

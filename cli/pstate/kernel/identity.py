@@ -20,9 +20,12 @@ read is written as gone, with nothing guessed.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 RECHECK_NS = 200_000_000  # the second look at a new process
+UNKNOWN = "?"
+HOST = "host"
 MAX_TITLE = 1024  # bytes of /proc/PID/cmdline kept
 
 
@@ -121,6 +124,28 @@ def descendants(pid: int) -> list[int]:
                     out.append(k)
                     todo.append(k)
     return out
+
+
+class RowIdentities:
+    """snap: the title and cgroup of each process of a snapshot, read from
+    /proc at each snapshot; a process gone since keeps what was read last."""
+
+    def __init__(self, cgroups: CgroupPaths | None = None):
+        self.cgroups = cgroups if cgroups is not None else CgroupPaths()
+        self.last: dict[int, dict] = {}
+
+    def of(self, pids) -> dict[int, dict]:
+        now = {}
+        for pid in set(pids):
+            info = read_process(pid) if pid else None
+            if info is None:
+                now[pid] = self.last.get(pid, {"title": None, "cgroup": None, "cgroup_path": None})
+                continue
+            path = info["cgroup_path"]
+            cgid = self.cgroups.id_of(path) if path is not None else None
+            now[pid] = {"title": info["title"], "cgroup": cgid, "cgroup_path": path if cgid is not None else None}
+        self.last = now
+        return now
 
 
 def process_cgroup(pid: int) -> str | None:
@@ -257,3 +282,48 @@ class Identities:
             return
         self.known[pid] = rec
         out.append(rec)
+
+
+# --- units and containers of cgroup paths ----------------------------------
+
+_CONTAINER = re.compile(r"^(?:docker|cri-containerd|crio|libpod|containerd)-([0-9a-f]{12,})\.scope$")
+_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
+_POD = re.compile(r"^(?:kubepods-(?:besteffort-|burstable-)?)?pod([0-9a-f_-]{8,})(?:\.slice)?$")
+
+
+def unit_of(path: str | None) -> str:
+    """The systemd unit a cgroup path belongs to ("-" when none: the root)."""
+    if path is None:
+        return UNKNOWN
+    parts = [p for p in path.split("/") if p]
+    for p in reversed(parts):
+        if p.endswith((".service", ".scope")):
+            return p
+    for p in reversed(parts):
+        if p.endswith(".slice"):
+            return p
+    return "-"
+
+
+def container_of(path: str | None) -> str:
+    """The container (and pod) a cgroup path belongs to, or "host"."""
+    if path is None:
+        return UNKNOWN
+    parts = [p for p in path.split("/") if p]
+    pod = None
+    cid = None
+    for i, p in enumerate(parts):
+        m = _POD.match(p)
+        if m and any(x.startswith("kubepods") for x in parts[:i + 1]):
+            pod = "pod" + m.group(1).replace("_", "-")
+            continue
+        m = _CONTAINER.match(p)
+        if m:
+            cid = m.group(1)[:12]
+        elif _BARE_ID.match(p) and (i == 0 or parts[i - 1] in ("docker", "libpod") or pod):
+            cid = p[:12]
+    if cid is None and pod is None:
+        return HOST
+    if pod is None:
+        return cid
+    return f"{pod}/{cid}" if cid else pod
