@@ -11,7 +11,8 @@ from pstate.docs import flagtable
 from pstate.main import cli
 
 ROWS = flagtable.option_rows()
-BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--include-idle")
+BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--cgroup", "--include-idle")
+READ_BUNDLE = BUNDLE + ("--title",)  # (a title is known only from the process records of a stream)
 
 
 def test_every_spelling_has_one_meaning_and_one_value_type():
@@ -44,7 +45,10 @@ def test_the_filter_bundle_means_record_s_filters_wherever_it_appears():
 @pytest.mark.parametrize("cmd", ["record", "replay", "stats", "heat", "export"])
 def test_every_command_that_reads_or_records_a_stream_has_the_whole_bundle(cmd):
     spelled = flagtable.by_spelling(ROWS)
-    assert all(any(r.command == cmd for r in spelled[s]) for s in BUNDLE), cmd
+    bundle = BUNDLE if cmd == "record" else READ_BUNDLE
+    assert all(any(r.command == cmd for r in spelled[s]) for s in bundle), cmd
+    titles = {r.help for r in spelled["--title"]}
+    assert len(titles) == 1 and "record" not in {r.command for r in spelled["--title"]}
 
 
 def test_durations_are_one_type_everywhere():

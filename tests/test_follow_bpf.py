@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from conftest import clean_env, pstate_cmd
-from workloads import BUSY, FORK_EXEC, SLEEPER, Recording, V2Cgroups, go, record_workload, start
+from workloads import BUSY, FORK_EXEC, SLEEPER, V2Cgroups, kill_all, record_all, record_workload, start
 
 pytestmark = pytest.mark.bpf
 
@@ -92,16 +92,10 @@ def test_cgroup_records_only_the_processes_of_that_cgroup():
         try:
             cg.move(hog.pid, cg.top + "/hog.service")
             cg.move(sleeper.pid, cg.top + "/sleeper.service")
-            rec = Recording("--cgroup", cg.top + "/hog.service")
-            go(hog, sleeper)
-            hog.wait(timeout=60)
-            sleeper.wait(timeout=60)
-            recs = rec.stop()
-        finally:
-            for c in (hog, sleeper):
-                if c.poll() is None:
-                    c.kill()
-                    c.wait()
+        except BaseException:
+            kill_all([hog, sleeper])
+            raise
+        recs, rec = record_all([hog, sleeper], "--cgroup", cg.top + "/hog.service", by_pid=False)
     assert rec.returncode == 0, rec.stderr
     assert _pids(recs) == {hog.pid}
     assert recs[0]["filter_cgroup"] == [cg.top + "/hog.service"]

@@ -9,21 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
-from workloads import BUSY, SLEEPER, Recording, V2Cgroups, go, start, start_titled
+from workloads import BUSY, SLEEPER, V2Cgroups, go, kill_all, record_all, start, start_titled
 
 pytestmark = pytest.mark.bpf
 
 DOCKER_ID = "0123456789ab" + "cdef" * 13
 SERVICE = "test.slice/pstate-test.service"
 SCOPE = f"system.slice/docker-{DOCKER_ID}.scope"
-
-
-def _record(children, *args):
-    rec = Recording(*[a for c in children for a in ("-p", str(c.pid))], *args)
-    go(*children)
-    for c in children:
-        c.wait(timeout=60)
-    return rec.stop()
 
 
 def _stats(path, *args) -> dict:
@@ -41,12 +33,10 @@ def hog_and_sleeper(tmp_path_factory):
         try:
             cg.move(hog.pid, cg.top + "/" + SERVICE)
             cg.move(sleeper.pid, cg.top + "/" + SCOPE)
-            recs = _record([hog, sleeper])
-        finally:
-            for c in (hog, sleeper):
-                if c.poll() is None:
-                    c.kill()
-                    c.wait()
+        except BaseException:
+            kill_all([hog, sleeper])
+            raise
+        recs, _rec = record_all([hog, sleeper])
         path = tmp_path_factory.mktemp("identity") / "rec.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
         ids = {SERVICE: cg.id_of(cg.top + "/" + SERVICE), SCOPE: cg.id_of(cg.top + "/" + SCOPE)}
@@ -111,13 +101,7 @@ def test_heat_draws_the_same_groups(hog_and_sleeper, by, keys):
 def test_titles_rewritten_after_start_are_told_apart(tmp_path):
     titles = ("pstate-test: backend", "pstate-test: walwriter", "pstate-test: checkpointer")
     kids = [start_titled(t) for t in titles]
-    try:
-        recs = _record(kids)
-    finally:
-        for c in kids:
-            if c.poll() is None:
-                c.kill()
-                c.wait()
+    recs, _rec = record_all(kids)
     for c, t in zip(kids, titles):
         procs = [r for r in recs if r["type"] == "process" and r["pid"] == c.pid]
         assert procs[-1]["title"] == t, procs  # the second look saw the new title
@@ -155,9 +139,7 @@ def test_snapshots_carry_the_cgroup_and_stats_dir_groups_by_it(tmp_path):
                                capture_output=True, timeout=120, env=clean_env())
             assert p.returncode == 0, p.stderr
         finally:
-            for c in (hog, sleeper):
-                c.kill()
-                c.wait()
+            kill_all([hog, sleeper])
         top = cg.top
     rows = [orjson.loads(x) for f in tmp_path.glob("pstate-snap-*.jsonl") for x in f.read_bytes().splitlines()]
     mine = {r["pid"]: r for r in rows if r.get("type") == "task" and r["pid"] in (hog.pid, sleeper.pid)}

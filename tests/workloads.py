@@ -194,3 +194,23 @@ class V2Cgroups:
             except OSError:
                 pass
         return False
+
+
+def kill_all(children) -> None:
+    for c in children:
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+
+
+def record_all(children, *args: str, by_pid: bool = True) -> tuple[list[dict], Recording]:
+    """Record children (each with -p unless not by_pid, then args) from the
+    go to their end; any left running is killed."""
+    try:
+        rec = Recording(*[a for c in children for a in (("-p", str(c.pid)) if by_pid else ())], *args)
+        go(*children)
+        for c in children:
+            c.wait(timeout=60)
+        return rec.stop(), rec
+    finally:
+        kill_all(children)
