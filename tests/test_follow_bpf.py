@@ -35,6 +35,8 @@ def test_a_command_and_every_process_it_starts_and_nothing_else(tmp_path):
     assert recs[-1]["type"] == "end" and recs[-1]["reason"] == "exit"
     execs = [r for r in recs if r["type"] == "exec"]
     shell = next(r["pid"] for r in execs if r["comm"] == "sh")
+    assert recs[0]["filter_command"] == ["sh", "-c", "sleep 0.2; (sleep 0.1 &); wait"]
+    assert recs[0]["command_pid"] == shell
     forks = [r for r in recs if r["type"] == "fork" and not r["thread"]]
     kids = {r["child_pid"] for r in forks}
     # the shell forks the first sleep and the subshell, the subshell the second sleep
@@ -65,6 +67,7 @@ def test_a_command_not_found_is_a_usage_error(tmp_path):
 
 def test_children_picks_up_a_child_forked_after_the_start():
     recs, child = record_workload(FORK_EXEC, "--children")
+    assert recs[0]["filter_children"] is True and recs[0]["filter_pid"] == [child.pid]
     forks = [r for r in recs if r["type"] == "fork" and r["pid"] == child.pid and not r["thread"]]
     assert len(forks) == 1
     kid = forks[0]["child_pid"]

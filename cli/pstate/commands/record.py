@@ -404,6 +404,10 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
             if max_rate:
                 meta["max_rate"] = max_rate
+            if children:
+                meta["filter_children"] = True
+            if cmd is not None:
+                meta.update(filter_command=list(command), command_pid=cmd.pid)
             return meta
 
         meta = new_meta()

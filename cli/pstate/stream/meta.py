@@ -67,7 +67,7 @@ def meta_record(source: str, kernel_states=None) -> dict:
 # ledger of their time. Task filters keep every transition of the tasks kept.
 TRANSITION_FILTERS = (("filter_state", "--state"), ("filter_cpu", "--cpu"), ("filter_min_dur_ns", "--min-dur"))
 TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"),
-                ("filter_cgroup", "--cgroup"), ("filter_title", "--title"))
+                ("filter_cgroup", "--cgroup"), ("filter_title", "--title"), ("filter_command", "-- CMD"))
 
 
 def filters_in_force(metas, fields=TRANSITION_FILTERS + TASK_FILTERS, prefixes=("", "replay_", "read_")) -> list:
