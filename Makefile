@@ -30,9 +30,18 @@ $(VENV)/.apt-done:
 	@[ -d $(VENV) ] || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
 	@touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml setup.py $(wildcard cli/pstate/_*.c) bpf/pstate.h
+$(VENV)/.installed: $(VENV)/.apt-done $(VENV)/bin/promtool pyproject.toml setup.py $(wildcard cli/pstate/_*.c) bpf/pstate.h
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test,perfetto,zstd]'
 	@touch $@
+
+# promtool (the tests check snap's Prometheus text with it): the one on PATH,
+# else the binary of Debian's prometheus package, extracted (the package
+# itself would install and start a server)
+$(VENV)/bin/promtool: $(VENV)/.apt-done
+	@if command -v promtool >/dev/null 2>&1; then ln -sf "$$(command -v promtool)" $@; else \
+	    tmp=$$(mktemp -d) && (cd $$tmp && apt-get download -qq prometheus >/dev/null 2>&1) && \
+	    dpkg-deb -x $$tmp/prometheus_*.deb $$tmp/x && cp $$tmp/x/usr/bin/promtool $@; \
+	    rm -rf $$tmp; [ -x $@ ] || echo "promtool: not installed (the Prometheus test will fail)"; fi
 
 run: setup
 	$(PSTATE) record --duration 5 | $(PSTATE) stats

@@ -55,6 +55,8 @@
 #define TF_TID 2
 #define TF_PID 4
 #define TF_COMM 8
+#define TF_FOLLOW 16 // not a set: pid_filter takes in the processes its members fork (--children, record -- CMD)
+#define TF_CGROUP 32 // cgroup_pids: the processes of --cgroup's cgroups (cgroup_filter), forks followed
 
 #define NO_DUR 0xffffffffffffffff // dur of a state whose start was not seen
 

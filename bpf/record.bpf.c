@@ -92,7 +92,11 @@ BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
 BPF_PERCPU_ARRAY(counters, u64, REC_NR_COUNTERS);
 BPF_ARRAY(settings, struct settings, 1);
-BPF_HASH(pid_filter, u32, u8, 1024);
+BPF_HASH(pid_filter, u32, u8, 16384); // -p values, and with TF_FOLLOW their descendants
+// --cgroup: the ids of its cgroups, and the processes (tgids) known to be in
+// one: seeded by user space, grown at sched_switch and by fork, emptied by free
+BPF_HASH(cgroup_filter, u64, u8, 1024);
+BPF_HASH(cgroup_pids, u32, u8, 16384);
 BPF_HASH(tid_filter, u32, u8, 1024);
 BPF_HASH(comm_filter, struct comm_key, u8, 256);
 BPF_ARRAY(cpu_filter, u8, 4096);
@@ -200,6 +204,8 @@ static __always_inline int task_match(struct settings *cfg, u32 cpu, u32 tgid, u
     if ((f & TF_TID) && !tid_filter.lookup(&tid))
         return 0;
     if ((f & TF_PID) && !pid_filter.lookup(&tgid))
+        return 0;
+    if ((f & TF_CGROUP) && !cgroup_pids.lookup(&tgid))
         return 0;
     if (f & TF_COMM) {
         struct comm_key key;
@@ -353,6 +359,18 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             dur = elapsed(now, ts->since);
         u32 bits = kstate & REPORT_MASK;
         u16 to = bits ? (ST_KERNEL | bits) : ST_PREEMPTED;
+        // --cgroup: prev is the current task, so the helper gives its cgroup;
+        // a process seen switching out in one of the cgroups is followed from
+        // then on (one that moves out stays followed). Every other switch pays
+        // one test of the settings row.
+        if (cfg->task_filters & TF_CGROUP) {
+            u64 cg = bpf_get_current_cgroup_id();
+            if (cgroup_filter.lookup(&cg)) {
+                u8 one = 1;
+                u32 tg = current_tgid(&prev_tgid);
+                cgroup_pids.update(&tg, &one);
+            }
+        }
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
             __builtin_memcpy(comm, args->prev_comm, 16);
             emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
@@ -606,6 +624,17 @@ TRACEPOINT_PROBE(sched, sched_process_fork) {
         if (ts->flags & F_THREAD)
             flags |= F_THREAD;
     }
+    // TF_FOLLOW, TF_CGROUP: a new process of a followed one is followed
+    // (before any event of the child: it has not run yet).
+    struct settings *cfg = get_settings();
+    if (cfg && (cfg->task_filters & (TF_FOLLOW | TF_CGROUP)) && !(flags & F_THREAD)) {
+        u32 parent = bpf_get_current_pid_tgid() >> 32;
+        u8 one = 1;
+        if ((cfg->task_filters & TF_FOLLOW) && pid_filter.lookup(&parent))
+            pid_filter.update(&child_tgid, &one);
+        if ((cfg->task_filters & TF_CGROUP) && cgroup_pids.lookup(&parent))
+            cgroup_pids.update(&child_tgid, &one);
+    }
     emit_life(EV_FORK, bpf_get_current_pid_tgid() >> 32, args->parent_pid, child_tgid, child, flags);
     return 0;
 }
@@ -653,11 +682,19 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     u16 from = ts->state;
     u32 tgid = ts->tgid;
     forget(tid, ts);
-    if (!transition_match(cfg, from, ST_REAPED, dur))
-        return 0;
-    char comm[16];
-    TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
-    emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0, 0,
-               0, 0, 0);
+    if (transition_match(cfg, from, ST_REAPED, dur)) {
+        char comm[16];
+        TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
+        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0,
+                   0, 0, 0, 0);
+    }
+    // A followed process is gone with its main thread: its pid may come back
+    // as another process's.
+    if (tid == tgid && (cfg->task_filters & (TF_FOLLOW | TF_CGROUP))) {
+        if (cfg->task_filters & TF_FOLLOW)
+            pid_filter.delete(&tgid);
+        if (cfg->task_filters & TF_CGROUP)
+            cgroup_pids.delete(&tgid);
+    }
     return 0;
 }

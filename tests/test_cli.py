@@ -16,7 +16,7 @@ from pstate.main import COMMANDS, cli
 
 needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")
 
-USAGE = "Usage: pstate record [OPTIONS]\nTry 'pstate record --help' for help.\n\n"
+USAGE = "Usage: pstate record [OPTIONS] [-- CMD [ARGS]...]\nTry 'pstate record --help' for help.\n\n"
 STATES = ("'running', 'runnable', 'preempted', 'new', 'sleeping', 'uninterruptible', 'stopped', 'traced', "
           "'dead', 'zombie', 'parked', 'idle', 'reaped'")
 

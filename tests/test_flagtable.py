@@ -11,7 +11,8 @@ from pstate.docs import flagtable
 from pstate.main import cli
 
 ROWS = flagtable.option_rows()
-BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--include-idle")
+BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--cgroup", "--include-idle")
+READ_BUNDLE = BUNDLE + ("--title",)  # (a title is known only from the process records of a stream)
 
 
 def test_every_spelling_has_one_meaning_and_one_value_type():
@@ -41,6 +42,15 @@ def test_the_filter_bundle_means_record_s_filters_wherever_it_appears():
                 (record[spelling].meaning, record[spelling].value, record[spelling].help), row
 
 
+@pytest.mark.parametrize("cmd", ["record", "replay", "stats", "heat", "export"])
+def test_every_command_that_reads_or_records_a_stream_has_the_whole_bundle(cmd):
+    spelled = flagtable.by_spelling(ROWS)
+    bundle = BUNDLE if cmd == "record" else READ_BUNDLE
+    assert all(any(r.command == cmd for r in spelled[s]) for s in bundle), cmd
+    titles = {r.help for r in spelled["--title"]}
+    assert len(titles) == 1 and "record" not in {r.command for r in spelled["--title"]}
+
+
 def test_durations_are_one_type_everywhere():
     timed = {"duration", "interval", "every", "min_dur", "max_age", "bucket", "window", "drain_interval"}
     for row in ROWS:
@@ -49,9 +59,8 @@ def test_durations_are_one_type_everywhere():
 
 
 @pytest.mark.parametrize("cmd, old, new", [
-    ("heat", "--state", "--shade"), ("heat", "-n", "--top"),
+    ("heat", "-n", "--top"),
     ("snap", "-o", "--dir"), ("snap", "--out", "--dir"), ("snap", "-e", "--every"),
-    ("stats", "--state", "--in-state"), ("stats", "--min-dur", "--min-time"),
 ])
 def test_old_spellings_are_listed_as_renamed(cmd, old, new):
     row = next(r for r in ROWS if r.command == cmd and new in r.spellings)
@@ -67,11 +76,10 @@ def test_an_old_spelling_still_works_with_a_warning_on_stderr(tmp_path):
         ["--top", "5", "--shade", "D", "--", "-n"]
     rec = tmp_path / "r.jsonl"
     rec.write_text('{"type":"meta","schema":1,"source":"record","ts":0}\n')
-    r = CliRunner().invoke(cli, ["stats", "--state", "D", "--min-dur", "1ms", str(rec)], prog_name="pstate")
+    r = CliRunner().invoke(cli, ["heat", "-n", "3", str(rec)], prog_name="pstate")
     assert r.exit_code == 0, r.stderr
-    assert r.stderr.splitlines()[:2] == [
-        "pstate stats: --state is deprecated and goes in the next release: use --in-state",
-        "pstate stats: --min-dur is deprecated and goes in the next release: use --min-time"]
+    assert r.stderr.splitlines()[:1] == [
+        "pstate heat: -n is deprecated and goes in the next release: use --top"]
 
 
 def test_the_table_is_in_pstate_1():

@@ -319,3 +319,22 @@ def test_a_csv_snapshot_with_a_damaged_row_skips_it_and_says_so(tmp_path):
     assert stats.first_bad["CSV row with a wrong number of fields"] == f"{path}:4"
     with pytest.raises(PstateError, match=r":4: 3 CSV fields"):
         snapdir.read_snapshot(str(path), snapdir.ReadStats(), strict=True)
+
+
+@pytest.mark.parametrize("by, names", [
+    ("unit", {"hog.service", "db.service", "cron.service", "session-1.scope",
+              f"docker-{make_fixtures.DOCKER_ID}.scope"}),
+    ("container", {"host", make_fixtures.DOCKER_ID[:12]}),
+    ("cgroup", set(make_fixtures.CGROUPS.values())),
+    ("title", {f"{c}: worker" for c in make_fixtures.CGROUPS}),
+])
+def test_snapshots_grouped_by_service_and_role(by, names):
+    rep = report(by=by)
+    trends = {r["comm"]: r for r in rep["trends"]}
+    assert set(trends) == names
+    if by == "unit":
+        assert trends["hog.service"]["cpu_share_avg"] == pytest.approx(1.0)
+        assert trends["db.service"]["d_ns_per_interval"] > 0 and trends["hog.service"]["d_ns_per_interval"] == 0
+    if by == "container":
+        leaky = trends[make_fixtures.DOCKER_ID[:12]]
+        assert leaky["series"][-1]["threads"] > leaky["series"][0]["threads"]  # the leaky one's threads

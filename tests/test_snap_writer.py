@@ -164,7 +164,7 @@ PROM_LINE = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? -?[0-9.e+]+
 
 
 def test_prom_format_is_one_stable_file(tmp_path):
-    r = snap("--dir", tmp_path, "--every", "0.05", "--count", "3", "--format", "prom")
+    r = snap("--dir", tmp_path, "--every", "0.05", "--count", "3", "--format", "prom", "--prom-by", "pid")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([snapdir.PROM_NAME, snapdir.STATUS_NAME,
                                                                  snapdir.LOCK_NAME])
@@ -181,6 +181,42 @@ def test_prom_format_is_one_stable_file(tmp_path):
     # 4 threads, 90% asleep, for 3 intervals of 50 ms
     assert 4 * 0.9 * 0.15 <= float(m.group(1)) < 4 * 0.9 * 1.0
     assert 'pstate_threads{pid="1000",comm="w0"} 4' in text
+
+
+def _promtool() -> str:
+    import shutil
+
+    tool = shutil.which("promtool") or str(Path(sys.executable).parent / "promtool")
+    assert os.access(tool, os.X_OK), "promtool is missing: make setup installs it"
+    return tool
+
+
+@pytest.mark.parametrize("by, series", [("unit", 3), ("cgroup", 3), ("title", 13), ("comm", 47), ("pid", 47),
+                                        ("thread", 50)])
+def test_prom_text_passes_promtool_and_is_bounded_by_units(tmp_path, by, series):
+    # 50 threads of 13 processes (fake pids 1000-1012) in 3 services; only pid 1000 has its leader
+    # (its 4 threads take its comm), so per comm or pid: 47 series
+    r = snap("--dir", tmp_path, "--every", "0.05", "--count", "2", "--format", "prom", "--prom-by", by)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / snapdir.PROM_NAME
+    check = subprocess.run([_promtool(), "check", "metrics"], stdin=open(path, "rb"), capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    threads = [ln for ln in path.read_text().splitlines() if ln.startswith("pstate_threads{")]
+    assert len(threads) == series, threads
+    if by == "unit":
+        assert sorted(ln.split()[0] for ln in threads) == [
+            f'pstate_threads{{unit="fake{k}.service"}}' for k in range(3)]
+        assert sum(int(ln.split()[1]) for ln in threads) == 50
+
+
+def test_snapshot_rows_carry_title_and_cgroup(tmp_path):
+    r = snap("--dir", tmp_path, "--count", "1", "--interval", "0.05")
+    assert r.returncode == 0, r.stderr
+    snap_file = next(p for p in tmp_path.iterdir() if p.name.endswith(".jsonl"))
+    rows = [orjson.loads(x) for x in snap_file.read_bytes().splitlines() if b'"type":"task"' in x]
+    assert {(r["pid"], r["title"], r["cgroup"], r["cgroup_path"]) for r in rows} == {
+        (p, f"fake: worker {p}", 100 + p % 3, f"/system.slice/fake{p % 3}.service") for p in range(1000, 1013)}
 
 
 def test_clear_makes_each_snapshot_a_delta(tmp_path):

@@ -70,7 +70,7 @@ def test_a_state_d_recording_gets_counts_and_latencies_but_no_time_in_state():
     res = both_paths(["state-d.jsonl"])
     rep = orjson.loads(res.stdout)
     assert rep["ledger"] == {"time_in_state": False, "transition_filters": ["--state"], "task_filters": [],
-                             "cut": False}
+                             "read_filters": [], "cut": False}
     dd = by_key(rep)[500]
     assert dd["states"] == {} and dd["observed_ns"] is None  # never RUNQ 88 %
     assert (dd["transitions"], dd["voluntary"]) == (20, 10)

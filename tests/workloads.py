@@ -131,3 +131,106 @@ def wait_os(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+# A process whose title (argv, as ps shows it) is rewritten in place after
+# it starts, as PostgreSQL, nginx and gunicorn do: argv[1] becomes the title.
+TITLED = """
+import sys, time
+sys.stdin.read(1)
+time.sleep({delay})
+with open("/proc/self/stat", "rb") as f:
+    fields = f.read().rsplit(b")", 1)[1].split()
+start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
+buf = sys.argv[1].encode()[:end - start - 1].ljust(end - start, b"\\0")
+with open("/proc/self/mem", "r+b", buffering=0) as m:
+    m.seek(start)
+    m.write(buf)
+end = time.monotonic() + {secs}
+x = 0
+while time.monotonic() < end:
+    x += 1
+    if x % 20000 == 0:
+        time.sleep(0.002)
+"""
+
+
+def start_titled(title: str, *, delay: float = 0.05, secs: float = 0.6) -> subprocess.Popen:
+    code = TITLED.format(delay=delay, secs=secs)
+    return subprocess.Popen([sys.executable, "-c", code, title], stdin=subprocess.PIPE)
+
+
+class V2Cgroups:
+    """Real cgroup v2 directories for a test, under the v2 mount in a
+    directory of its own (pstate-test-PID/...), with processes moved into
+    them by writing cgroup.procs; on leaving, every process still in them
+    goes back to the root and the directories are removed."""
+
+    def __init__(self, *paths: str):
+        from pstate.kernel.identity import v2_mount
+
+        self.mount = v2_mount()
+        if self.mount is None:
+            import pytest
+
+            pytest.skip("no cgroup v2 mount")
+        self.top = f"/pstate-test-{os.getpid()}"
+        self.paths = [self.top + "/" + p.strip("/") for p in paths]
+
+    def dir(self, path: str) -> str:
+        return os.path.join(self.mount, path.lstrip("/"))
+
+    def __enter__(self):
+        for p in self.paths:
+            os.makedirs(self.dir(p), exist_ok=True)
+        return self
+
+    def move(self, pid: int, path: str) -> None:
+        with open(os.path.join(self.dir(path), "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+
+    def id_of(self, path: str) -> int:
+        return os.stat(self.dir(path)).st_ino
+
+    def __exit__(self, *exc):
+        below = []
+        for dirpath, _dirs, _files in os.walk(self.dir(self.top)):
+            below.append(dirpath)
+        for d in below:
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids = f.read().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    with open(os.path.join(self.mount, "cgroup.procs"), "w") as f:
+                        f.write(pid)
+                except OSError:
+                    pass
+        for d in sorted(below, key=len, reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        return False
+
+
+def kill_all(children) -> None:
+    for c in children:
+        if c.poll() is None:
+            c.kill()
+            c.wait()
+
+
+def record_all(children, *args: str, by_pid: bool = True) -> tuple[list[dict], Recording]:
+    """Record children (each with -p unless not by_pid, then args) from the
+    go to their end; any left running is killed."""
+    try:
+        rec = Recording(*[a for c in children for a in (("-p", str(c.pid)) if by_pid else ())], *args)
+        go(*children)
+        for c in children:
+            c.wait(timeout=60)
+        return rec.stop(), rec
+    finally:
+        kill_all(children)

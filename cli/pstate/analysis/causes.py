@@ -355,12 +355,12 @@ class _Sink:
 
 
 def digest(sources, agg: Aggregator, causes: Causes, stats: ReadStats, *, strict: bool = False,
-           use_native: bool = True, chunk: int = 1 << 20) -> None:
+           use_native: bool = True, chunk: int = 1 << 20, filt=None) -> None:
     """Files ("-" is stdin), in order, into both (see the module
     docstring); use_native False: the careful path only."""
     sink = _Sink(agg, causes)
     reader = StreamReader(sink, stats, strict=strict, max_line=MAX_LINE, native_rows=use_native, dicts=True,
-                          careful_keys=causes.record_keys())
+                          careful_keys=causes.record_keys(), filt=filt)
     try:
         for src in sources:
             feed_file(src, reader, stats, chunk)

@@ -32,12 +32,13 @@ class LineDigester:
     begin(name), feed(data), end() as for StreamReader."""
 
     def __init__(self, agg: Aggregator, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE,
-                 use_native: bool = True):
+                 use_native: bool = True, filt=None):
         self.agg = agg
         self.stats = stats
         self._take = None  # the native Digester's take, while it holds sums back
         fast = None
-        if use_native and _digest is not None:
+        if use_native and _digest is not None and not (filt is not None and filt.active) and \
+                agg.directory is None:  # (the native loop groups by pid, tid or comm)
             dig = _digest.Digester(agg.digest_by, agg.state_id, agg.comm_id)
             digest = dig.digest
             take = dig.take
@@ -55,7 +56,7 @@ class LineDigester:
                 return stop, n, n
 
             agg.flushers.append(lambda: settle(True))
-        self.reader = StreamReader(self, stats, strict=strict, max_line=max_line, fast=fast)
+        self.reader = StreamReader(self, stats, strict=strict, max_line=max_line, fast=fast, filt=filt)
 
     def rows(self, rows: list) -> None:
         if self._take is not None:
@@ -99,16 +100,20 @@ _PART_MIN_BYTES = 16 << 20
 
 
 def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = False,
-                 max_line: int = MAX_LINE, chunk: int = 1 << 20, jobs: int = 1, use_native: bool = True) -> None:
+                 max_line: int = MAX_LINE, chunk: int = 1 << 20, jobs: int = 1, use_native: bool = True,
+                 filt=None) -> None:
     """Files ("-" is stdin), in order, through LineDigester. A large regular
     file is split into jobs parts, digested by as many processes. use_native
-    False: the careful path only (stats --reader careful)."""
-    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
+    False: the careful path only (stats --reader careful). filt: only the
+    events it passes (stream.filters.Filter)."""
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
     for src in sources:
-        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
+        # (a part on its own would not see the process records before it)
+        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src) and \
+                agg.directory is None:
             agg.begin_window(_first_meta(src))  # the parts after the first never see it
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
-                            use_native=use_native)
+                            use_native=use_native, filt=filt)
             continue
         feed_file(src, dig, stats, chunk)
 
@@ -190,13 +195,13 @@ def file_parts(path: str, parts: int) -> list:
 
 
 def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool, max_line: int,
-                chunk: int, last: bool, use_native: bool = True):
+                chunk: int, last: bool, use_native: bool = True, filt=None):
     """Digest bytes [start, end) of a file on their own. Line numbers and
     byte offsets in what comes back are relative to start."""
     agg = Aggregator(by)
     agg.clip_ts = clip_ts
     stats = ReadStats()
-    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native)
+    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
     dig.begin(path, at_start=start == 0)
     try:
         with open(path, "rb", buffering=0) as f:
@@ -285,14 +290,14 @@ def parts_in_children(args: list, jobs: int):
 
 def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, strict: bool = False,
                     max_line: int = MAX_LINE, chunk: int = 1 << 20, parts: list | None = None,
-                    use_native: bool = True) -> None:
+                    use_native: bool = True, filt=None) -> None:
     """Digest one regular file in parts, one process each, and merge the
     parts in file order: the same result as reading it in one go. On
     KeyboardInterrupt, the parts done in order so far are kept and the
     interrupt is raised again."""
     parts = parts or file_parts(path, jobs)
     last = len(parts) - 1
-    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last, use_native)
+    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last, use_native, filt)
             for i, (a, b) in enumerate(parts)]
     if jobs <= 1 or len(parts) == 1:  # in this process, one part after the other
         results = (digest_part(*a) for a in args)

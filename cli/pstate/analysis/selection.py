@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pstate.analysis.latency import LogHist
 from pstate.analysis.timeinstate import ONCPU, RUNQ_PREEMPT, RUNQ_WAKEUP, Group, _sort_key, state_order
 from pstate.stream import schema
 
@@ -87,6 +88,46 @@ def select(groups: list, *, states=(), min_dur_ns: int = 0, sort: str | None = N
         out.sort(key=lambda g: (-sort_value(g, sort), _sort_key(g.key)))
     if top is not None:
         out = out[:top]
+    return out
+
+
+def select_with_rest(groups: list, *, states=(), min_dur_ns: int = 0, sort: str | None = None,
+                     top: int | None = None) -> tuple[list, Group | None, Group | None]:
+    """select(), and when --top hides some of the groups chosen: the
+    hidden ones merged into one "everything else" group, and the total of
+    all chosen (shown + rest = total, figure by figure); else None, None."""
+    chosen = select(groups, states=states, min_dur_ns=min_dur_ns, sort=sort)
+    if top is None or len(chosen) <= top:
+        return chosen, None, None
+    hidden = chosen[top:]
+    return chosen[:top], merged(hidden, f"({len(hidden)} more)"), merged(chosen, "(total)")
+
+
+def merged(groups: list, key: str) -> Group:
+    """One group of the sums of groups (latency distributions merged)."""
+    out = Group(key=key, by=groups[0].by if groups else "pid")
+    for g in groups:
+        out.pids |= g.pids
+        out.tids |= g.tids
+        for st, ns in g.state_ns.items():
+            out.state_ns[st] = out.state_ns.get(st, 0) + ns
+        out.unobserved_ns += g.unobserved_ns
+        out.null_dur += g.null_dur
+        for k, (n, total, known) in g.transitions.items():
+            v = out.transitions.setdefault(k, [0, 0, 0])
+            v[0] += n
+            v[1] += total
+            v[2] += known
+        out.voluntary += g.voluntary
+        out.involuntary += g.involuntary
+        out.impossible += g.impossible
+        for k, n in g.lifecycle.items():
+            out.lifecycle[k] = out.lifecycle.get(k, 0) + n
+        for kind, h in g.latency.items():
+            mine = out.latency.get(kind)
+            if mine is None:
+                mine = out.latency[kind] = LogHist()
+            mine.merge(h)
     return out
 
 

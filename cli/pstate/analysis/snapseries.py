@@ -31,6 +31,7 @@ from typing import IO
 
 import orjson
 
+from pstate.kernel import identity
 from pstate.snapshots import snapdir
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
@@ -41,7 +42,10 @@ MIN_SHARE_STEP = 0.005  # a state share must grow by this much per snapshot (noi
 SPARK_WIDTH = 24
 TABLE_SPARK_WIDTH = 8  # keeps the trends table within 80 columns
 COMM_WIDTH = 15
-BY_CHOICES = {"pid": "process", "process": "process", "tid": "thread", "thread": "thread", "comm": "comm"}
+BY_CHOICES = {"pid": "process", "process": "process", "tid": "thread", "thread": "thread", "comm": "comm",
+              "cgroup": "cgroup", "unit": "unit", "container": "container", "title": "title"}
+# groups named by one text (the COMM column holds it), not by a pid
+NAMED = ("comm", "cgroup", "unit", "container", "title")
 DEFAULT_TOP = 15
 LEAK_STATES = ("running", "runnable", "preempted", "sleeping", "uninterruptible", "stopped", "traced",
                "zombie", "parked", "idle")
@@ -109,6 +113,11 @@ def _group_of(t: snapdir.TaskInterval, by: str):
         return t.key, t.pid, t.tid, t.start_ts, t.key[0]
     if by == "comm":
         return ("comm", t.comm), 0, None, None, None
+    if by in NAMED:  # the title and cgroup rows carry (kernel.identity)
+        path = t.cgroup_path
+        name = {"title": t.title or f"[{t.comm}]", "cgroup": path or identity.UNKNOWN, "unit": identity.unit_of(path),
+                "container": identity.container_of(path)}[by]
+        return (by, name), 0, None, None, None
     return t.proc, t.pid, None, t.proc[2], t.proc[0]
 
 
@@ -120,8 +129,8 @@ def groups(ivs: list[snapdir.Interval], by: str) -> list[Group]:
             key, pid, tid, start, boot = _group_of(t, by)
             g = out.get(key)
             if g is None:
-                g = out[key] = Group(key, pid, tid, t.comm, start, boot)
-            if by != "comm" and (t.tid == t.pid or by == "thread"):
+                g = out[key] = Group(key, pid, tid, key[1] if by in NAMED else t.comm, start, boot)
+            if by not in NAMED and (t.tid == t.pid or by == "thread"):
                 g.comm = t.comm  # the leader's name names the process
             p = here.get(key)
             if p is None:
@@ -361,13 +370,14 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     """Four tables in about 80 columns; JSON and CSV carry every value."""
     top = DEFAULT_TOP if top is None else top
     by = rep["by"]
-    boots = rep["boots"] > 1 and by != "comm"
-    who_hdr = (["BOOT"] if boots else []) + {"process": ["PID"], "thread": ["PID", "TID"], "comm": []}[by]
+    boots = rep["boots"] > 1 and by not in NAMED
+    who_hdr = (["BOOT"] if boots else []) + {"process": ["PID"], "thread": ["PID", "TID"]}.get(by, [])
+    name_hdr = by.upper() if by in NAMED else "COMM"
     nwho = len(who_hdr)
     nums = frozenset(range(nwho)) - ({0} if boots else set())
 
     def who(r):
-        if by == "comm":
+        if by in NAMED:
             return []
         return ([r["boot_id"][:8]] if boots else []) + _who(r)
 
@@ -382,7 +392,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
         out.write(f"{rep['truncated']} truncated: the task map was full, some threads are missing\n")
     out.write("\n")
 
-    group_word = {"process": "process", "thread": "thread", "comm": "command"}[by]
+    group_word = {"comm": "command"}.get(by, by)
     out.write(f"Trends per {group_word}, top {top} by on-CPU time (average, then each interval)\n")
     rows = []
     for r in rep["trends"][:top]:
@@ -392,7 +402,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
                      f"{_pct(r['wait_share_avg']):>6} {sp([x['wait_share'] for x in s])}",
                      f"{fmt_ns(r['d_ns_per_interval']):>6} {sp([x['uninterruptible_ns'] for x in s])}",
                      f"{s[0]['threads']}>{s[-1]['threads']}" if s else "-"])
-    out.write(grid([*who_hdr, "COMM", "ON-CPU", "RUN-QUEUE", "D/INTERVAL", "THREADS"], rows, nums))
+    out.write(grid([*who_hdr, name_hdr, "ON-CPU", "RUN-QUEUE", "D/INTERVAL", "THREADS"], rows, nums))
     out.write("\n")
 
     ch = rep["churn"]
@@ -416,7 +426,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     if rep["leaks"]:
         rows = [[*who(r), r["comm"][:COMM_WIDTH], r["metric"], r["snapshots"], f"{r['first']:.4g}",
                  f"{r['last']:.4g}", f"{r['slope_per_min']:+.4g}"] for r in rep["leaks"][:top]]
-        out.write(grid([*who_hdr, "COMM", "METRIC", "SNAPS", "FIRST", "LAST", "PER MINUTE"], rows,
+        out.write(grid([*who_hdr, name_hdr, "METRIC", "SNAPS", "FIRST", "LAST", "PER MINUTE"], rows,
                        nums | frozenset(range(nwho + 2, nwho + 6))))
     else:
         out.write("none\n")
@@ -430,7 +440,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
             rows.append([*who(r), r["comm"][:COMM_WIDTH], f"{_pct(a['cpu_share'])}>{_pct(b['cpu_share'])}",
                          f"{_pct(a['wait_share'])}>{_pct(b['wait_share'])}",
                          f"{_pct(a['d_share'])}>{_pct(b['d_share'])}", f"{a['threads']}>{b['threads']}"])
-        out.write(grid([*who_hdr, "COMM", "ON-CPU", "RUN-QUEUE", "D", "THREADS"], rows, nums))
+        out.write(grid([*who_hdr, name_hdr, "ON-CPU", "RUN-QUEUE", "D", "THREADS"], rows, nums))
     else:
         out.write("none (nothing was in two snapshots, or nothing changed)\n")
 
@@ -446,8 +456,8 @@ def render_csv(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -
     lines between blocks. Trends are in long form: one row per group and interval."""
     w = csv.writer(out, lineterminator="\n")
     lim = (lambda xs: xs[:top]) if top is not None else (lambda xs: xs)
-    who_cols = {"process": ["boot_id", "pid", "start_ts"], "thread": ["boot_id", "pid", "tid", "start_ts"],
-                "comm": []}[rep["by"]]
+    who_cols = {"process": ["boot_id", "pid", "start_ts"],
+                "thread": ["boot_id", "pid", "tid", "start_ts"]}.get(rep["by"], [])
     cols = ["interval", "end_ts", "wall_end_ns", "duration_ns", "running_ns", "wait_ns", "uninterruptible_ns",
             "sleeping_ns", "threads", "cpu_share", "wait_share"]
     out.write("# trends\n")
@@ -485,7 +495,8 @@ def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: i
         raise PstateError(f"unknown output format {fmt!r} for snapshots (table, json or csv)", ExitCode.USAGE)
     group_by = BY_CHOICES.get(by)
     if group_by is None:
-        raise PstateError(f"snapshots can be grouped by pid, tid or comm, not {by!r}", ExitCode.USAGE)
+        raise PstateError(f"snapshots can be grouped by pid, tid, comm, cgroup, unit, container or title, "
+                          f"not {by!r}", ExitCode.USAGE)
     stats = ReadStats()
     problems: list[str] = []
     snaps = snapdir.load(paths, stats, problems)

@@ -33,15 +33,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pstate.analysis import services
 from pstate.analysis.latency import SUB_BITS, LogHist
 from pstate.stream import schema
 from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_force, stream_window
 from pstate.stream.reader import state_row
 from pstate.stream.streamio import ReadStats
 
-BY_KEYS = ("pid", "tid", "comm", "all")
 ALL = "all"  # by all: the one group's key
-_NAMED = ("comm", ALL)  # groups keyed by a name (an id in the cells), not a pid or tid
+BY_KEYS = ("pid", "tid", "comm", ALL) + services.BY_KEYS
+# groups with a name (a comm, all, a title, a cgroup path, ...) rather than a pid or tid
+NAMED_BY = ("comm", ALL) + services.BY_KEYS
 LIFECYCLE = ("fork", "exec", "exit")
 
 RUNQ_WAKEUP = "runq_wakeup"
@@ -142,6 +144,7 @@ class Summary:
     impossible: int = 0  # running -> running switch-ins
     transition_filters: list = field(default_factory=list)  # --state, --cpu, --min-dur in force
     task_filters: list = field(default_factory=list)  # --pid, --tid, --comm in force
+    read_filters: list = field(default_factory=list)  # those of them applied by this read (not recorded)
     cut: bool = False  # the input said which window it covers (window_begin_ts/_end_ts)
     null_dur: int = 0
     unobserved_ns: int = 0
@@ -225,6 +228,11 @@ class Aggregator:
         self.window_end: int | None = None  # a cut stream's window_end_ts
         self.window_cut = False  # a meta record said which window the stream covers
         self.flushers: list = []  # callables that add_buckets what native digesters hold back
+        self.named = by in NAMED_BY
+        # --by cgroup, unit, container, title, ppid: the stream's process and
+        # cgroup records, and pid -> group id as they said at this point
+        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.pid_groups: dict = {}
 
     def sync(self) -> None:
         """Bring in what native digesters hold back (latency bucket counts,
@@ -264,10 +272,18 @@ class Aggregator:
 
     def group_of(self, pid: int, tid: int, comm) -> int:
         by = self.by
+        if self.directory is not None:
+            return self.pid_group(pid)
         return pid if by == "pid" else (tid if by == "tid" else self.comm_id(comm))
 
+    def pid_group(self, pid: int) -> int:
+        g = self.pid_groups.get(pid)
+        if g is None:
+            g = self.pid_groups[pid] = self.comm_id(self.directory.key(self.by, pid))
+        return g
+
     def group_name(self, g: int):
-        return self.comm_names[g] if self.by in _NAMED else g
+        return self.comm_names[g] if self.named else g
 
     def begin_window(self, meta: dict) -> None:
         """A meta record: when it says the stream is cut (window_begin_ts),
@@ -287,6 +303,10 @@ class Aggregator:
             self.add_rows([state_row(rec)])
         elif t in LIFECYCLE:
             self.add_lifecycle(rec)
+        elif self.directory is not None and t in ("process", "cgroup"):
+            pid = self.directory.note(rec)
+            if pid is not None:
+                self.pid_groups.pop(pid, None)  # its key from now on
 
     def add_state(self, rec: dict) -> None:
         self.add_rows([state_row(rec)])
@@ -303,6 +323,8 @@ class Aggregator:
         comm_get = self.comm_ids.get
         by_pid = self.by == "pid"
         by_tid = self.by == "tid"
+        by_comm = self.by in ("comm", ALL)  # (by all: comm_id is always 0)
+        pg_get = self.pid_groups.get
         clip = self.clip_ts
         shift = SUB_BITS + 1
         n = 0
@@ -318,10 +340,14 @@ class Aggregator:
                 g = pid
             elif by_tid:
                 g = tid
-            else:
+            elif by_comm:
                 g = comm_get(comm)
                 if g is None:
                     g = self.comm_id(comm)
+            else:
+                g = pg_get(pid)
+                if g is None:
+                    g = self.pid_group(pid)
             task = tasks_get(tid)
             if task is None:
                 task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0]
@@ -458,7 +484,7 @@ class Aggregator:
         self.sync()
         later.sync()
         ids = [self.state_id(name) for name in later.state_names]
-        gmap = ([self.comm_id(c) for c in later.comm_names] if self.by in _NAMED else None)
+        gmap = ([self.comm_id(c) for c in later.comm_names] if self.named else None)
 
         def regroup(g):
             return gmap[g] if gmap is not None else g
@@ -600,7 +626,7 @@ class Aggregator:
             if window is not None and window > 0:
                 grp.cpu_limit_ns = window * max(1, min(len(grp.tids), ncpu) if ncpu else len(grp.tids))
             grp.key = self.group_name(grp.key)
-            if by in _NAMED:
+            if by in ("comm", ALL):
                 grp.comm = grp.key or ""
         ordered = sorted(groups.values(), key=lambda x: _sort_key(x.key))
         return Summary(
@@ -611,6 +637,7 @@ class Aggregator:
             impossible=sum(x.impossible for x in ordered),
             transition_filters=filters_in_force(stats.metas, TRANSITION_FILTERS),
             task_filters=filters_in_force(stats.metas, TASK_FILTERS),
+            read_filters=filters_in_force(stats.metas, prefixes=("read_",)),
             cut=self.window_cut,
         )
 

@@ -9,7 +9,7 @@ import time
 import click
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import input_options
+from pstate.commands.options import input_options, read_filter_options
 from pstate.stream.outfiles import open_output
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import StreamReader, feed_sources
@@ -151,20 +151,22 @@ def make_writer(fmt: str, fp, metas: list, rates: int = 0):
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE",
               help="Write to FILE instead of standard output.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no notes on stderr (warnings stay).")
+@read_filter_options
 @input_options
-def cli(fmt, output, quiet, files, strict):
+def cli(fmt, output, quiet, files, strict, filt):
     """Export a recording as a trace for Perfetto or chrome://tracing.
 
     Reads recordings (FILES one after another, or standard input) through the
     same reader as stats, heat and replay, and writes one trace, streaming:
     memory depends on the number of threads and CPUs, not on the length of
-    the recording.
+    the recording. The filters are record's (-p, -t, -c, --cpu, --state,
+    --min-dur): the trace holds only the events they pass.
     """
     if not files and sys.stdin.isatty():
         raise click.UsageError("no input: give a recording file, or pipe a stream in")
     stats = ReadStats()
     feed = _Feed(lambda metas: make_writer(fmt, fp, metas))
-    rd = StreamReader(feed, stats, strict=strict, native_rows=True, wide=True)
+    rd = StreamReader(feed, stats, strict=strict, native_rows=True, wide=True, filt=filt)
     reading = feed_sources(rd, files or ("-",), stats)
     next(reading, None)  # the first chunk: an unreadable input is found before the output is made
     fp, owned = _open_output(output, fmt)

@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from pstate.analysis import services
 from pstate.render import heatmodel as hm
 from pstate.render import heatviews
 from pstate.render import heatdraw as hr
@@ -18,12 +19,14 @@ from pstate.snapshots import snapdir
 from pstate.stream.durations import Duration, fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.commands.options import Choice, RenamedCommand, StateName, task_filter_options
+from pstate.commands.options import Choice, RenamedCommand, StateName, read_filter_options
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import StreamReader, feed_sources
 
-UNITS = {"tid": "thread", "pid": "process", "comm": "command"}
-PLURAL = {"thread": "threads", "process": "processes", "command": "commands"}
+UNITS = {"tid": "thread", "pid": "process", "comm": "command", "cgroup": "cgroup", "unit": "unit",
+         "container": "container", "title": "title", "ppid": "parent"}
+PLURAL = {"thread": "threads", "process": "processes", "command": "commands", "cgroup": "cgroups", "unit": "units",
+          "container": "containers", "title": "titles", "parent": "parents"}
 DEFAULT_ROWS = 20  # rows when the output is not a terminal and no --top/--height
 DEFAULT_LAT_ROWS = 32
 OVERHEAD = 7  # title, axis (2), legend (2), footer (2)
@@ -72,7 +75,7 @@ class MeasureChoice(Choice):
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-               cls=RenamedCommand, renamed={"--state": "--shade", "-n": "--top"})
+               cls=RenamedCommand, renamed={"-n": "--top"})
 @click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
 @click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,
               flag_value="runq", default=None, metavar="[MEASURE]",
@@ -83,8 +86,9 @@ class MeasureChoice(Choice):
               help="Shade each cell by the share of the bucket spent in STATE (e.g. D, preempted) "
                    "instead of showing the dominant state; rows are the tasks with the most of it. "
                    "For a snapshot directory: the measure drawn (default running).")
-@click.option("--by", type=click.Choice(["tid", "pid", "comm"]), default=None,
-              help="One row per thread, process or command name "
+@click.option("--by", type=click.Choice(["tid", "pid", "comm", *services.BY_KEYS]), default=None,
+              help="One row per thread, process or command name, or per cgroup, unit, container, "
+                   "process title or parent, from the recording's process records "
                    "[default: tid; pid for snapshots].")
 @click.option("--top", type=click.IntRange(1, 10000), default=None, metavar="N",
               help="Show the N most active rows (busy time: all but sleeping, idle, parked) "
@@ -112,11 +116,11 @@ class MeasureChoice(Choice):
               help="With --live: how much time the map shows.")
 @click.option("--refresh", type=click.FloatRange(0.2, 60), default=4.0, show_default=True, metavar="HZ",
               help="With --live: frames per second.")
-@task_filter_options
+@read_filter_options
 @click.option("--strict", is_flag=True,
               help="Exit non-zero (65) on any malformed, truncated or skipped input line.")
 def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color, live, window, refresh,
-        pids, tids, comms, include_idle, strict):
+        filt, strict):
     """Draw terminal heat maps of task states and latencies.
 
     The state map has one row per task and one column per time bucket; each
@@ -127,7 +131,6 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     snapshots. Input: recordings, a stream on standard input, or a directory.
     """
     ctx = click.get_current_context()
-    filt = Filter(pids=tuple(pids), tids=tuple(tids), comms=tuple(comms), include_idle=include_idle)
     isatty = sys.stdout.isatty()
     style = hr.pick_style("never" if no_color else color, isatty)
     term = shutil.get_terminal_size((80, 24))
@@ -150,6 +153,8 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         if latency:
             raise PstateError("snapshots hold time per state, not single waits: no latency map",
                               ExitCode.USAGE, hint="use --shade STATE (e.g. --shade runnable)")
+        if by in services.BY_KEYS:
+            raise PstateError(f"snapshots are drawn by pid, tid or comm, not by {by}", ExitCode.USAGE)
         stats = ReadStats()
         lines = snapshot_map(dirs[0], stats, strict, shade or "running", by or "pid", top, W,
                              H if fit_height else 0, filt, style)
@@ -187,10 +192,11 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         ctx.exit(lv.stderr_report(res, strict))
 
     stats = ReadStats()
-    tracker = hm.RecordedStates(by, filt, latency)
+    tracker = hm.RecordedStates(by, Filter(include_idle=filt.include_idle), latency)  # the reader filters
     try:
         # state records as rows, read by the native row reader when it is built
-        rd = StreamReader(tracker, stats, strict=strict, native_rows=True)
+        # (the reader applies the filter, on the careful path)
+        rd = StreamReader(tracker, stats, strict=strict, native_rows=True, filt=filt)
         for _ in feed_sources(rd, sources, stats):
             pass
     except KeyboardInterrupt:

@@ -72,14 +72,9 @@ def _task_filters() -> list:
     ]
 
 
-def task_filter_options(fn):
-    """-p/-t/-c/--include-idle alone, as pids, tids, comms and include_idle
-    (for commands whose --state means something else)."""
-    return _apply(fn, _task_filters())
-
-
-def filter_options(fn):
-    """-p/-t/-c/--state/--min-dur/--cpu/--include-idle, giving a `filt` Filter."""
+def filter_options(fn, *, titles: bool = False):
+    """-p/-t/-c/--state/--min-dur/--cpu/--cgroup/--include-idle (titles:
+    and --title, for commands that read a stream), giving a `filt` Filter."""
     task = _task_filters()
     decorators = task[:3] + [
         click.option("--state", "states", type=StateName(), multiple=True, metavar="STATE",
@@ -89,7 +84,16 @@ def filter_options(fn):
                      help="Only transitions whose left state lasted at least this long, e.g. 5ms."),
         click.option("--cpu", "cpus", type=click.IntRange(0, 4095), multiple=True, metavar="CPU",
                      help="Only events on this CPU. Repeatable."),
-    ] + task[3:]
+        click.option("--cgroup", "cgroups", multiple=True, metavar="PATH",
+                     help="Only processes in this cgroup (v2 path, e.g. /system.slice/nginx.service) "
+                          "or below it. Repeatable."),
+    ]
+    if titles:
+        decorators.append(click.option(
+            "--title", "titles", multiple=True, metavar="PATTERN",
+            help="Only processes whose title (as ps shows it, from the process records) matches "
+                 "this shell pattern, e.g. 'postgres: *writer*'. Repeatable."))
+    decorators += task[3:]
 
     @functools.wraps(fn)  # keeps the options declared below this bundle
     def wrapper(**kw):
@@ -97,10 +101,16 @@ def filter_options(fn):
             pids=tuple(kw.pop("pids")), tids=tuple(kw.pop("tids")), comms=tuple(kw.pop("comms")),
             states=tuple(dict.fromkeys(kw.pop("states"))), cpus=tuple(kw.pop("cpus")),
             min_dur_ns=kw.pop("min_dur"), include_idle=kw.pop("include_idle"),
+            cgroups=tuple(kw.pop("cgroups")), titles=tuple(kw.pop("titles", ())),
         )
         return fn(**kw)
 
     return _apply(wrapper, decorators)
+
+
+def read_filter_options(fn):
+    """filter_options with --title: the bundle of commands that read a stream."""
+    return filter_options(fn, titles=True)
 
 
 def output_options(fn):

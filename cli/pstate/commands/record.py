@@ -7,13 +7,14 @@ import dataclasses
 import errno
 import math
 import os
+import shutil
 import signal
 import sys
 import time
 
 import click
 
-from pstate.kernel import filtermaps, loader, stacks
+from pstate.kernel import filtermaps, identity, loader, stacks
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
@@ -38,6 +39,10 @@ Examples:
                                               the last 30 s, written when a task
                                               was in D for 100 ms (or on SIGUSR1)
   sudo pstate record | jq -c 'select(.to=="uninterruptible")'
+  sudo pstate record -o rec.jsonl -- make -j4 a command and every process it starts
+  sudo pstate record -p 1234 --children       a process and its descendants
+  sudo pstate record --cgroup /system.slice/nginx.service
+                                              the processes of a cgroup and below
 
 \b
 The first line is a meta header, the last an end trailer with totals;
@@ -48,6 +53,19 @@ starts FILE anew (for logrotate: rename FILE, then send SIGHUP): the old
 file gets its end trailer, the new one a meta header whose window_begin_ts
 says where it starts; on standard output SIGHUP ends the run. A regular
 output file is fsync'd every few seconds.
+
+\b
+With -- CMD ARGS..., record starts CMD once the kernel side is ready and
+records it and every process it forks, and theirs (the kernel follows
+forks: nothing else is recorded); it stops when CMD exits and exits with
+CMD's status (128 + N when a signal N ended it; 3 when CMD exited 0, --strict
+is given and events were lost). When the stream goes to standard output,
+CMD's standard output goes to standard error, so that the two do not mix.
+-p PID --children follows the descendants of PID the same way, those living
+now and those forked from now on. --cgroup PATH follows the processes of
+the cgroup and of those below it: those in them when recording starts, those
+seen switching out in them later, and what they fork. A process moved out
+stays followed.
 """
 
 SYNC_S = 5.0  # how often a regular output file is fsync'd: a crash loses seconds, not the page cache
@@ -105,7 +123,9 @@ class Recorder:
         self.reader_gone = _reader_gone_check(writer)
         if with_stacks:
             self.enc.stacks = stacks.StackTable(prog.table("stacks").map_fd, prog.lib)
+        self.enc.identity = identity.Identities()  # process and cgroup records (not in --flight files)
         self.flight = None  # --flight: batches go to its ring, not to the writer
+        self.command = None  # record -- CMD: stop when it exits
 
     def drain(self, limit_s: float | None = None) -> int:
         """Decode and write what the ring buffer holds. Returns records read."""
@@ -124,13 +144,20 @@ class Recorder:
             if self.enc.stacks is not None:
                 for r in self.enc.stacks.take_pending():
                     self.writer.record(r)  # before the wake-ups that name it
+            self.identities()  # before the batch's lines
             if nlines:
                 self.writer.raw(data, nlines)
                 self.events += nlines
             total += consumed
             if consumed < n or (deadline and time.monotonic() > deadline):
                 break  # a record still being written: come back next round
+        self.identities()  # second looks come due with or without events
         return total
+
+    def identities(self) -> None:
+        if self.flight is None and self.enc.identity is not None:
+            for r in self.enc.identity.take():
+                self.writer.record(r)
 
     def unread(self) -> int:
         return max(0, self.ring.available()) // self.ring.stride
@@ -227,6 +254,9 @@ class Recorder:
             if end and now >= end:
                 self.stop_reason = "duration"
                 break
+            if self.command is not None and self.command.exited():
+                self.stop_reason = "exit"
+                break
             if got < DRAIN_BATCH // 4:
                 time.sleep(self.drain_s)
 
@@ -302,9 +332,13 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
                    "the state. Example: --stacks=D,S.")
 @click.option("--stack-entries", type=click.IntRange(1, 1 << 20), default=16384, hidden=True,
               help="Slots of the kernel's stack map.")
+@click.option("--children", is_flag=True,
+              help="With -p: also every process below the given ones, those living now and those they "
+                   "fork from now on.")
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS]...]")
 def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tasks, drain_interval, max_rate,
-        kernel_headers, strict, quiet, stack_states, stack_entries, ebpf):
+        kernel_headers, strict, quiet, stack_states, stack_entries, children, ebpf, command):
     """Stream every scheduler state transition as JSON lines.
 
     Each state record says which thread went from which state to which, and
@@ -321,10 +355,17 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
     if not 500_000 <= drain_interval <= 1_000_000_000:
         raise click.BadParameter("must be from 500us to 1s", param_hint="'--drain-interval'")
     rb_pages = _pow2_pages(rb_bytes)
+    if children and not filt.pids:
+        raise click.UsageError("--children follows the processes of -p: give -p PID")
+    if command and flight:
+        raise click.UsageError("--flight records until stopped; it does not run a command")
     if not ebpf:
         _check_pids(filt.pids, quiet)
     ks = loader.kernel_states(ebpf_only=ebpf)
-    settings = filtermaps.settings_for(filt, ks)
+    follow = tuple(filt.pids) if children else ()
+    settings = filtermaps.settings_for(filt, ks, follow=follow)
+    if command and not ebpf:
+        _check_command(command)
     if stack_states:
         settings = dataclasses.replace(settings, stack_mask=_stack_mask(stack_states, ks))
     defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate),
@@ -347,8 +388,13 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         raise
     writer = LineWriter(out if not flight else open_output(os.devnull), unbuffered=unbuffered)
     rec = None
+    cmd = None
     code = ExitCode.OK
     try:
+        if command:
+            # CMD waits for the word to exec until the kernel side follows it
+            cmd = Command(command, to_stderr=not output or output == "-")
+            settings = filtermaps.settings_for(filt, ks, follow=follow + (cmd.pid,))
         filtermaps.start(prog, settings)
         _seed(prog, ks, "TASKS_BY_TID" in defines)
 
@@ -358,6 +404,10 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
             if max_rate:
                 meta["max_rate"] = max_rate
+            if children:
+                meta["filter_children"] = True
+            if cmd is not None:
+                meta.update(filter_command=list(command), command_pid=cmd.pid)
             return meta
 
         meta = new_meta()
@@ -366,6 +416,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         window = _Window(meta, rec)
         if flight:
             rec.flight = flightrec.start(flight, rec.enc, new_meta, meta["ts"], quiet, lambda: rec.lost_reported)
+            rec.enc.identity = None
 
         def reopen() -> None:
             # SIGHUP: the current file ends as a complete recording, and the
@@ -384,6 +435,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             new = new_meta()
             new["window_begin_ts"] = end["ts"]
             writer.record(new)
+            rec.enc.identity.forget()  # the new file's readers know none of them
             writer.flush()
             window = _Window(new, rec, counters)
 
@@ -394,6 +446,9 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         writer.flush()
         if not quiet:
             print("Tracing scheduler state transitions... Ctrl-C to end.", file=sys.stderr)
+        if cmd is not None:
+            rec.command = cmd
+            cmd.go()
         rec.run(duration / 1e9 if duration else None)
         # Stop the producers first: then the final drain and the counters
         # describe the same events, and the trailer adds up exactly. At the
@@ -401,7 +456,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         # detaching (RCU grace periods, a good part of a second) waits until
         # the stream is complete; on a signal they are detached first, so the
         # programs never run without reporting.
-        if rec.stop_reason == "duration":
+        if rec.stop_reason in ("duration", "exit"):
             filtermaps.stop(prog, settings)
             prog.settle()
         else:
@@ -421,17 +476,92 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         writer.close(sync=True)
         if strict and end["lost"]:
             code = ExitCode.LOSS
+        if cmd is not None:
+            code = cmd.exit_code(code, quiet)
     except BrokenPipeError:
         # The reader went away (`pstate record | head`): a normal end.
         silence_stdout()
     except OSError as e:
         raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}", ExitCode.IOERR)
     finally:
+        if cmd is not None:
+            cmd.release()
         if rec is not None:
             rec.ring.close()
         prog.close()
     if code:
         sys.exit(int(code))
+
+
+def _check_command(command: tuple) -> None:
+    if not (os.sep in command[0] or shutil.which(command[0])):
+        raise PstateError(f"{command[0]}: command not found", ExitCode.USAGE,
+                          hint="give the command after --, as a path or a name on PATH")
+
+
+class Command:
+    """record -- CMD: CMD forked at once, waiting on a pipe for the word to
+    exec (so that the kernel side follows it before it runs), then reaped
+    by the recorder's loop (exited())."""
+
+    def __init__(self, argv: tuple, to_stderr: bool):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: exec or _exit, nothing else
+            try:
+                os.close(w)
+                go = os.read(r, 1)
+                os.close(r)
+                if go:
+                    if to_stderr:
+                        os.dup2(2, 1)  # the stream has standard output
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+                    os.execvp(argv[0], list(argv))
+            except OSError as e:
+                os.write(2, f"pstate record: cannot run {argv[0]}: {e.strerror}\n".encode())
+                os._exit(127)
+            finally:
+                os._exit(127)
+        os.close(r)
+        self.pid = pid
+        self.argv = argv
+        self._w = w
+        self.status: int | None = None
+
+    def go(self) -> None:
+        os.write(self._w, b"g")
+        self.release_pipe()
+
+    def release_pipe(self) -> None:
+        if self._w is not None:
+            os.close(self._w)
+            self._w = None
+
+    def exited(self) -> bool:
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+        return self.status is not None
+
+    def exit_code(self, code: int, quiet: bool) -> int:
+        """CMD's status (128 + N for signal N), or record's own when CMD
+        exited 0 and record had a reason to fail (--strict and loss)."""
+        if not self.exited():
+            if not quiet:
+                print(f"pstate record: {self.argv[0]} (pid {self.pid}) is still running", file=sys.stderr)
+            return code
+        status = self.status if self.status >= 0 else 128 - self.status
+        return status or code
+
+    def release(self) -> None:
+        """Never started (an error came first): the closed pipe makes it exit."""
+        if self._w is not None:
+            self.release_pipe()
+            os.waitpid(self.pid, 0)
+            self.status = 127
 
 
 

@@ -12,7 +12,7 @@ import click
 from pstate.snapshots import snapdir
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
-from pstate.commands.options import filter_options, input_options, output_options
+from pstate.commands.options import input_options, output_options, read_filter_options
 from pstate.stream.replayer import Replayer
 from pstate.stream.streamio import LineWriter, ReadStats, silence_stdout
 from pstate.stream.timewindow import TimePointType, Window, WindowError
@@ -74,7 +74,7 @@ def _same_file(a: str, b: str) -> bool:
               help="Start at this time: +30s after the start, or a wall-clock time (see below).")
 @click.option("-e", "--end", type=TimePointType(), metavar="TIME",
               help="Stop before this time, in the same forms as --begin.")
-@filter_options
+@read_filter_options
 @output_options
 @input_options
 def cli(speed, no_wait, begin, end, filt: Filter, output, unbuffered, files, strict):

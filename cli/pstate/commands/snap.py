@@ -41,7 +41,17 @@ Files: pstate-snap-<UTC time>-<seq>.jsonl (or .csv) in DIR, mode 0600
 thread, an end trailer (man pstate-events). CSV has the same columns, with
 the meta and end records as JSON in '#' comment lines. --format prom keeps
 one file, pstate-snap.prom, replaced at each snapshot, for node_exporter's
-textfile collector; series are per process by default (--prom-by).
+textfile collector; series are per systemd unit by default (--prom-by).
+Rows carry their process's title and cgroup (title, cgroup, cgroup_path),
+read from /proc at each snapshot.
+
+\b
+--prom-by unit is the default because a Prometheus operator aggregates by
+service, and series per pid grow with every process started (their
+cardinality follows churn, not the services): per unit, cgroup or title
+the number of series is bounded by the services running and they never
+disappear; per comm too; per pid or thread they come and go with the
+processes (--prom-by process is the old name of pid).
 DIR/.pstate-last.json tells the outcome of the latest snapshot.
 
 \b
@@ -400,8 +410,10 @@ def _gid(group: str | None) -> int | None:
               help="Each snapshot holds the deltas over its own interval, not totals since the start.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["jsonl", "csv", "prom"]), default="jsonl",
               show_default=True, help="File format: JSON lines, CSV, or Prometheus text for node_exporter.")
-@click.option("--prom-by", type=click.Choice(["process", "thread", "comm"]), default="process",
-              show_default=True, help="--format prom: one series per process, thread or command name.")
+@click.option("--prom-by", type=click.Choice(["unit", "cgroup", "title", "comm", "pid", "thread", "process"]),
+              default="unit", show_default=True,
+              help="--format prom: one series per systemd unit, cgroup, process title, command name, "
+                   "process (pid) or thread.")
 @click.option("-k", "--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="Delete pstate's own oldest snapshot files beyond the newest N.")
 @click.option("--max-age", type=Duration("s"), default=None, metavar="DURATION",

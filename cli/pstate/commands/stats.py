@@ -20,7 +20,7 @@ from pstate.analysis import causes
 from pstate.render import whytables
 from pstate.stream.durations import Duration, parse_ns
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import STATE_LETTERS, RenamedCommand, StateName
+from pstate.commands.options import STATE_LETTERS, StateName, read_filter_options
 from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
 from pstate.stream.meta import boot_id
@@ -42,6 +42,7 @@ Examples:
   pstate stats rec.jsonl --by all --hist      system-wide histograms, as runqlat prints
   pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
   pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
+  pstate stats rec.jsonl -c nginx --by tid    only the nginx threads, per thread
   pstate stats rec.jsonl --matrix             transition counts and mean durations
   pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
   sudo pstate record | pstate stats --interval 1 --count 10
@@ -72,13 +73,22 @@ A recording made with --state, --cpu or --min-dur holds only some
 transitions of each task: stats then shows no time in state (no percentage
 it cannot support), only the counts and latency distributions of the
 transitions kept, and says so. -p/-t/-c keep every transition of the tasks
-they keep: their time in state stays.
+they keep: their time in state stays. The same filters given to stats (as
+record takes them: -p, -t, -c, --cpu, --state, --min-dur) are applied as it
+reads, with the same effect on time in state; --in-state and --min-time
+select groups instead.
 Sanity: a switch-in of a task already running (running -> running, as the
 threads of some VM agents show) is counted apart as impossible, not as a
 switch; a group on a CPU longer than its threads and the CPUs allow is
 flagged; the headline names the task of the largest deviation.
 A transition counts under the pid and comm of its own record (a thread that
-execs moves to its new name). Memory grows with the number of tasks and
+execs moves to its new name). --by cgroup, unit, container, title and ppid
+group processes by what the recording's process and cgroup records (written
+by record) said of them at that point of the stream: a process whose title
+changes moves to its new title; one the stream says nothing of is in "?".
+Units and containers come from the cgroup path (system.slice/x.service,
+docker-ID.scope, kubepods/.../podUID/ID). When --top hides groups, a row
+"(N more)" sums them up and a row "(total)" all the groups chosen. Memory grows with the number of tasks and
 latency buckets, not of events.
 
 \b
@@ -103,7 +113,7 @@ Ctrl-C prints what it has at once.
     unobserved_ns, max_deviation_tid, max_deviation_comm,
     impossible_transitions, oncpu_exceeds_cpus [keys]},
   ledger {time_in_state (false: states {} and observed_ns null),
-    transition_filters, task_filters, cut},
+    transition_filters, task_filters, read_filters (those stats applied), cut},
   groups [{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
     threads (by pid, comm), processes (by comm), comm, observed_ns,
     unobserved_ns, oncpu_exceeds_cpus, states {STATE: {ns, pct}},
@@ -111,7 +121,9 @@ Ctrl-C prints what it has at once.
     latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
       hist_unit, hist [[lo, hi, count]] (with --hist)}},
     matrix (with --matrix)}],
-  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix).
+  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix),
+  rest, total (when --top hides groups: the hidden groups summed up, and
+    all the groups chosen; shown + rest = total, figure by figure).
 KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
 \b
 Why (--stacks, --wakers, --antagonists, --by reason, --format folded): read
@@ -149,22 +161,22 @@ def _sort_help() -> str:
             "(time in it). Default: time in the --in-state states, else time running.")
 
 
-@click.command(name="stats", epilog=EPILOG, cls=RenamedCommand,
-               renamed={"--state": "--in-state", "--min-dur": "--min-time"})
+@click.command(name="stats", epilog=EPILOG)
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(BY_CHOICES), default="pid", show_default=True,
-              help="Group by process (pid), thread (tid) or task name (comm); all: every task in one "
-                   "group (with --hist, the one system-wide histogram runqlat prints); reason: the blocked "
-                   "time of every task by its reason (a recording made with record --stacks; implies "
-                   "--stacks).")
+              help="Group by process (pid), thread (tid) or task name (comm); by what the recording's "
+                   "process records say: cgroup (v2 path), unit (systemd unit), container (container id, "
+                   "pod), title (process title) or ppid (parent); all: every task in one group (with "
+                   "--hist, the one system-wide histogram runqlat prints); reason: the blocked time of "
+                   "every task by its reason (a recording made with record --stacks; implies --stacks).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N",
               help="Show only the first N groups (and, with --stacks, --wakers or --antagonists, the first "
                    "N rows of each).")
 @click.option("--sort", "sort_key", type=click.Choice(list(selection.SORT_KEYS)), metavar="KEY", help=_sort_help())
-@click.option("--in-state", "states", type=StateName(), multiple=True, metavar="STATE",
+@click.option("--in-state", "in_states", type=StateName(), multiple=True, metavar="STATE",
               help="Only groups that spent time in STATE (name or kernel letter: D, S, stopped, "
                    "preempted, ...). Repeatable: any of them.")
-@click.option("--min-time", "min_dur", type=Duration("s"), default=0, metavar="DURATION",
+@click.option("--min-time", "min_time", type=Duration("s"), default=0, metavar="DURATION",
               help="Only groups that spent at least DURATION in the --in-state states (without "
                    "--in-state: observed at least that long), e.g. 10ms.")
 @click.option("--hist", is_flag=True,
@@ -202,9 +214,10 @@ def _sort_help() -> str:
                    "Memory then grows with N times the number of tasks.")
 @click.option("--reader", type=click.Choice(("fast", "careful")), default="fast", hidden=True,
               help="Input path: the native reader where it applies, or the careful (pure-Python) one.")
+@read_filter_options
 @click.pass_context
-def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack_states, wakers, antagonists,
-        fmt, interval, count, timestamp, strict, jobs, reader):
+def cli(ctx, files, by, top, sort_key, in_states, min_time, hist, with_matrix, stack_states, wakers, antagonists,
+        fmt, interval, count, timestamp, strict, jobs, reader, filt):
     """Thread State Analysis: where each task's time goes, state by state.
 
     Reads a pstate event stream (from a pipe, standard input, or recordings
@@ -232,10 +245,11 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack
     if _is_snapshot_input(sources):
         ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
                             ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--in-state": states, "--min-time": min_dur, "--stacks": stack_states,
-                                     "--wakers": wakers, "--antagonists": antagonists}))
+                                     "--in-state": in_states, "--min-time": min_time, "--stacks": stack_states,
+                                     "--wakers": wakers, "--antagonists": antagonists,
+                                     "the event filters": filt.active}))
     why = _why_options(by, stack_states, wakers, antagonists, fmt, interval)
-    opts = dict(states=tuple(dict.fromkeys(states)), min_dur_ns=min_dur, sort=sort_key, top=top,
+    opts = dict(states=tuple(dict.fromkeys(in_states)), min_dur_ns=min_time, sort=sort_key, top=top,
                 hist=hist, with_matrix=with_matrix or (fmt == "dot" and not wakers), fmt=fmt,
                 timestamp=timestamp, why=why)
     out = sys.stdout
@@ -243,13 +257,13 @@ def cli(ctx, files, by, top, sort_key, states, min_dur, hist, with_matrix, stack
     agg = timeinstate.Aggregator(by if by in timeinstate.BY_KEYS else "pid")
     with PipeInterruptGuard(sources):
         if why:
-            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by, reader=reader)
+            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by, reader=reader, filt=filt)
         elif interval:
             code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
-                                  count=count, opts=opts)
+                                  count=count, opts=opts, filt=filt)
         else:
             code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
-                             jobs=jobs or _cpus())
+                             jobs=jobs or _cpus(), filt=filt)
     ctx.exit(code)
 
 
@@ -291,11 +305,11 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1) -> int:
+def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1, filt=None) -> int:
     interrupted = False
     try:
         ingest.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs,
-                         use_native=reader == "fast")
+                            use_native=reader == "fast", filt=filt)
     except KeyboardInterrupt:
         interrupted = True
     summary = agg.summarise(stats)
@@ -344,14 +358,15 @@ def _blocked_states(spec: str | None) -> frozenset | None:
     return frozenset(out)
 
 
-def _run_why(sources, agg, stats, out, *, strict, opts, by, reader) -> int:
+def _run_why(sources, agg, stats, out, *, strict, opts, by, reader, filt) -> int:
     """The whole input through the one reader: the Aggregator and the Causes
     read the same rows and records (causes.digest)."""
     why = opts["why"]
     found = causes.Causes(by, stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"])
     interrupted = False
     try:
-        causes.digest(sources, agg, found, stats, strict=strict, use_native=reader == "fast", chunk=FILE_CHUNK)
+        causes.digest(sources, agg, found, stats, strict=strict, use_native=reader == "fast", chunk=FILE_CHUNK,
+                      filt=filt)
     except KeyboardInterrupt:
         interrupted = True
     summary = agg.summarise(stats)
@@ -412,9 +427,11 @@ def _refuse_snapshot_stream(summary) -> None:
 
 
 def _emit(summary, out, opts, banner: str | None = None) -> None:
-    groups = selection.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
-                        sort=opts["sort"], top=opts["top"])
-    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
+    groups, rest, total = selection.select_with_rest(summary.groups, states=opts["states"],
+                                                     min_dur_ns=opts["min_dur_ns"], sort=opts["sort"],
+                                                     top=opts["top"])
+    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"],
+                              rest=rest, total=total)
     fmt = opts["fmt"]
     if fmt == "json":
         text = tables.render_json(rep)
@@ -434,11 +451,11 @@ def _emit(summary, out, opts, banner: str | None = None) -> None:
 # --- --interval ----------------------------------------------------------------
 
 
-def _run_intervals(sources, agg, stats, out, *, strict, interval_ns, count, opts) -> int:
+def _run_intervals(sources, agg, stats, out, *, strict, interval_ns, count, opts, filt=None) -> int:
     """Per-interval summaries. Pipes and terminals tick on the wall clock
     (the interval fires even when nothing arrives); regular files tick on
     the recorded time."""
-    runner = IntervalRunner(agg, stats, out, interval_ns=interval_ns, count=count, opts=opts)
+    runner = IntervalRunner(agg, stats, out, interval_ns=interval_ns, count=count, opts=opts, filt=filt)
     interrupted = False
     try:
         for src in sources:
@@ -459,8 +476,9 @@ def _run_intervals(sources, agg, stats, out, *, strict, interval_ns, count, opts
 
 
 class IntervalRunner:
-    def __init__(self, agg, stats, out, *, interval_ns, count, opts):
+    def __init__(self, agg, stats, out, *, interval_ns, count, opts, filt=None):
         self.agg = agg
+        self.filt = filt
         self.stats = stats
         self.out = out
         self.interval_ns = interval_ns
@@ -472,7 +490,7 @@ class IntervalRunner:
         self.t0: int | None = None  # data-time start of the current interval
         self.mark = stats.mark()  # the input counts when the current interval began
         self.next_wall = time.monotonic() + interval_ns / 1e9
-        self.dig = ingest.LineDigester(agg, stats, strict=False)
+        self.dig = ingest.LineDigester(agg, stats, strict=False, filt=filt)
 
     def window_start(self) -> int | None:
         if self.t0 is not None:
@@ -545,10 +563,13 @@ class IntervalRunner:
     # A regular file: intervals of recorded time, exact at record granularity.
     def file(self, src: str, *, strict: bool) -> None:
         agg = self.agg
-        for rec in read_records([src], self.stats, strict=strict):
+        for rec in read_records([src], self.stats, strict=strict, filt=self.filt):
             t = rec["type"]
             if t == "meta":
                 agg.begin_window(rec)  # a cut stream: clipped to its window
+            if t in ("process", "cgroup"):
+                agg.add_record(rec)  # (--by title and the like)
+                continue
             if t != "state" and t not in timeinstate.LIFECYCLE:
                 continue
             ts = rec["ts"]

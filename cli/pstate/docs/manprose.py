@@ -320,7 +320,8 @@ PAGES: dict[str, dict] = {
             "With `--format csv` the columns are these fields, with the meta and end records as JSON "
             "in # comment lines (pandas: `read_csv(path, comment="#")`); stats, heat and replay read CSV "
             "snapshots as they read JSON-lines ones. With `--format prom` the file holds Prometheus counters named "
-            "pstate_*, per process by default (`--prom-by`).",
+            "pstate_*, per systemd unit by default (`--prom-by`: unit, cgroup, title, comm, pid or thread; "
+            "per unit the number of series is bounded by the services, per pid it grows with churn).",
         ],
         "overhead": """
             snap runs the same kind of BPF programs as record on every context
@@ -603,6 +604,11 @@ EVENTS = {
         "nvcsw": "Voluntary context switches (the thread blocked).",
         "nivcsw": "Involuntary context switches (the thread was preempted).",
         "wakeups": "Times the thread was woken.",
+        "title": "Its process's title (/proc/PID/cmdline as ps shows it); null for a kernel thread "
+                 "or when it was never read.",
+        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; null "
+                  "when not known.",
+        "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
     },
     "snapshot_end": [
         ("ts", "End of the interval."),

@@ -83,6 +83,9 @@ class Encoder:
         # record --stacks: pstate.kernel.stacks.StackTable, which turns a
         # wake-up's stack map id into its stack_id and reason
         self.stacks = None
+        # record: pstate.kernel.identity.Identities, told of every new
+        # (pid, tid, comm) the encoder meets (a prefix cache miss)
+        self.identity = None
 
     def name(self, code: int) -> str:
         n = self._names.get(code)
@@ -124,7 +127,10 @@ class Encoder:
     # Text pieces of a line. Both loops call these on a cache miss only.
 
     def prefix_text(self, pid: int, tid: int, comm: bytes) -> str:
-        return f'"pid":{self.pid(pid, tid)},"tid":{tid},"comm":{self.comm(comm)}'
+        pid = self.pid(pid, tid)
+        if self.identity is not None:
+            self.identity.seen(pid, tid, comm.split(b"\0", 1)[0].decode("utf-8", "replace"))
+        return f'"pid":{pid},"tid":{tid},"comm":{self.comm(comm)}'
 
     def mid_text(self, frm: int, to: int) -> str:
         return f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'

@@ -12,9 +12,10 @@ cleared (stop); it keeps its task rows either way.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
-from pstate.kernel import eventlayout
+from pstate.kernel import eventlayout, identity
 from pstate.kernel.eventcodec import state_code, state_mask_bit
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.filters import Filter
@@ -22,8 +23,10 @@ from pstate.kernel.kstates import KernelStates
 
 _D = eventlayout.DEFINES
 TF_CPU, TF_TID, TF_PID, TF_COMM = _D["TF_CPU"], _D["TF_TID"], _D["TF_PID"], _D["TF_COMM"]
+TF_FOLLOW, TF_CGROUP = _D["TF_FOLLOW"], _D["TF_CGROUP"]
 ALL_STATES = (1 << 64) - 1
 MAX_IDS, MAX_COMMS, MAX_CPUS = 1024, 256, 4096  # the sets' sizes in bpf/record.bpf.c
+MAX_CGROUPS, MAX_FOLLOWED = 1024, 16384  # cgroup_filter, and pid_filter / cgroup_pids
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class Settings:
     comms: tuple[bytes, ...] = ()
     cpus: tuple[int, ...] = ()
     stack_mask: int = 0  # record --stacks: prev_state bits whose switch-out takes the stack
+    cgroup_ids: tuple[int, ...] = ()  # --cgroup: the ids of its cgroups and of those below them
+    cgroup_pids: tuple[int, ...] = ()  # the processes in them when recording starts
 
 
 def comm_key(name: str) -> bytes:
@@ -47,9 +52,15 @@ def comm_key(name: str) -> bytes:
     return name.encode()[:15].ljust(16, b"\0")
 
 
-def settings_for(filt: Filter, ks: KernelStates) -> Settings:
-    """PstateError (usage) for a state this kernel does not report or more
-    set members than the program's sets hold."""
+def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()) -> Settings:
+    """PstateError (usage) for a state this kernel does not report, a
+    --cgroup that does not exist, a --title (a title is known only after a
+    process's first events) or more set members than the program's sets
+    hold. follow: processes whose descendants join them (--children,
+    record -- CMD): the descendants living now, and those forked from now."""
+    if filt.titles:
+        raise PstateError("record cannot filter by --title: a process's title is read after its first events",
+                          ExitCode.USAGE, hint="filter the recording: pstate stats --title PATTERN rec.jsonl")
     mask = ALL_STATES
     if filt.states:
         mask = 0
@@ -64,21 +75,49 @@ def settings_for(filt: Filter, ks: KernelStates) -> Settings:
         if len(set(vals)) > limit:
             raise PstateError(f"record takes at most {limit} {what} values", ExitCode.USAGE,
                               hint=f"record without {what} and filter with `pstate replay {what} ...`")
-    flags = ((TF_CPU if filt.cpus else 0) | (TF_TID if filt.tids else 0) | (TF_PID if filt.pids else 0)
-             | (TF_COMM if comms else 0))
+    pids = tuple(dict.fromkeys(filt.pids + follow + tuple(p for f in follow for p in identity.descendants(f))))
+    cg_ids, cg_pids = _cgroups(filt.cgroups)
+    flags = ((TF_CPU if filt.cpus else 0) | (TF_TID if filt.tids else 0) | (TF_PID if pids else 0)
+             | (TF_COMM if comms else 0) | (TF_FOLLOW if follow else 0) | (TF_CGROUP if filt.cgroups else 0))
     return Settings(state_mask=mask, min_dur=filt.min_dur_ns or 0, task_filters=flags,
-                    include_idle=filt.include_idle, pids=tuple(filt.pids), tids=tuple(filt.tids), comms=comms,
-                    cpus=tuple(filt.cpus))
+                    include_idle=filt.include_idle, pids=pids, tids=tuple(filt.tids), comms=comms,
+                    cpus=tuple(filt.cpus), cgroup_ids=cg_ids, cgroup_pids=cg_pids)
+
+
+def _cgroups(paths: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids of --cgroup's cgroups and those below them, and the processes
+    in them now."""
+    if not paths:
+        return (), ()
+    cg = identity.CgroupPaths()
+    if cg.mount is None:
+        raise PstateError("--cgroup needs cgroup v2, and this system has no cgroup2 mount", ExitCode.USAGE)
+    ids: list[int] = []
+    for path in paths:
+        if cg.id_of(path) is None:
+            raise PstateError(f"no cgroup {path} under the cgroup v2 mount {cg.mount}", ExitCode.USAGE,
+                              hint=f"the paths are those of /proc/PID/cgroup's 0:: line, e.g. "
+                                   f"{identity.process_cgroup(os.getpid()) or '/'}")
+        ids += cg.below(path)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > MAX_CGROUPS:
+        raise PstateError(f"--cgroup names {len(ids)} cgroups with those below them; record takes at most "
+                          f"{MAX_CGROUPS}", ExitCode.USAGE)
+    return tuple(ids), tuple(dict.fromkeys(p for i in ids for p in cg.procs(i)))
 
 
 def start(prog, s: Settings) -> None:
     """Fill the sets, then the settings row with active set: from then on the
     program reports, through these filters."""
     one = ctypes.c_uint8(1)
-    for name, vals in (("pid_filter", s.pids), ("tid_filter", s.tids)):
+    for name, vals in (("pid_filter", s.pids), ("tid_filter", s.tids), ("cgroup_pids", s.cgroup_pids)):
         t = prog.table(name)
         for v in vals:
             t[ctypes.c_uint32(v)] = one
+    if s.cgroup_ids:
+        t = prog.table("cgroup_filter")
+        for v in s.cgroup_ids:
+            t[ctypes.c_uint64(v)] = one
     if s.comms:
         t = prog.table("comm_filter")
         for raw in s.comms:

@@ -136,7 +136,7 @@ class Feeder:
     out whole (dicts), for the reason column (Reasons), and its row joins
     the batches."""
 
-    def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool):
+    def __init__(self, model: hm.Window, stats: ReadStats, name: str, strict: bool, filt: Filter | None = None):
         self.model = model
         self.stats = stats
         self.name = name
@@ -146,7 +146,7 @@ class Feeder:
         self._pending: list = []  # rows of state records handed out whole
         # a line with a reason (record --stacks' wake-ups) is the careful path's
         self.reader = StreamReader(self, stats, strict=strict, max_line=MAX_LINE, native_rows=True, dicts=True,
-                                   careful_keys=(REASON_KEY,))
+                                   careful_keys=(REASON_KEY,), filt=filt)
         self.reader.begin(name)
 
     k = property(lambda self: self.reader.k, lambda self, v: setattr(self.reader, "k", v))
@@ -420,8 +420,9 @@ def run_live(in_fd: int, out_fd: int, opts: LiveOptions, tty: bool | None = None
     res = LiveResult()
     stats = res.stats
     dash = Dashboard(opts, out_fd, tty, cursor)
-    model = hm.Window(dash.bucket, dash.ncols, opts.by, opts.filt, opts.measure)
-    feeder = Feeder(model, stats, opts.name, opts.strict)
+    idle = Filter(include_idle=opts.filt is not None and opts.filt.include_idle)  # the reader filters
+    model = hm.Window(dash.bucket, dash.ncols, opts.by, idle, opts.measure)
+    feeder = Feeder(model, stats, opts.name, opts.strict, filt=opts.filt)
     dash.reasons = feeder.reasons
     term = _Terminal(out_fd, opts.keys) if cursor else None
     period = 1.0 / opts.refresh

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from array import array
 
+from pstate.analysis import services
 from pstate.stream import schema
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import MAX_INT
@@ -144,11 +145,15 @@ class Grid:
 # --- the stream tracker: events -> intervals ---------------------------------
 
 
-def key_of(by: str):
+def key_of(by: str, directory: services.Directory | None = None):
+    """The row key of a task: its tid, pid or comm, or (--by title and the
+    like) what the stream's process records said of its pid."""
     if by == "tid":
         return lambda pid, tid, comm: tid
     if by == "pid":
         return lambda pid, tid, comm: pid or tid
+    if directory is not None:
+        return lambda pid, tid, comm: directory.key(by, pid)
     return lambda pid, tid, comm: comm
 
 
@@ -167,7 +172,8 @@ class Tracker:
 
     def __init__(self, by: str = "tid", filt: Filter | None = None, measure: str | None = None):
         self.by = by
-        self.keyf = key_of(by)
+        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.keyf = key_of(by, self.directory)
         self.filt = filt if (filt is not None and filt.active) else None
         self.skip_idle = filt is None or not filt.include_idle
         self.measure = measure
@@ -217,7 +223,7 @@ class Tracker:
             if t == "exec":
                 comm = rec.get("comm") or "?"
                 key = self.keyf(rec["pid"], rec["tid"], comm)
-                if self.by != "comm":
+                if self.by in ("tid", "pid"):
                     self.comm[key] = comm
         elif t == "meta":
             # Only event times are checked by the reader; these go into int64
@@ -234,6 +240,9 @@ class Tracker:
             ts = rec.get("ts")
             if _valid_int(ts) and (self.end_ts is None or ts > self.end_ts):
                 self.end_ts = ts
+        elif t in ("process", "cgroup"):
+            if self.directory is not None:
+                self.directory.note(rec)
         elif t == "rate":
             n = rec.get("sample_every")
             if type(n) is int and n >= 1:
@@ -304,7 +313,7 @@ class Tracker:
 
     # ranking ---------------------------------------------------------------
     def label(self, key) -> str:
-        if self.by == "comm":
+        if self.by not in ("tid", "pid"):
             return str(key)
         return f"{self.comm.get(key, '?')} {key}"
 
@@ -435,7 +444,7 @@ class Window(Tracker):
             if tid == pid or key not in self.comm:
                 self.comm[key] = comm
         else:
-            key = comm
+            key = self.keyf(pid, tid, comm)
         ev = self.events
         ev[key] = ev.get(key, 0) + 1
         if dur is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
@@ -470,6 +479,8 @@ class Window(Tracker):
         width = NSTATES + 1
         by_tid = self.by == "tid"
         by_pid = self.by == "pid"
+        by_comm = self.by == "comm"
+        keyf = self.keyf
         gaps = self.sample_every > 1
         lt = self.last_ts
         lo = 0 if lt is None else lt // b - ncols + 1
@@ -498,8 +509,10 @@ class Window(Tracker):
                 key = pid or tid
                 if tid == pid or key not in names:
                     names[key] = comm
-            else:
+            elif by_comm:
                 key = comm
+            else:
+                key = keyf(pid, tid, comm)
             events[key] = events_get(key, 0) + 1
             s = index(frm, OTHER)
             if gaps:

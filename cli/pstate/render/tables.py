@@ -18,7 +18,8 @@ import tabulate as _tabulate_mod
 from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
 from pstate.analysis.latency import PERCENTILES, pick_unit, render_log2_rows
-from pstate.analysis.timeinstate import BLOCKED_PREFIX, LATENCY_KINDS, Group, Summary, kind_order, state_order
+from pstate.analysis.timeinstate import (BLOCKED_PREFIX, LATENCY_KINDS, NAMED_BY, Group, Summary, kind_order,
+                                         state_order)
 from pstate.analysis.selection import matrix
 
 REPORT_SCHEMA = 1
@@ -106,7 +107,8 @@ def _matrix_rows(groups: list) -> list:
             for frm, to, n, total, known in matrix(groups)]
 
 
-def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: bool = False) -> dict:
+def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: bool = False,
+                 rest: Group | None = None, total: Group | None = None) -> dict:
     st = s.stats
     rep: dict = {
         "type": "stats",
@@ -146,10 +148,13 @@ def build_report(s: Summary, groups: list, *, hist: bool = False, with_matrix: b
     rep["accounting"]["impossible_transitions"] = s.impossible
     rep["accounting"]["oncpu_exceeds_cpus"] = [g.key for g in s.groups if g.oncpu_exceeds]
     rep["ledger"] = {"time_in_state": s.ledger, "transition_filters": s.transition_filters,
-                     "task_filters": s.task_filters, "cut": s.cut}
+                     "task_filters": s.task_filters, "read_filters": s.read_filters, "cut": s.cut}
     rep["groups"] = [group_dict(g, s.by, hist=hist, with_matrix=with_matrix) for g in groups]
+    if rest is not None:  # --top hid groups: what they add up to, and the total
+        rep["rest"] = group_dict(rest, "rest")
+        rep["total"] = group_dict(total, "rest")
     if not s.ledger:  # no percentage the input cannot support
-        for g in rep["groups"]:
+        for g in rep["groups"] + [rep[k] for k in ("rest", "total") if k in rep]:
             g["observed_ns"] = None
             g["states"] = {}
     if with_matrix:
@@ -175,8 +180,9 @@ def tabulate(rows, headers, **kw) -> str:
         _tabulate_mod.MIN_PADDING = saved
 
 
-BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM", "all": "ALL"}
-NAMED = ("comm", "all")  # groups keyed by a name: no COMM column of their own
+BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM", "all": "ALL", "cgroup": "CGROUP", "unit": "UNIT",
+             "container": "CONTAINER", "title": "TITLE", "ppid": "PPID"}
+KEY_WIDTH = 30  # a longer title or cgroup path is cut to this in tables (json and csv keep it)
 
 
 def _pct_cell(part: int, whole: int) -> str:
@@ -222,12 +228,23 @@ def _headline(rep: dict) -> list[str]:
                      "its records are inconsistent")
     led = rep.get("ledger") or {}
     if led.get("transition_filters"):
-        lines.append(f"FILTERED: recorded with {', '.join(led['transition_filters'])}: only the "
+        lines.append(f"FILTERED: {_filtered_with(led, led['transition_filters'])}: only the "
                      "transitions that passed are here, so time in state is not shown; counts and "
                      "latencies are of the transitions kept.")
     elif led.get("task_filters"):
-        lines.append(f"filtered: recorded with {', '.join(led['task_filters'])}: only the tasks kept.")
+        lines.append(f"filtered: {_filtered_with(led, led['task_filters'])}: only the tasks kept.")
     return [_wrap(x) for x in lines]
+
+
+def _filtered_with(led: dict, options: list) -> str:
+    """"recorded with --state", "read with --pid" or both: filters of the
+    recording (its meta records) and those this read applied."""
+    read = set(led.get("read_filters") or ())
+    parts = []
+    for how, opts in (("recorded", [o for o in options if o not in read]), ("read", [o for o in options if o in read])):
+        if opts:
+            parts.append(f"{how} with {', '.join(opts)}")
+    return ", ".join(parts)
 
 
 def _wrap(text: str, width: int = 80) -> str:
@@ -239,7 +256,13 @@ def _comm(c) -> str:
 
 
 def _key_cell(g: dict, by: str):
-    return _comm(g["key"]) if by in NAMED else g["key"]
+    key = g["key"]
+    if by == "comm":
+        return _comm(key)
+    if isinstance(key, str) and len(key) > KEY_WIDTH:
+        # a path's end says the most (the unit), a title's start
+        return "~" + key[1 - KEY_WIDTH:] if by in ("cgroup", "unit") else key[:KEY_WIDTH - 1] + "~"
+    return key
 
 
 def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) -> str:
@@ -251,40 +274,42 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
         out.append("no groups to show")
         return "\n".join(out) + "\n"
     key_h = BY_HEADER[by]
-    key_al = "left" if by in NAMED else "right"
+    key_al = "left" if by in NAMED_BY and by != "ppid" else "right"
 
+    extra = [rep[k] for k in ("rest", "total") if k in rep]  # --top hid groups
     if rep.get("ledger", {}).get("time_in_state", True):
-        out.extend(_state_table(groups, by, key_h, key_al))
-    out.extend(_rest_tables(rep, groups, by, key_h, key_al, hist=hist, with_matrix=with_matrix))
+        out.extend(_state_table(groups, by, key_h, key_al, extra))
+    out.extend(_rest_tables(rep, groups, by, key_h, key_al, hist=hist, with_matrix=with_matrix, extra=extra))
     return "\n".join(out) + "\n"
 
 
-def _state_table(groups: list, by: str, key_h: str, key_al: str) -> list:
+def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = ()) -> list:
     out = []
     rows = []
-    for g in groups:
+    extra = list(extra)
+    for g in groups + extra:
         obs = g["observed_ns"]
         ns = {s: v["ns"] for s, v in g["states"].items()}
         cells = [_pct_cell(sum(ns.get(s, 0) for s in states), obs) for _h, states in TABLE_STATE_COLUMNS]
         other = sum(v for s, v in ns.items() if s not in _COLUMN_STATES)
         cells.append(_pct_cell(other, obs))
-        first = [_key_cell(g, by)] if by in NAMED else [_key_cell(g, by), _comm(g["comm"])]
+        first = [_key_cell(g, by)] if by in NAMED_BY else [_key_cell(g, by), _comm(g["comm"])]
         rows.append(first + [fmt_ns(obs)] + cells)
-    headers = ([key_h] if by in NAMED else [key_h, "COMM"]) + ["OBSERVED"] + \
+    headers = ([key_h] if by in NAMED_BY else [key_h, "COMM"]) + ["OBSERVED"] + \
         [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
     out.append("")
     out.append("Time in state, % of the time observed:")
     out.append(_wrap(TABLE_LEGEND))
     out.append(tabulate(rows, headers,
-                        colalign=(key_al,) + ("left",) * (0 if by in NAMED else 1) + ("right",) * 8))
+                        colalign=(key_al,) + ("left",) * (0 if by in NAMED_BY else 1) + ("right",) * 8))
     return out
 
 
 def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, hist: bool,
-                 with_matrix: bool) -> list:
+                 with_matrix: bool, extra: list = ()) -> list:
     out = []
     rows = []
-    for g in groups:
+    for g in groups + list(extra):
         rows.append([_key_cell(g, by), g["transitions"], g["voluntary"], g["involuntary"],
                      g["forks"], g["execs"], g["exits"], g["null_dur"], fmt_ns(g["unobserved_ns"])])
     out.append("")
@@ -333,7 +358,7 @@ def _hist_lines(rep: dict) -> list[str]:
             if not rows:
                 continue
             who = "all tasks" if by == "all" else f"{BY_HEADER[by].lower()} {_key_cell(g, by)}"
-            if by not in NAMED:
+            if by not in NAMED_BY:
                 who += f" ({_comm(g['comm'])})"
             out.append("")
             out.append(f"{who}, {kind_label(kind)}:")
@@ -390,7 +415,7 @@ def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> 
 
 
 CSV_IDENTITY = {"pid": ("pid", "comm", "threads"), "tid": ("tid", "pid", "comm"),
-                "comm": ("comm", "processes", "threads"), "all": ("all", "processes", "threads")}
+                **{by: (by, "processes", "threads") for by in NAMED_BY}}
 
 
 def _num(v) -> str:

@@ -105,7 +105,7 @@ def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antago
 def _key(g: dict, by: str):
     if by == "reason":
         return str(g["key"])[:_REASON]
-    return tables._comm(g["key"]) if by in tables.NAMED else g["key"]
+    return tables._comm(g["key"]) if by in ("comm", "all") else g["key"]
 
 
 def _stack_cell(row: dict, width: int) -> str:

@@ -53,8 +53,9 @@ START_SLACK_NS = 20_000_000  # two clock ticks at HZ=100
 STATE_FIELDS = ("running", "runnable", "preempted", "new", "sleeping", "uninterruptible", "stopped",
                 "traced", "zombie", "dead", "parked", "idle", "unknown")
 COUNT_FIELDS = ("nvcsw", "nivcsw", "wakeups")
+IDENTITY_FIELDS = ("title", "cgroup", "cgroup_path")  # who the thread's process is (kernel.identity)
 ROW_FIELDS = ("type", "ts", "pid", "tid", "comm", "start_ts", "state", "state_since_ts", "exited", "exit_ts",
-              *(f"{s}_ns" for s in STATE_FIELDS), *COUNT_FIELDS)
+              *(f"{s}_ns" for s in STATE_FIELDS), *COUNT_FIELDS, *IDENTITY_FIELDS)
 WAIT_FIELDS = ("runnable_ns", "preempted_ns", "new_ns")
 
 # Field descriptions for the format documentation (schema.RECORDS style).
@@ -75,6 +76,9 @@ TASK_RECORD = (
         "nvcsw": ("int", "voluntary switches off the CPU (blocked)"),
         "nivcsw": ("int", "involuntary switches off the CPU (preempted)"),
         "wakeups": ("int", "wake-ups from a blocked state"),
+        "title": ("string?", "its process's title (as ps shows it; null for a kernel thread or when not known)"),
+        "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); null when not known"),
+        "cgroup_path": ("string?", "that cgroup's path below the v2 mount (/system.slice/x.service)"),
     },
 )
 SNAP_META_FIELDS = {
@@ -408,6 +412,8 @@ class TaskInterval:
     born: bool  # started inside the interval
     gone: bool  # exited inside the interval
     alive: bool  # not exited at the end of the interval
+    title: str | None = None  # its process's (IDENTITY_FIELDS; None in older snapshots)
+    cgroup_path: str | None = None
 
 
 @dataclass
@@ -497,7 +503,8 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
                 comm=str(r.get("comm", "")), start_ts=st, state=str(r.get("state", "")), values=values,
                 born=start < r["start_ts"] <= snap.end_ts,
                 gone=exited and exit_ts is not None and start < exit_ts <= snap.end_ts,
-                alive=not exited,
+                alive=not exited, title=r.get("title") if type(r.get("title")) is str else None,
+                cgroup_path=r.get("cgroup_path") if type(r.get("cgroup_path")) is str else None,
             ))
         if snap.mode == "cumulative":
             last_of_run[(boot, run)] = (snap.end_ts, {(r["tid"], r["start_ts"]): r for r in snap.rows})

@@ -43,6 +43,7 @@ from typing import Callable, Protocol
 
 import orjson
 
+from pstate.kernel import identity
 from pstate.snapshots import snapdir
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.meta import clock_anchor, rfc3339
@@ -407,15 +408,18 @@ class PromExport:
     Counters must never go down, but threads exit, exec renames them and
     rows leave the map; so each snapshot adds every thread's growth over
     its interval to the series of its current labels, and the sums only
-    grow. Series per process (default) or per thread disappear once the
-    process or thread is gone; per comm they stay (the lowest cardinality).
+    grow. Series per unit (the default), cgroup, title or comm stay, and
+    their number is bounded by the services, not the pids; per pid or per
+    thread they disappear once the process or thread is gone.
     No sample timestamps: the textfile collector rejects them.
     """
 
-    LABELS = {"process": ("pid", "comm"), "thread": ("pid", "tid", "comm"), "comm": ("comm",)}
+    LABELS = {"unit": ("unit",), "cgroup": ("cgroup",), "title": ("title",), "comm": ("comm",),
+              "pid": ("pid", "comm"), "thread": ("pid", "tid", "comm")}
+    STAYING = ("unit", "cgroup", "title", "comm")  # series that outlive their processes
 
-    def __init__(self, by: str = "process"):
-        self.by = by
+    def __init__(self, by: str = "unit"):
+        self.by = "pid" if by == "process" else by  # (process: the old name of pid)
         self.totals: dict[tuple, dict[str, int]] = {}
         self.threads: dict[tuple, int] = {}
         self.started = 0
@@ -426,7 +430,7 @@ class PromExport:
         threads: dict[tuple, int] = {}
         for r, d, is_new in zip(rows, deltas, new):
             comm = leader.get(r["pid"], r["comm"]) if self.by != "thread" else r["comm"]
-            key = tuple(comm if f == "comm" else r[f] for f in self.LABELS[self.by])
+            key = tuple(self._label_value(f, r, comm) for f in self.LABELS[self.by])
             acc = self.totals.setdefault(key, {})
             for k, v in d.items():
                 acc[k] = acc.get(k, 0) + v
@@ -437,12 +441,24 @@ class PromExport:
                 self.started += 1
             if r["state"] == "reaped":
                 self.exited += 1
-        if self.by != "comm":
+        if self.by not in self.STAYING:
             # A process or thread is shown once more after it is freed (with
             # 0 threads); then its series ends.
             for key in [k for k in self.totals if k not in threads]:
                 del self.totals[key]
         self.threads = threads
+
+    @staticmethod
+    def _label_value(field: str, r: dict, comm: str):
+        if field == "comm":
+            return comm
+        if field == "unit":
+            return identity.unit_of(r.get("cgroup_path"))
+        if field == "cgroup":
+            return r.get("cgroup_path") or identity.UNKNOWN
+        if field == "title":
+            return r.get("title") or f"[{comm}]"
+        return r[field]
 
     def render(self, meta: dict) -> bytes:
         names = self.LABELS[self.by]
@@ -582,7 +598,7 @@ class Plan:
     clear: bool = False
     keep: int | None = None
     max_age_ns: int | None = None
-    prom_by: str = "process"
+    prom_by: str = "unit"
 
 
 class Snapper:
@@ -598,6 +614,7 @@ class Snapper:
         self.log = log
         self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
+        self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
 
     def run(self) -> int:
@@ -637,10 +654,11 @@ class Snapper:
             "run_id": self.run_id, "run_start_ts": run_start,
         })
         rows, deltas, new = [], [], []
+        who = self.identities.of(r["pid"] for r in sample.rows)
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
-            row = {"type": "task", "ts": ts, **r}
+            row = {"type": "task", "ts": ts, **r, **who[r["pid"]]}
             if self.plan.clear:
                 row.update(d)
             rows.append(row)

@@ -1,11 +1,15 @@
 """Event filters shared by record (map values of its BPF program, see
-pstate.kernel.filtermaps) and replay (applied in Python), so `record -p X` and `record | replay -p X` agree."""
+pstate.kernel.filtermaps) and every command that reads a stream (applied by
+the one reader, pstate.stream.reader), so `record -p X`, `record | replay -p X`
+and `record | stats -p X` keep the same events."""
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 
 from pstate.stream import schema
+from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS
 
 LIFECYCLE = ("fork", "exec", "exit")
 
@@ -19,6 +23,8 @@ class Filter:
     cpus: tuple[int, ...] = ()
     min_dur_ns: int = 0
     include_idle: bool = False
+    cgroups: tuple[str, ...] = ()  # v2 paths: the cgroup and everything below it
+    titles: tuple[str, ...] = ()  # shell patterns of process titles
     _pidset: frozenset = field(default=frozenset(), repr=False)
 
     def __post_init__(self):
@@ -27,17 +33,66 @@ class Filter:
         self._commset = frozenset(c[:15] for c in self.comms)
         self._stateset = frozenset(self.states)
         self._cpuset = frozenset(self.cpus)
+        self.cgroups = tuple(cgroup_path(p) for p in self.cgroups)
+        # --cgroup and --title in user space: what the stream's process and
+        # cgroup records said (note()), and pid -> passes, as of now
+        self._who = bool(self.cgroups or self.titles)
+        self._paths: dict = {}  # cgroup id -> path
+        self._procs: dict = {}  # pid -> (cgroup id, title)
+        self._passes: dict = {}
 
     @property
     def active(self) -> bool:
-        return bool(self.pids or self.tids or self.comms or self.states or self.cpus or self.min_dur_ns)
+        return bool(self.pids or self.tids or self.comms or self.states or self.cpus or self.min_dur_ns
+                    or self.cgroups or self.titles)
+
+    @property
+    def needs_identities(self) -> bool:
+        """Whether note() must see the stream's process and cgroup records."""
+        return self._who
+
+    def note(self, rec: dict) -> None:
+        """A process or cgroup record (--cgroup and --title read them): a
+        process passes from its process record on, by what that says."""
+        t = rec.get("type")
+        if t == "cgroup" and type(rec.get("cgroup")) is int:
+            self._paths[rec["cgroup"]] = rec.get("path")
+            self._passes.clear()
+        elif t == "process" and type(rec.get("pid")) is int:
+            self._procs[rec["pid"]] = (rec.get("cgroup"), rec.get("title"))
+            self._passes.pop(rec["pid"], None)
+
+    def _who_passes(self, pid) -> bool:
+        ok = self._passes.get(pid)
+        if ok is None:
+            cgid, title = self._procs.get(pid, (None, None))
+            ok = True
+            if self.cgroups:
+                path = self._paths.get(cgid)
+                ok = type(path) is str and any(path == c or path.startswith(c.rstrip("/") + "/")
+                                               for c in self.cgroups)
+            if ok and self.titles:
+                ok = type(title) is str and any(fnmatch.fnmatchcase(title, pat) for pat in self.titles)
+            self._passes[pid] = ok
+        return ok
+
+    def options(self) -> list[str]:
+        """The options in force, as meta.filters_in_force names them."""
+        fields = self.meta_fields()
+        return [opt for f, opt in TRANSITION_FILTERS + TASK_FILTERS if fields.get(f)]
+
+    def read_fields(self) -> dict:
+        """The read_filter_* fields the one reader adds to the meta records
+        of a stream it filters (stats then knows which transitions are gone)."""
+        return {"read_" + k: v for k, v in self.meta_fields().items() if k.startswith("filter_")}
 
     def meta_fields(self) -> dict:
         """The filter_* fields of a meta record."""
         out = {}
         for key, val in (("filter_pid", list(self.pids)), ("filter_tid", list(self.tids)),
                          ("filter_comm", list(self.comms)), ("filter_state", list(self.states)),
-                         ("filter_cpu", list(self.cpus))):
+                         ("filter_cpu", list(self.cpus)), ("filter_cgroup", list(self.cgroups)),
+                         ("filter_title", list(self.titles))):
             if val:
                 out[key] = val
         if self.min_dur_ns:
@@ -76,4 +131,11 @@ class Filter:
             return False
         if self._commset and comm not in self._commset:
             return False
-        return not (self._cpuset and cpu not in self._cpuset)
+        if self._cpuset and cpu not in self._cpuset:
+            return False
+        return not self._who or self._who_passes(pid)
+
+
+def cgroup_path(path: str) -> str:
+    """A --cgroup value as the cgroup records write paths: /a/b, / for the root."""
+    return "/" + path.strip("/")

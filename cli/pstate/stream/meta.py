@@ -75,15 +75,18 @@ def meta_record(source: str, kernel_states=None) -> dict:
 # Filters that drop transitions of the tasks they keep: what is left is no
 # ledger of their time. Task filters keep every transition of the tasks kept.
 TRANSITION_FILTERS = (("filter_state", "--state"), ("filter_cpu", "--cpu"), ("filter_min_dur_ns", "--min-dur"))
-TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"))
+TASK_FILTERS = (("filter_pid", "--pid"), ("filter_tid", "--tid"), ("filter_comm", "--comm"),
+                ("filter_cgroup", "--cgroup"), ("filter_title", "--title"), ("filter_command", "-- CMD"))
 
 
-def filters_in_force(metas, fields=TRANSITION_FILTERS + TASK_FILTERS) -> list:
-    """The options (--state, ...) behind the filter_* and replay_filter_*
-    fields set in any of the meta records, in the order of fields."""
+def filters_in_force(metas, fields=TRANSITION_FILTERS + TASK_FILTERS, prefixes=("", "replay_", "read_")) -> list:
+    """The options (--state, ...) behind the filter_*, replay_filter_* and
+    read_filter_* fields (prefixes: only those) set in any of the meta
+    records, in the order of fields. read_filter_* fields are added by the
+    reader that applied the filter (stream.reader)."""
     found = []
     for field, option in fields:
-        if any(m.get(field) or m.get("replay_" + field) for m in metas):
+        if any(m.get(p + field) for m in metas for p in prefixes):
             found.append(option)
     return found
 

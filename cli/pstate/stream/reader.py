@@ -21,6 +21,10 @@ everywhere:
   meta record of a newer schema raises PstateError (exit 65);
 - a record type this pstate does not know (schema.KNOWN_TYPES) is skipped
   quietly and counted in ReadStats.unknown, never a bad line.
+- with a filter (stream.filters.Filter, the options record takes), only
+  the event records it passes come out (other records all do), and each
+  meta record comes out with the read_filter_* fields of the filter; the
+  bulk reader is not used (every line takes the careful path).
 
 What comes out, in input order, goes to a sink with two methods:
 
@@ -148,8 +152,11 @@ class StreamReader:
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
                  dicts: bool = False, native_rows: bool = False, wide: bool = False, lines: bool = False,
-                 unknown: bool = False, careful_keys: tuple = ()):
+                 unknown: bool = False, careful_keys: tuple = (), filt=None):
         self.sink = sink
+        self.filt = filt if filt is not None and filt.active else None
+        if self.filt is not None:
+            fast, native_rows = None, False  # the bulk readers do not filter
         self.dicts = dicts or lines  # state records to the sink as dicts too (read_records, replay)
         self.wide = wide
         self.lines = lines
@@ -330,7 +337,11 @@ class StreamReader:
             stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         stats.records += 1
         t = rec["type"]
+        filt = self.filt
         if t == "state":
+            if filt is not None and not filt.match_state(rec["pid"], rec["tid"], rec.get("comm"), rec["cpu"],
+                                                         rec["from"], rec["to"], rec.get("dur_ns")):
+                return
             if not self.dicts:
                 self._rows.append(state_row(rec, weight, self.wide))
                 return
@@ -338,6 +349,13 @@ class StreamReader:
             if t not in schema.KNOWN_TYPES:
                 stats.unknown[t] = stats.unknown.get(t, 0) + 1
                 if not self.unknown:
+                    return
+            if filt is not None:
+                if t == "meta":
+                    rec.update(filt.read_fields())
+                elif t in ("process", "cgroup"):
+                    filt.note(rec)  # (--cgroup, --title)
+                elif not filt.match(rec):
                     return
             if self._rows:
                 self._flush_rows()
@@ -419,15 +437,15 @@ def feed_sources(rd: StreamReader, sources, stats: ReadStats):
 
 
 def read_records(sources, stats: ReadStats | None = None, *, max_line: int = MAX_LINE, strict: bool = False,
-                 types: frozenset | None = None):
+                 types: frozenset | None = None, filt=None):
     """Yield the usable records of files (or "-" for stdin), in order, as
     dicts: the careful path of a StreamReader, for readers that want whole
-    records (types: only these). meta, loss and end records are also noted
+    records (types: only these; filt: only the events it passes). meta, loss and end records are also noted
     in stats; a newer schema raises PstateError; with strict, so does the
     first bad line (LineError)."""
     stats = stats if stats is not None else ReadStats()
     sink = _Collect(types)
-    rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True)
+    rd = StreamReader(sink, stats, strict=strict, max_line=max_line, dicts=True, filt=filt)
     for _ in feed_sources(rd, sources, stats):
         if sink.out:
             yield from sink.take()

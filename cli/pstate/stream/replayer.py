@@ -35,8 +35,6 @@ from pstate.stream.reader import StreamReader
 from pstate.stream.streamio import MAX_INT, MAX_LINE, LineWriter, ReadStats, note_damage, open_input
 from pstate.stream.timewindow import Anchor, BoundWindow, Window, WindowError, cut_end, fmt_wall
 
-# The native check of plainly written state records (None when not built or
-# PSTATE_PURE=1: then every line is parsed, with the same result).
 _plain_states = getattr(native.load("_digest"), "plain_states", None)
 # ... and the native row reader, for replays that select or pace what they copy
 _parse_states = getattr(native.load("_digest"), "parse_states", None)
@@ -455,8 +453,10 @@ class Replayer:
             self.last_ts = ts
 
     def _other(self, rec: dict, line: bytes) -> None:
-        # rate records, snapshot rows and types of a later format version. Before
-        # the window they still say what is in force (e.g. sampling), so keep them.
+        # rate and process records, snapshot rows, types of a later format: before the
+        # window they still say what is in force (sampling, who a pid is), so keep them.
+        if self.filt is not None and rec["type"] in ("process", "cgroup"):  # (--cgroup, --title)
+            self.filt.note(rec)
         ts = _valid_ts(rec.get("ts"))
         self._timed(ts)
         if ts is not None and self.mode == "stream":

@@ -117,6 +117,11 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "filter_state": ("list?", "--state values in force"),
             "filter_cpu": ("list?", "--cpu values in force"),
             "filter_min_dur_ns": ("int?", "--min-dur in force, ns"),
+            "filter_cgroup": ("list?", "--cgroup paths in force (each with everything below it)"),
+            "filter_title": ("list?", "--title patterns in force (replay, stats, heat, export)"),
+            "filter_children": ("bool?", "record -p --children: the descendants of the -p processes are recorded too"),
+            "filter_command": ("list?", "record -- CMD: the command (argv) whose processes were recorded"),
+            "command_pid": ("int?", "record -- CMD: its pid"),
             "include_idle": ("bool", "whether the idle task (tid 0) is reported"),
             "pstate_pid": ("int", "process id of the pstate process that wrote the stream"),
             "buffer_bytes": ("int?", "record: size of the BPF ring buffer"),
@@ -169,6 +174,35 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "stack_id": ("int", "the id state records name it by (unique within the stream)"),
             "frames": ("string", "the frames, root first, joined by ';' (the folded convention), each "
                        "function+0xoffset from /proc/kallsyms, then ' [module]' for a module's"),
+        },
+    ),
+    "cgroup": (
+        "record: a cgroup (v2) the stream meets for the first time, before the first record naming its id",
+        {
+            "cgroup": ("int", "the cgroup id (what bpf_get_current_cgroup_id gives: the inode number of its "
+                       "directory on the cgroup v2 mount)"),
+            "path": ("string?", "its path below the v2 mount, / for the root (e.g. /system.slice/nginx.service); "
+                     "null when gone"),
+            "gone": ("bool", "true when no cgroup had the id any more when pstate looked it up"),
+        },
+    ),
+    "process": (
+        "record: who a process is, read from /proc the first time the stream meets its pid, again once "
+        "shortly after (titles are set after fork) and after its main thread changes its name (exec); "
+        "a new record only when something changed",
+        {
+            "pid": ("int", "process id (tgid), as in the events"),
+            "comm": ("string?", "the name of its main thread (/proc/PID/status); when gone, as the events "
+                     "showed it, if they did"),
+            "title": ("string?", "its process title: /proc/PID/cmdline, arguments joined by spaces (what ps "
+                      "shows, e.g. 'postgres: checkpointer'); null for a kernel thread or when gone"),
+            "exe": ("string?", "its executable (/proc/PID/exe); null for a kernel thread, when gone or unreadable"),
+            "ppid": ("int?", "its parent's process id; null when gone"),
+            "cgroup": ("int?", "the id of its cgroup (see the cgroup record); null when gone or without cgroup v2"),
+            "ns_pid": ("int?", "its pid in its own pid namespace, when that is not the initial one"),
+            "gone": ("bool", "true when the process had exited before pstate could read it: nothing else is known"),
+            "why": ("string", "first (first sight), recheck (the second look) or exec (its main thread's name "
+                    "changed)"),
         },
     ),
     "fork": (
@@ -235,8 +269,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "end": (
         "last line of a stream: why it ended and totals",
         {
-            "reason": ("string", "duration, signal, eof, pipe or error; a --flight file: flight, or stopped "
-                       "when the run ended during its --after"),
+            "reason": ("string", "duration, signal, eof, pipe or error; exit: record -- CMD's command exited; "
+                       "a --flight file: flight, or stopped when the run ended during its --after"),
             "events": ("int", "state and lifecycle records written (excluding meta, loss, rate, end)"),
             "lost": ("int", "events dropped in total, all reasons"),
             "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),

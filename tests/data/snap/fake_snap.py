@@ -75,6 +75,16 @@ def install(collector_factory=None, setter=setattr) -> None:
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers: FakeProgram())
     setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
+    # who the fake processes are: three services, one title each
+    from pstate.kernel import identity
+
+    setter(identity, "read_process", fake_process)
+    setter(identity.CgroupPaths, "id_of", lambda self, path: 100 + int(path[-9]) if path.endswith(".service") else None)
+
+
+def fake_process(pid: int) -> dict:
+    return {"comm": "w", "title": f"fake: worker {pid}", "exe": "/bin/fake", "ppid": 1,
+            "cgroup_path": f"/system.slice/fake{pid % 3}.service", "ns_pid": None}
 
 
 if __name__ == "__main__":

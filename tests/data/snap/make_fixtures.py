@@ -42,7 +42,19 @@ def row(end, pid, tid, comm, start, state="sleeping", exited=False, exit_ts=None
     for s in snapdir.STATE_FIELDS:
         r[f"{s}_ns"] = int(ns.get(s, 0))
     r.update(nvcsw=int(ns.get("nvcsw", 0)), nivcsw=int(ns.get("nivcsw", 0)), wakeups=int(ns.get("wakeups", 0)))
+    path = CGROUPS.get(comm)
+    r.update(title=f"{comm}: worker", cgroup=(sorted(set(CGROUPS.values())).index(path) + 10) if path else None,
+             cgroup_path=path)
     return r
+
+
+# Where each program runs (--by cgroup, unit, container): two services, one
+# container, one login session
+DOCKER_ID = "c0ffee" + "0" * 58
+CGROUPS = {"hog": "/system.slice/hog.service", "dbwriter": "/system.slice/db.service",
+           "steady": "/system.slice/db.service", "leaky": f"/system.slice/docker-{DOCKER_ID}.scope",
+           "sh": "/user.slice/user-0.slice/session-1.scope", "job": "/system.slice/cron.service",
+           "job2": "/system.slice/cron.service"}
 
 
 def meta(boot, run, seq, start, end, wall0, mode, host="fixture"):

@@ -1,0 +1,69 @@
+"""Services and roles: the group keys --by cgroup, unit, container, title
+and ppid, from a stream's process and cgroup records.
+
+The units and containers of paths are kernel.identity's unit_of and
+container_of (snapshots use them too). A Directory notes the process and cgroup records of a stream as they come
+and answers, for a pid, the key of its group at that point of the stream:
+
+- cgroup: its cgroup's v2 path (/system.slice/nginx.service);
+- unit: the systemd unit of that path, the deepest component named *.service
+  or *.scope (a *.slice when there is none): nginx.service,
+  session-3.scope, user.slice;
+- container: the container of that path, by the docker, containerd (CRI),
+  podman and Kubernetes conventions: docker-<id>.scope, docker/<id>,
+  cri-containerd-<id>.scope, crio-<id>.scope, libpod-<id>.scope give the
+  container id (12 characters); under kubepods, pod<uid> adds the pod
+  ("pod<uid>/<id>"); a path with none of them is "host";
+- title: its process title (ps's COMMAND), "[comm]" for a kernel thread;
+- ppid: its parent's pid.
+
+A pid the stream has said nothing about (a recording without process
+records, or from before them) is in the group "?"; one that was gone before
+pstate could read it, "(gone)".
+"""
+
+from __future__ import annotations
+
+from pstate.kernel.identity import UNKNOWN, container_of, unit_of
+
+BY_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+GONE = "(gone)"
+
+class Directory:
+    """What a stream's process and cgroup records said, so far."""
+
+    def __init__(self):
+        self.procs: dict[int, dict] = {}  # pid -> its last process record
+        self.paths: dict[int, str | None] = {}  # cgroup id -> path
+
+    def note(self, rec: dict) -> int | None:
+        """A process or cgroup record; the pid whose key may have changed."""
+        t = rec.get("type")
+        if t == "cgroup" and type(rec.get("cgroup")) is int:
+            self.paths[rec["cgroup"]] = rec.get("path") if type(rec.get("path")) is str else None
+        elif t == "process" and type(rec.get("pid")) is int:
+            self.procs[rec["pid"]] = rec
+            return rec["pid"]
+        return None
+
+    def key(self, by: str, pid: int):
+        rec = self.procs.get(pid)
+        if rec is None:
+            return UNKNOWN
+        if rec.get("gone"):
+            return GONE
+        if by == "title":
+            title = rec.get("title")
+            if type(title) is str and title:
+                return title
+            return f"[{rec.get('comm') or UNKNOWN}]"
+        if by == "ppid":
+            ppid = rec.get("ppid")
+            return ppid if type(ppid) is int else UNKNOWN
+        cgid = rec.get("cgroup")
+        path = self.paths.get(cgid) if type(cgid) is int else None
+        if by == "cgroup":
+            return path if path is not None else UNKNOWN
+        if by == "unit":
+            return unit_of(path)
+        return container_of(path)
