@@ -226,6 +226,11 @@ def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
     """The records of a CSV snapshot, as read_records gives those of a
     JSON-lines one: the meta and end records from their '#' comment lines
     (first and last), then a "task" record per row under the header."""
+    def bad(lineno: int, reason: str, detail: str) -> None:
+        if strict:
+            raise PstateError(f"{path}:{lineno}: {detail}", ExitCode.DATAERR)
+        stats.skip(reason, f"{path}:{lineno}")
+
     with open_input(path) as fp:
         text = io.TextIOWrapper(fp, encoding="utf-8", errors="replace", newline="")
         header = None
@@ -237,10 +242,8 @@ def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
                 except orjson.JSONDecodeError:
                     rec = None
                 if not isinstance(rec, dict) or rec.get("type") not in ("meta", "end"):
-                    if strict:
-                        raise PstateError(f"{path}:{lineno}: a comment line that is not a meta or end record",
-                                          ExitCode.DATAERR)
-                    stats.skip("CSV comment that is not a meta or end record", f"{path}:{lineno}")
+                    bad(lineno, "CSV comment that is not a meta or end record",
+                        "a comment line that is not a meta or end record")
                     continue
                 stats.records += 1
                 stats.note(rec, path)
@@ -253,10 +256,8 @@ def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
                 header = cells
                 continue
             if len(cells) != len(header):
-                if strict:
-                    raise PstateError(f"{path}:{lineno}: {len(cells)} CSV fields, the header has {len(header)}",
-                                      ExitCode.DATAERR)
-                stats.skip("CSV row with a wrong number of fields", f"{path}:{lineno}")
+                bad(lineno, "CSV row with a wrong number of fields",
+                    f"{len(cells)} CSV fields, the header has {len(header)}")
                 continue
             stats.records += 1
             row = {"type": "task"}
