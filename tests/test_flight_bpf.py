@@ -181,7 +181,7 @@ def test_memory_stays_under_the_cap_in_a_storm(tmp_path):
     fl = Flight(tmp_path, "--flight", "60s", "--flight-memory", "20M", "--after", "0")
     base = _rss(fl.proc.pid)
     storm = subprocess.Popen(["taskset", "-c", "1", perf, "bench", "sched", "pipe", "-l", "100000000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     peak = 0
     try:
         end = time.monotonic() + 10
@@ -189,7 +189,7 @@ def test_memory_stays_under_the_cap_in_a_storm(tmp_path):
             peak = max(peak, _rss(fl.proc.pid))
             time.sleep(0.1)
     finally:
-        storm.kill()
+        os.killpg(storm.pid, signal.SIGKILL)  # perf's forked partner too
         storm.wait()
     fl.proc.send_signal(signal.SIGUSR1)
     files = fl.wait_files(1)

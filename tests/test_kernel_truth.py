@@ -149,8 +149,9 @@ def irq_and_steal_ns(cpu: int) -> int:
 def run_scenario(tmp_path, storm: bool) -> tuple[dict, list[dict]]:
     storm_proc = None
     if storm:
+        # its own session: perf's forked partner dies with the group, not left to run for hours
         storm_proc = subprocess.Popen(["taskset", "-c", "0", "perf", "bench", "sched", "pipe", "-l", "100000000"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
     kids = {
@@ -189,7 +190,7 @@ def run_scenario(tmp_path, storm: bool) -> tuple[dict, list[dict]]:
                 k.kill()
                 k.wait()
         if storm_proc is not None:
-            storm_proc.kill()
+            os.killpg(storm_proc.pid, signal.SIGKILL)
             storm_proc.wait()
     return truth, recs
 

@@ -111,9 +111,10 @@ def start(prog, s: Settings) -> None:
     program reports, through these filters."""
     one = ctypes.c_uint8(1)
     for name, vals in (("pid_filter", s.pids), ("tid_filter", s.tids), ("cgroup_pids", s.cgroup_pids)):
-        t = prog.table(name)
-        for v in vals:
-            t[ctypes.c_uint32(v)] = one
+        if vals:  # (a set the program may not have when unused: bench --against an older revision)
+            t = prog.table(name)
+            for v in vals:
+                t[ctypes.c_uint32(v)] = one
     if s.cgroup_ids:
         t = prog.table("cgroup_filter")
         for v in s.cgroup_ids:
