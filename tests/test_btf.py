@@ -137,6 +137,8 @@ def test_offsets_match_bpftool():
     for define, spellings in btf.TASK_MEMBERS.items():
         path = next(p for p in spellings if _has(b, p))
         assert offsets[define] * 8 == _bpftool_member(types, "task_struct", path), path
+    for path in ("__state", "cgroups", "thread_info"):  # more members, resolved the same way
+        assert b.member("task_struct", path)[0] * 8 == _bpftool_member(types, "task_struct", path), path
     for event, tid in btf.check_tracepoints(b).items():
         kind, name, _m, _rest = types[tid]
         assert (kind, name) == ("TYPEDEF", f"btf_trace_{event}")

@@ -252,7 +252,6 @@ _KIND_NAMES = {INT: "int", PTR: "pointer", ARRAY: "array", STRUCT: "struct", UNI
 TASK_MEMBERS = {
     "TASK_PID": ("pid",),
     "TASK_TGID": ("tgid",),
-    "TASK_STATE": ("__state", "state"),
     "TASK_EXIT_STATE": ("exit_state",),
     "TASK_PRIO": ("prio",),
     "TASK_COMM": ("comm",),
