@@ -345,7 +345,12 @@ PSTATE_PROBE(sched, sched_switch) {
         if (bits & cfg->stack_mask) {
             bpf_get_current_comm(comm, sizeof(comm)); // prev is current
             if (task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm)) {
-                int id = stacks.get_stackid(ARGS, 0);
+                // BCC rewrites no map call with a macro in it: the context by name
+#ifdef TP_BTF
+                int id = stacks.get_stackid(ctx, 0);
+#else
+                int id = stacks.get_stackid(args, 0);
+#endif
                 if (id >= 0)
                     stack = (u32)id + 1;
                 else

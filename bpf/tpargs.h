@@ -20,8 +20,9 @@
 //   RAW_UNINTERRUPTIBLE RAW_AS_UNINTERRUPTIBLE
 //
 // Each program names a probe PSTATE_PROBE(category, event) and reads its
-// arguments only through the macros below; ARGS is what a helper taking the
-// program's context (get_stackid) is given.
+// arguments only through the macros below. The context is `ctx` on the
+// tp_btf path and `args` on the other (BCC rewrites no map call, such as
+// get_stackid's, with a macro among its arguments).
 
 #ifndef TPARGS_H
 #define TPARGS_H
@@ -29,7 +30,6 @@
 #ifdef TP_BTF
 
 #define PSTATE_PROBE(category, event) int tp_btf__##event(u64 *ctx)
-#define ARGS ctx
 #define TP_TASK(i) ((const char *)ctx[i])
 #define TASK_U32(t, off) (*(const u32 *)((t) + (off)))
 #define TASK_S32(t, off) (*(const s32 *)((t) + (off)))
@@ -67,7 +67,7 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define SW_NEXT_TGID TASK_U32(TP_TASK(2), TASK_TGID)
 #define WK_TGID TASK_U32(TP_TASK(0), TASK_TGID)
 
-// sched_waking, sched_wakeup, sched_wakeup_new: (struct task_struct *p)
+// sched_waking, sched_wakeup, sched_wakeup_new: (the task woken)
 #define WK_PID TASK_U32(TP_TASK(0), TASK_PID)
 #define WK_TARGET_CPU TASK_U32(TP_TASK(0), TASK_CPU)
 #define WK_COMM(dst) __builtin_memcpy(dst, TP_TASK(0) + TASK_COMM, 16)
@@ -75,7 +75,6 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #else // classic tracepoints
 
 #define PSTATE_PROBE(category, event) TRACEPOINT_PROBE(category, event)
-#define ARGS args
 
 #define SW_PREV_PID ((u32)args->prev_pid)
 #define SW_NEXT_PID ((u32)args->next_pid)

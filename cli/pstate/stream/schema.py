@@ -87,7 +87,8 @@ COMMON_FIELDS = {
 
 TASK_FIELDS = {
     "cpu": ("int", "CPU the event happened on"),
-    "pid": ("int", "process id (tgid) of the task; 0 when unknown"),
+    "pid": ("int", "process id (tgid) of the task; 0 when unknown (on the tracepoint path only: a thread "
+                   "first seen as it is switched in or woken)"),
     "tid": ("int", "thread id of the task (the kernel's pid)"),
     "comm": ("string", "task name (comm), at most 15 bytes"),
 }
