@@ -19,18 +19,6 @@ pytestmark = pytest.mark.bpf
 needs_btf = pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="the kernel has no BTF")
 
 
-@pytest.fixture
-def root_cache(tmp_path, monkeypatch):
-    base = tmp_path / "pc"
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    d = str(base / "programs")
-    monkeypatch.setenv("PSTATE_CACHE_DIR", d)
-    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
-    monkeypatch.delenv(tpbtf.ENV, raising=False)
-    return d
-
-
 def _defines():
     from pstate.commands import record
     from pstate.kernel import loader
@@ -55,6 +43,7 @@ def test_refused_tp_btf_falls_back_with_its_reason(root_cache, monkeypatch):
     def refuse(insns, name, btf_id, license="GPL", kern_version=0):
         raise tpbtf.Refused(f"{name}: Permission denied (a test refusal)")
 
+    monkeypatch.delenv(tpbtf.ENV, raising=False)  # auto: the path that falls back
     monkeypatch.setattr(tpbtf, "load_one", refuse)
     p = loader.Program("record", _defines())
     try:
@@ -138,7 +127,7 @@ def _both_paths_at_once():
     import subprocess
     import sys
 
-    from workloads import Recording
+    from workloads import Recording, go
 
     kids = {}
     for name, (body, cpu) in KIDS.items():
@@ -151,9 +140,7 @@ def _both_paths_at_once():
         for path in ("tp_btf", "tracepoint"):
             recs[path] = Recording("-c", WORKLOAD_COMM, "--probes", path)
         assert {p: r.meta["probes"] for p, r in recs.items()} == {"tp_btf": "tp_btf", "tracepoint": "tracepoint"}
-        for k in kids.values():
-            k.stdin.write(b"g")
-            k.stdin.flush()
+        go(*kids.values())
         time.sleep(0.1)
         os.kill(kids["stopped"].pid, signal.SIGSTOP)
         time.sleep(0.2)

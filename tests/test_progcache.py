@@ -417,17 +417,6 @@ def test_unsupported_map_type():
 
 # --- with BPF ------------------------------------------------------------------------------
 
-@pytest.fixture
-def root_cache(tmp_path, monkeypatch):
-    base = tmp_path / "pc"
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    d = str(base / "programs")
-    monkeypatch.setenv("PSTATE_CACHE_DIR", d)
-    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
-    return d
-
-
 def _record_defines():
     from pstate.kernel import loader
     from pstate.commands import record
