@@ -12,7 +12,7 @@ APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-fast bench artifacts install print-install-dirs clean
+.PHONY: setup run test test-tracepoint test-fast bench artifacts install print-install-dirs clean
 
 setup: $(VENV)/.installed
 	@$(PSTATE) doctor
@@ -48,6 +48,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# record's and snap's BPF tests once more on the classic tracepoint path
+# (`make test` takes the tp_btf path where the kernel has BTF; the tests that
+# compare the two paths run in both): about two minutes more.
+test-tracepoint: setup
+	PSTATE_PROBES=tracepoint $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
+		tests/test_snap_bpf.py tests/test_progcache.py tests/test_flight_bpf.py tests/test_stacks_bpf.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

@@ -5,9 +5,17 @@ CPU 0) untraced and traced, interleaved (storm.interleaved: every traced run
 is bracketed by untraced ones), for:
 
 - floor: empty BPF programs on record's tracepoints, so the cost of the
-  tracepoints themselves is known;
-- snap, record --min-dur 1ms, record (all events), record --stacks (the
-  storm is all S: what taking D stacks costs every other switch): the BPF C in bpf/;
+  tracepoints themselves is known; floor_btf, the same on the tp_btf path
+  (empty tp_btf programs on sched_switch and sched_waking), and acct_btf, a
+  minimal tp_btf per-thread accounting program (two array lookups, a clock
+  read, sums; pids by direct load), both built the way pstate builds its
+  programs (bpf/tpargs.h, offsets from the kernel's BTF, pstate's loader):
+  the floor every change is judged against in its own sitting;
+- snap, record --min-dur 1ms, record (all events) on the tp_btf path, and
+  the same on the classic tracepoint path (keys ending in _tp), record
+  --stacks (the storm is all S: what taking D stacks costs every other
+  switch): the BPF C in bpf/;
+- bpftrace's one-line sched_switch map count;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
   change is measured side by side with what it replaces.
 
@@ -18,6 +26,7 @@ contender and repetition reads run_time_ns / run_cnt of each program.
     sudo .venv/bin/python bench/bench_kernel_cost.py                  6 rounds
     sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --rounds 8
     sudo .venv/bin/python bench/bench_kernel_cost.py --only floor,snap --stats-runs 3
+    sudo .venv/bin/python bench/bench_kernel_cost.py --rounds 8 --only btf    the tp_btf comparison
 
 Prints a table and writes bench/results/kernel_cost.json.
 """
@@ -50,6 +59,47 @@ FLOOR_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in F
 FLOOR_C += "TRACEPOINT_PROBE(task, task_newtask) { return 0; }\n"
 # Only the two that fire at the storm's rate in snap (a switch and a wake-up)
 FLOOR2_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in ("sched_switch", "sched_wakeup"))
+# The tp_btf path's floor (see the top): on the two tracepoints that fire at
+# the storm's rate (record's wake-up is sched_waking)
+FLOOR_BTF_C = '#include "tpargs.h"\n' + "".join(f"PSTATE_PROBE(sched, {tp}) {{ return 0; }}\n"
+                                                 for tp in ("sched_switch", "sched_waking"))
+ACCT_BTF_C = """#include "tpargs.h"
+struct acct {
+    u64 since;
+    u64 run_ns;
+    u64 switches;
+    u64 wakeups;
+};
+BPF_ARRAY(acct, struct acct, TID_SLOTS);
+
+PSTATE_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    u32 prev = SW_PREV_PID;
+    u32 next = SW_NEXT_PID;
+    struct acct *a = acct.lookup(&prev);
+    if (a) {
+        if (a->since)
+            a->run_ns += now - a->since;
+        a->switches++;
+        a->since = now;
+    }
+    a = acct.lookup(&next);
+    if (a)
+        a->since = now;
+    return 0;
+}
+
+PSTATE_PROBE(sched, sched_waking) {
+    u32 pid = WK_PID;
+    struct acct *a = acct.lookup(&pid);
+    if (a)
+        a->wakeups++;
+    return 0;
+}
+"""
+# --only btf: the contenders of the tp_btf comparison, in table order
+BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "record_min_dur", "record_min_dur_tp", "record",
+           "record_tp", "bpftrace")
 READY = "bench-kernel-cost: attached"
 ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
     "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
@@ -77,14 +127,23 @@ def _patch_source(src_dir: str | None, text: str | None = None) -> None:
     loader.source = source
 
 
-def floor_main(text: str = FLOOR_C) -> int:
-    """Attach the empty programs through pstate's loader; wait for SIGTERM."""
+def floor_main(text: str = FLOOR_C, probes: str = "tracepoint") -> int:
+    """Attach the programs of `text` through pstate's loader on the path
+    `probes`; wait for SIGTERM."""
     import signal
 
     from pstate.kernel import loader
 
-    _patch_source(None, text)
-    prog = loader.Program("floor", {})
+    def read(name: str) -> str:
+        with open(os.path.join(ROOT, "bpf", name)) as f:
+            return f.read()
+
+    ks = loader.kernel_states()
+    _patch_source(None, loader.with_headers(text, read))
+    prog = loader.Program("floor", {"REPORT_MASK": f"0x{ks.report_mask:x}", "TID_SLOTS": loader.pid_max()},
+                          probes=probes)
+    if prog.plan.path != probes:
+        sys.exit(f"the floor took the {prog.plan.path} path: {prog.plan.reason}")
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
@@ -115,18 +174,29 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
     the `against` dir, keys suffixed with _<tag>)."""
     cs = [ct.Contender("floor", "empty programs (floor)", "floor", _self("floor"), ready=f"text:{READY}"),
           ct.Contender("floor2", "empty programs on sched_switch and sched_wakeup only", "floor", _self("floor2"),
+                       ready=f"text:{READY}"),
+          ct.Contender("floor_btf", "empty tp_btf programs on sched_switch and sched_waking", "floor",
+                       _self("floor_btf"), ready=f"text:{READY}"),
+          ct.Contender("acct_btf", "minimal tp_btf accounting (pstate's loader)", "floor", _self("acct_btf"),
                        ready=f"text:{READY}")]
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
         if d is None:
             continue
+        paths = (("", "tp_btf"), ("_tp", "tracepoint")) if not suffix else (("", "tracepoint"),)
+        for end, probes in paths:
+            p = ("--probes", probes)
+            label = f"{what}, {probes}"
+            cs += [
+                ct.Contender(f"snap{end}{suffix}", f"pstate snap ({label})", "snap",
+                             _self("pstate", d, "snap", "--dir", "{dir}", "--interval", "60", "-v", *p),
+                             ready="text:collecting into"),
+                ct.Contender(f"record_min_dur{end}{suffix}", f"pstate record --min-dur 1ms ({label})", "record",
+                             _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms", *p),
+                             ready="meta"),
+                ct.Contender(f"record{end}{suffix}", f"pstate record ({label})", "record",
+                             _self("pstate", d, "record", "-q", "-o", "{out}", *p), ready="meta"),
+            ]
         cs += [
-            ct.Contender(f"snap{suffix}", f"pstate snap ({what})", "snap",
-                         _self("pstate", d, "snap", "--dir", "{dir}", "--interval", "60", "-v"),
-                         ready="text:collecting into"),
-            ct.Contender(f"record_min_dur{suffix}", f"pstate record --min-dur 1ms ({what})", "record",
-                         _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms"), ready="meta"),
-            ct.Contender(f"record{suffix}", f"pstate record ({what})", "record",
-                         _self("pstate", d, "record", "-q", "-o", "{out}"), ready="meta"),
             ct.Contender(f"record_stacks{suffix}", f"pstate record --stacks ({what})", "record",
                          _self("pstate", d, "record", "-q", "-o", "{out}", "--stacks"), ready="meta"),
             ct.Contender(f"record_filters{suffix}", f"pstate record -c perf --cpu 1 ({what})",
@@ -135,6 +205,7 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
         ]
         if suffix:  # the BPF C of an older revision may have no stack map
             cs = [c for c in cs if not c.key.startswith("record_stacks")]
+    cs += [c for c in ct.default_contenders() if c.key == "bpftrace"]
     return cs
 
 
@@ -225,7 +296,7 @@ def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender],
 def git_tree(rev: str, dest: str) -> str:
     """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
     os.makedirs(dest, exist_ok=True)
-    for name in ("record.bpf.c", "snap.bpf.c", "pstate.h"):
+    for name in ("record.bpf.c", "snap.bpf.c", "pstate.h", "tpargs.h"):
         r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}"], capture_output=True, text=True)
         if r.returncode != 0 and name.endswith(".h"):
             continue  # a revision before the shared header
@@ -269,6 +340,10 @@ def main() -> int:
         return floor_main()
     if len(sys.argv) > 1 and sys.argv[1] == "floor2":
         return floor_main(FLOOR2_C)
+    if len(sys.argv) > 1 and sys.argv[1] == "floor_btf":
+        return floor_main(FLOOR_BTF_C, "tp_btf")
+    if len(sys.argv) > 1 and sys.argv[1] == "acct_btf":
+        return floor_main(ACCT_BTF_C, "tp_btf")
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
         return pstate_main(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -289,8 +364,8 @@ def main() -> int:
         against = git_tree(a.against, os.path.join(tmp, "against")) if a.against else None
         cs = make_contenders(os.path.abspath(a.src), against, tag)
         if a.only:
-            want = a.only.split(",")
-            cs = [c for c in cs if c.key in want]
+            want = BTF_SET if a.only == "btf" else a.only.split(",")
+            cs = sorted((c for c in cs if c.key in want), key=lambda c: want.index(c.key))
         labels = {c.key: c.label for c in cs}
         results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                "kernel": platform.release(), "ncpu": os.cpu_count(),

@@ -1,11 +1,14 @@
 // pstate record: scheduler state transitions of every thread, from the sched
 // tracepoints, into a BPF ring buffer that user space drains in batches.
 //
-// This program reads tracepoint arguments only, never a kernel struct. BCC
-// builds the argument layout from the running kernel's tracefs format files,
-// so it compiles against any kernel header tree, even one of another kernel
-// version: that is what lets pstate run where no matching headers exist.
-// Keep it so: no task_struct, no bpf_probe_read of kernel memory.
+// It reads no kernel struct through a header: on the classic tracepoint
+// path only tracepoint arguments (BCC builds their layout from the running
+// kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
+// arguments of sched_switch and the wake-ups and task_struct fields at
+// offsets from the running kernel's BTF (bpf/tpargs.h). So it compiles
+// against any kernel header tree, even one of another kernel version: that
+// is what lets pstate run where no matching headers exist. Keep it so: no
+// struct from a header, no bpf_probe_read of kernel memory.
 //
 // Compile-time settings (-D cflags, set by pstate/commands/record.py):
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
@@ -18,6 +21,7 @@
 //   SAMPLE         keep one event in sample_every[0] (--max-rate)
 //   STACK_ENTRIES  record --stacks: size of the stack-trace map (unset: no map,
 //                  no stacks; the program cache keeps no stack map)
+//   TP_BTF         the tp_btf path, with its offsets (bpf/tpargs.h)
 //
 // Filters are map values, written by user space before the first event
 // (pstate/filtermaps.py), so one compiled program serves every filter: the
@@ -27,6 +31,7 @@
 // CPU array, then the hash sets.
 
 #include "pstate.h"
+#include "tpargs.h" // PSTATE_PROBE, SW_*, WK_*: the arguments on either path
 
 #define CLONE_THREAD_FLAG 0x00010000
 #define ALL_STATES 0xffffffffffffffffULL
@@ -326,19 +331,16 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
 }
 
 // prev is the current task at sched_switch, so its tgid is known for sure;
-// the helper call is made only when an event or an unknown row needs it.
-static __always_inline u32 current_tgid(u32 *cache) {
-    if (!*cache)
-        *cache = bpf_get_current_pid_tgid() >> 32;
-    return *cache;
-}
+// it is read (a helper call on the tracepoint path) only when an event or an
+// unknown row needs it.
+#define current_tgid(cache) (*(cache) ? *(cache) : (*(cache) = SW_PREV_TGID))
 
-TRACEPOINT_PROBE(sched, sched_switch) {
+PSTATE_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
     u32 cpu = bpf_get_smp_processor_id();
-    u32 prev = args->prev_pid;
-    u32 next = args->next_pid;
-    u32 kstate = (u32)args->prev_state;
+    u32 prev = SW_PREV_PID;
+    u32 next = SW_NEXT_PID;
+    u32 kstate = SW_PREV_STATE;
     u32 prev_tgid = 0; // through current_tgid()
     char comm[16];
     struct settings *cfg = get_settings();
@@ -372,9 +374,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             }
         }
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
-            __builtin_memcpy(comm, args->prev_comm, 16);
+            SW_PREV_COMM(comm);
             emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
-                       args->prev_prio, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0);
+                       SW_PREV_PRIO, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0);
         }
         // The stack of a task blocking in a --stacks state; every other
         // switch pays one test of the settings row. Only a reported task's:
@@ -385,7 +387,12 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         if (bits & cfg->stack_mask) {
             bpf_get_current_comm(comm, sizeof(comm)); // prev is current
             if (task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm)) {
+                // BCC rewrites no map call with a macro in it: the context by name
+#ifdef TP_BTF
+                int id = stacks.get_stackid(ctx, 0);
+#else
                 int id = stacks.get_stackid(args, 0);
+#endif
                 if (id >= 0)
                     stack = (u32)id + 1;
                 else
@@ -399,9 +406,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         if (ts)
             ts->stack = stack;
     } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
-        __builtin_memcpy(comm, args->prev_comm, 16);
+        SW_PREV_COMM(comm);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
-                   args->prev_prio, 0, kstate, 0, next, 0);
+                   SW_PREV_PRIO, 0, kstate, 0, next, 0);
     }
 
     if (next != 0) {
@@ -415,16 +422,18 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             if (ts->since && from != ST_UNKNOWN)
                 dur = elapsed(now, ts->since);
         }
+        if (!tgid)
+            tgid = SW_NEXT_TGID; // known on the tp_btf path only
         if (transition_match(cfg, from, ST_RUNNING, dur)) {
-            __builtin_memcpy(comm, args->next_comm, 16);
-            emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, args->next_prio,
+            SW_NEXT_COMM(comm);
+            emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, SW_NEXT_PRIO,
                        0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
         }
-        set_state(next, ts, 0, ST_RUNNING, now);
+        set_state(next, ts, tgid, ST_RUNNING, now);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
-        __builtin_memcpy(comm, args->next_comm, 16);
+        SW_NEXT_COMM(comm);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
-                   args->next_prio, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
+                   SW_NEXT_PRIO, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
     }
     return 0;
 }
@@ -445,15 +454,15 @@ static __always_inline u8 waker_context(void) {
 // The wake-up ending a blocked state: from -> runnable at `now`. In
 // interrupt context the waker is no task (whichever task was interrupted
 // is not it): waker 0 and the context in the flags.
-static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct task_state *ts, const char *comm,
-                                  u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
+static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tgid, struct task_state *ts,
+                                  const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
     u16 from = ST_UNKNOWN;
     u64 dur = NO_DUR;
-    u32 tgid = 0;
     u32 stack = 0;
     if (ts) {
         from = ts->state;
-        tgid = ts->tgid;
+        if (ts->tgid)
+            tgid = ts->tgid;
         stack = ts->stack;
         ts->stack = 0;
         if (ts->since && from != ST_UNKNOWN) {
@@ -469,7 +478,7 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct
         emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
                    target_cpu, waker_pid, waker_tid, stack);
     }
-    set_state(tid, ts, 0, ST_RUNNABLE, now);
+    set_state(tid, ts, tgid, ST_RUNNABLE, now);
 }
 
 // Wake-ups are taken at sched_waking, which runs in the waker's context (so
@@ -477,7 +486,8 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, struct
 // happen; sched_wakeup can run later on the target CPU, where current is not
 // the waker. sched_wakeup is needed only for a wake-up that found the row
 // still running (see task_state.wake_flags).
-static __always_inline void waking(u32 tid, const char *comm, u8 cause, u32 target_cpu) {
+// tgid: the wakee's, where the path knows it (tp_btf), else 0
+static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause, u32 target_cpu) {
     struct settings *cfg = get_settings();
     if (!cfg)
         return;
@@ -500,21 +510,21 @@ static __always_inline void waking(u32 tid, const char *comm, u8 cause, u32 targ
             return;
     }
     u64 id = bpf_get_current_pid_tgid();
-    woken(cfg, bpf_ktime_get_ns(), tid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context());
+    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context());
 }
 
-TRACEPOINT_PROBE(sched, sched_waking) {
+PSTATE_PROBE(sched, sched_waking) {
     char comm[16];
-    __builtin_memcpy(comm, args->comm, 16);
-    waking(args->pid, comm, CAUSE_WAKEUP, args->target_cpu);
+    WK_COMM(comm);
+    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP, WK_TARGET_CPU);
     return 0;
 }
 
 // After the switch-out of a task woken while its row said running: if it
 // blocked after all, this is the wake-up that ends the sleep (the task is
 // put on a run queue only now), with the waker kept at sched_waking.
-TRACEPOINT_PROBE(sched, sched_wakeup) {
-    u32 tid = args->pid;
+PSTATE_PROBE(sched, sched_wakeup) {
+    u32 tid = WK_PID;
     struct task_state *ts = task_row(tid);
     if (!ts || !ts->wake_flags)
         return 0;
@@ -526,16 +536,16 @@ TRACEPOINT_PROBE(sched, sched_wakeup) {
     if (!cfg)
         return 0;
     char comm[16];
-    __builtin_memcpy(comm, args->comm, 16);
-    woken(cfg, bpf_ktime_get_ns(), tid, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
+    WK_COMM(comm);
+    woken(cfg, bpf_ktime_get_ns(), tid, WK_TGID, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
           wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ));
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_wakeup_new) {
+PSTATE_PROBE(sched, sched_wakeup_new) {
     char comm[16];
-    __builtin_memcpy(comm, args->comm, 16);
-    waking(args->pid, comm, CAUSE_WAKEUP_NEW, args->target_cpu);
+    WK_COMM(comm);
+    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP_NEW, WK_TARGET_CPU);
     return 0;
 }
 

@@ -1,11 +1,14 @@
 // pstate snap: per-thread time in each scheduler state, accumulated in a BPF
 // map that user space reads at each snapshot. No events leave the kernel.
 //
-// This program reads tracepoint arguments only, never a kernel struct. BCC
-// builds the argument layout from the running kernel's tracefs format files,
-// so it compiles against any kernel header tree, even one of another kernel
-// version: that is what lets pstate run where no matching headers exist.
-// Keep it so: no task_struct, no bpf_probe_read of kernel memory.
+// It reads no kernel struct through a header: on the classic tracepoint
+// path only tracepoint arguments (BCC builds their layout from the running
+// kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
+// arguments of sched_switch and the wake-ups and task_struct fields at
+// offsets from the running kernel's BTF (bpf/tpargs.h). So it compiles
+// against any kernel header tree, even one of another kernel version: that
+// is what lets pstate run where no matching headers exist. Keep it so: no
+// struct from a header, no bpf_probe_read of kernel memory.
 //
 // Compile-time settings (-D cflags, set by pstate/commands/snap.py):
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
@@ -16,6 +19,7 @@
 //                 inlines an array lookup, where a hash lookup is a function
 //                 call, twice per context switch; a row whose `since` is 0 is
 //                 a thread not seen. Needs Linux 5.5 (mmap of an array)
+//   TP_BTF        the tp_btf path, with its offsets (bpf/tpargs.h)
 //
 // Layout: `tasks` holds one row per live thread, keyed by tid. When the
 // kernel frees a thread its final row moves to `gone`, keyed by (tid,
@@ -33,6 +37,7 @@
 // program uses a seed only if its own delete succeeds.
 
 #include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with pstate/commands/snap.py
+#include "tpargs.h" // PSTATE_PROBE, SW_*, WK_*: the arguments on either path
 
 #define NR_SLOTS (SLOT_KERNEL + NR_KBITS)
 
@@ -168,13 +173,13 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
 
 // One clock read per run, taken first: it is the costliest step (a VM's
 // clock read is not cheap) and both sides of the switch share it.
-TRACEPOINT_PROBE(sched, sched_switch) {
+PSTATE_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
-    u32 prev = args->prev_pid;
-    u32 next = args->next_pid;
+    u32 prev = SW_PREV_PID;
+    u32 next = SW_NEXT_PID;
 
     if (prev != 0) {
-        u32 bits = (u32)args->prev_state & REPORT_MASK;
+        u32 bits = SW_PREV_STATE & REPORT_MASK;
         u8 to = bits ? kernel_slot(bits) : SLOT_PREEMPTED;
         struct snap_task *slot = tasks.lookup(&prev);
         struct snap_task *t = row_of(prev, slot);
@@ -190,16 +195,16 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             // to the new tid), so the helper is called only for a row without
             // it: one call less on almost every switch.
             if (!t->tgid)
-                t->tgid = bpf_get_current_pid_tgid() >> 32;
-            __builtin_memcpy(t->comm, args->prev_comm, 16);
+                t->tgid = SW_PREV_TGID;
+            SW_PREV_COMM(t->comm);
             if (bits)
                 t->nvcsw++;
             else
                 t->nivcsw++;
         } else {
             char comm[16];
-            __builtin_memcpy(comm, args->prev_comm, 16);
-            first_seen(prev, slot, bpf_get_current_pid_tgid() >> 32, to, now, comm);
+            SW_PREV_COMM(comm);
+            first_seen(prev, slot, SW_PREV_TGID, to, now, comm);
         }
     }
 
@@ -210,18 +215,19 @@ TRACEPOINT_PROBE(sched, sched_switch) {
             move_to(t, SLOT_RUNNING, now);
         } else {
             char comm[16];
-            __builtin_memcpy(comm, args->next_comm, 16);
-            first_seen(next, slot, 0, SLOT_RUNNING, now, comm);
+            SW_NEXT_COMM(comm);
+            first_seen(next, slot, SW_NEXT_TGID, SLOT_RUNNING, now, comm);
         }
     }
     return 0;
 }
 
-static __always_inline void woken(u32 tid, const char *comm, int is_new) {
+// tgid: the wakee's, where the path knows it (tp_btf), else 0
+static __always_inline void woken(u32 tid, u32 tgid, const char *comm, int is_new) {
     struct snap_task *slot = tasks.lookup(&tid);
     struct snap_task *t = row_of(tid, slot);
     if (!t) {
-        first_seen(tid, slot, 0, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        first_seen(tid, slot, tgid, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
         return;
     }
     // Woken before it got off the CPU, or already queued: it never blocked
@@ -233,17 +239,17 @@ static __always_inline void woken(u32 tid, const char *comm, int is_new) {
     move_to(t, SLOT_RUNNABLE, bpf_ktime_get_ns());
 }
 
-TRACEPOINT_PROBE(sched, sched_wakeup) {
+PSTATE_PROBE(sched, sched_wakeup) {
     char comm[16];
-    __builtin_memcpy(comm, args->comm, 16);
-    woken(args->pid, comm, 0);
+    WK_COMM(comm);
+    woken(WK_PID, WK_TGID, comm, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_wakeup_new) {
+PSTATE_PROBE(sched, sched_wakeup_new) {
     char comm[16];
-    __builtin_memcpy(comm, args->comm, 16);
-    woken(args->pid, comm, 1);
+    WK_COMM(comm);
+    woken(WK_PID, WK_TGID, comm, 1);
     return 0;
 }
 

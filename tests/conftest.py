@@ -37,6 +37,18 @@ def bpf_unavailable() -> str | None:
     return None
 
 
+@pytest.fixture
+def root_cache(tmp_path, monkeypatch):
+    """A program cache of the test's own (root-owned, 0755), in use."""
+    base = tmp_path / "pc"
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    d = str(base / "programs")
+    monkeypatch.setenv("PSTATE_CACHE_DIR", d)
+    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
+    return d
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("bpf") is not None:
         why = bpf_unavailable()

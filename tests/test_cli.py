@@ -4,6 +4,7 @@ help, version, usage errors with their exact messages and exit codes,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
@@ -11,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from pstate import __version__
-from pstate.kernel import kstates
+from pstate.kernel import btf, kstates, tpbtf
 from pstate.main import COMMANDS, cli
 
 needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")
@@ -89,7 +90,7 @@ def test_record_filters_do_not_change_the_program():
     """Filters are map values: every -p/-t/-c/--cpu/--state/--min-dur value,
     and several -c, give the one program text the cache already holds."""
     plain = run("record", "--ebpf")
-    assert plain.exit_code == 0 and "TRACEPOINT_PROBE(sched, sched_switch)" in plain.stdout
+    assert plain.exit_code == 0 and "PSTATE_PROBE(sched, sched_switch)" in plain.stdout
     for args in (("-c", "a", "-c", "b"), ("-p", "1", "-t", "2", "--cpu", "1"), ("--state", "D", "--min-dur", "5ms"),
                  ("--include-idle",)):
         r = run("record", "--ebpf", *args)
@@ -122,10 +123,11 @@ def defines(text: str) -> dict:
 
 @needs_tracefs
 def test_record_ebpf_defaults():
-    r = run("record", "--ebpf")
+    r = run("record", "--ebpf", "--probes", "tracepoint")
     assert r.exit_code == 0 and r.stderr == ""
     ks = kstates.read_kernel_states()
-    assert r.stdout.startswith("// pstate: bpf/record.bpf.c as compiled, with its -D settings\n")
+    assert r.stdout.startswith("// pstate: bpf/record.bpf.c as compiled on the tracepoint path (--probes tracepoint), "
+                               "with its -D settings\n")
     assert f"#define REPORT_MASK 0x{ks.report_mask:x}\n" in r.stdout
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     # every tid fits in the default 65536 rows when pid_max allows: an array indexed by tid
@@ -138,11 +140,12 @@ def test_record_ebpf_defaults():
 @needs_tracefs
 @pytest.mark.parametrize("max_tasks", [None, 1024])
 def test_snap_ebpf_defines(max_tasks):
-    r = run("snap", "--ebpf", *(["--max-tasks", str(max_tasks)] if max_tasks else []))
+    r = run("snap", "--ebpf", "--probes", "tracepoint", *(["--max-tasks", str(max_tasks)] if max_tasks else []))
     assert r.exit_code == 0 and r.stderr == ""
     ks = kstates.read_kernel_states()
     settings = r.stdout.split("// pstate snap:", 1)[0]
-    assert settings.startswith("// pstate: bpf/snap.bpf.c as compiled, with its -D settings\n")
+    assert settings.startswith("// pstate: bpf/snap.bpf.c as compiled on the tracepoint path (--probes tracepoint), "
+                               "with its -D settings\n")
     rows = max_tasks or 65536
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     # every tid fits (and the kernel maps arrays, 5.5+): an array indexed by tid, pid_max rows
@@ -157,7 +160,7 @@ def test_snap_ebpf_defines(max_tasks):
 def test_record_ebpf_filters():
     """Only what is not a filter is compiled in; the filters' map values are
     tested in test_filtermaps."""
-    r = run("record", "--ebpf", "-p", "5", "-t", "6", "--cpu", "1", "-c", "nginx", "--state", "D",
+    r = run("record", "--ebpf", "--probes", "tracepoint", "-p", "5", "-t", "6", "--cpu", "1", "-c", "nginx", "--state", "D",
             "--state", "preempted", "--min-dur", "5ms", "--include-idle", "--max-rate", "5000",
             "--max-tasks", "2048", "--buffer-size", "1M")
     assert r.exit_code == 0, r.stderr
@@ -166,6 +169,27 @@ def test_record_ebpf_filters():
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     assert d == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}", "MAX_TASKS": "2048", "RB_PAGES": "256",
                  "SAMPLE": True}
+
+
+@needs_tracefs
+@pytest.mark.parametrize("command", ["record", "snap"])
+def test_ebpf_tp_btf_defines(command):
+    """The tp_btf path's settings: the classic ones, then TP_BTF, every
+    task_struct offset from this kernel's BTF and the state bits the
+    kernel folds into prev_state."""
+    if not os.path.exists(btf.VMLINUX):
+        r = run(command, "--ebpf", "--probes", "tp_btf")
+        assert r.exit_code == 69 and "--probes tp_btf:" in r.stderr
+        return
+    classic = defines(run(command, "--ebpf", "--probes", "tracepoint").stdout.split(f"// pstate {command}:")[0])
+    r = run(command, "--ebpf", "--probes", "tp_btf")
+    assert r.exit_code == 0 and r.stderr == ""
+    assert r.stdout.startswith(f"// pstate: bpf/{command}.bpf.c as compiled on the tp_btf path (--probes tp_btf), ")
+    d = defines(r.stdout.split(f"// pstate {command}:")[0])
+    offsets = btf.task_offsets(btf.Btf.read())
+    ks = kstates.read_kernel_states()
+    assert d == {**classic, "TP_BTF": True, **{k: str(v) for k, v in offsets.items()},
+                 **tpbtf.raw_state_defines(ks.report_mask)}
 
 
 def test_doctor_json_structure():
@@ -186,5 +210,7 @@ def test_doctor_json_structure():
         assert r.exit_code in (69, 77)
     else:
         assert [row["check"] for row in rows] == ["privileges", "bcc", "tracefs", "tracepoints", "state decoding",
-                                                  "kernel headers", "live test"]
+                                                  "probes", "kernel headers", "live test"]
+        probes = rows[5]["detail"]
+        assert probes.startswith("tp_btf: " if os.path.exists(btf.VMLINUX) else "tracepoint: "), probes
         assert r.stderr == ""

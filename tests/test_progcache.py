@@ -97,7 +97,29 @@ def test_key_is_stable_and_covers_every_input(tracefs, monkeypatch):
     monkeypatch.setattr(progcache.os, "uname", lambda: os.uname_result(
         (real.sysname, real.nodename, real.release + "-other", real.version, real.machine)))
     changed["kernel"] = progcache.key_of(material(tracefs))
+    monkeypatch.undo()
+    changed["probes"] = progcache.key_of(material(tracefs, probes="tp_btf"))
+    monkeypatch.setattr(progcache.btf, "vmlinux_hash", lambda path=None: "another kernel's BTF")
+    changed["kernel BTF"] = progcache.key_of(material(tracefs))
     assert len(set(changed.values()) | {base}) == len(changed) + 1, changed
+
+
+def test_tp_btf_probes_count_as_tracepoints_in_the_text():
+    """On the tracepoint path a PSTATE_PROBE is a TRACEPOINT_PROBE: its format is in the key."""
+    assert progcache.tracepoints_in("PSTATE_PROBE(sched, sched_switch) {}\nTRACEPOINT_PROBE(task, task_newtask)") \
+        == ["sched:sched_switch", "task:task_newtask"]
+
+
+def test_tp_btf_entry_round_trip():
+    tp = {"name": "tp_btf__sched_switch", "type": bpfsys.PROG_TRACING, "btf_id": 10306,
+          "insns": base64.b64encode(MOV_R0_0 + EXIT).decode(), "maps": []}
+    e = entry()
+    e = entry(progs=e["progs"] + [tp],
+              attach=e["attach"] + [{"kind": "tp_btf", "target": "sched_switch", "prog": "tp_btf__sched_switch"}])
+    assert progcache.decode(progcache.encode(e), e["key"], "record")["progs"][1]["btf_id"] == 10306
+    bad = dict(e, progs=e["progs"][:1] + [dict(tp, btf_id=0)])
+    with pytest.raises(CacheMiss, match="malformed"):
+        progcache.decode(progcache.encode(bad), e["key"], "record")
 
 
 def test_key_covers_the_header_tree(tracefs, tmp_path):
@@ -394,17 +416,6 @@ def test_unsupported_map_type():
 
 
 # --- with BPF ------------------------------------------------------------------------------
-
-@pytest.fixture
-def root_cache(tmp_path, monkeypatch):
-    base = tmp_path / "pc"
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    d = str(base / "programs")
-    monkeypatch.setenv("PSTATE_CACHE_DIR", d)
-    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
-    return d
-
 
 def _record_defines():
     from pstate.kernel import loader

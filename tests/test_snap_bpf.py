@@ -316,9 +316,14 @@ def test_full_map_says_truncated(tmp_path):
     assert "are truncated (the task map was full)" in err.getvalue()
 
 
-def test_ebpf_prints_the_program():
-    r = subprocess.run(pstate_cmd("snap", "--ebpf", "--max-tasks", "1024"), capture_output=True, text=True,
-                       env=clean_env(), timeout=30)
+@pytest.mark.parametrize("probes", ["tp_btf", "tracepoint"])
+def test_ebpf_prints_the_program(probes):
+    """The final C of the path asked for: its settings, and no struct from a header on either."""
+    r = subprocess.run(pstate_cmd("snap", "--ebpf", "--max-tasks", "1024", "--probes", probes),
+                       capture_output=True, text=True, env=clean_env(), timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "#define MAX_TASKS 1024" in r.stdout and "TRACEPOINT_PROBE(sched, sched_switch)" in r.stdout
-    assert "task_struct" not in r.stdout.replace("no task_struct", "")
+    assert f"compiled on the {probes} path" in r.stdout.splitlines()[0]
+    assert "#define MAX_TASKS 1024" in r.stdout and "PSTATE_PROBE(sched, sched_switch)" in r.stdout
+    assert ("#define TP_BTF\n" in r.stdout) == (probes == "tp_btf")
+    assert ("#define TASK_PID " in r.stdout) == (probes == "tp_btf")
+    assert "struct task_struct" not in r.stdout

@@ -84,3 +84,13 @@ def test_reason_skips_plumbing():
     assert stacks.reason_of(["__schedule+0x1", "io_schedule+0x2", "bit_wait_io+0x3", "__wait_on_bit+0x4",
                              "out_of_line_wait_on_bit+0x5", "jbd2_log_wait_commit+0x6 [jbd2]"]) == "jbd2_log_wait_commit"
     assert stacks.reason_of(["__schedule+0x1"]) == "__schedule"
+
+
+def test_tracing_frames_of_a_tp_btf_program_are_left_out():
+    """A tp_btf program's stack starts in the program and the kernel's call
+    into it; the task's own frames, the same on both paths, start at __schedule."""
+    tp_btf = ["bpf_prog_18a0a5255ad45d6f_tp_btf__sched_s+0xced [bpf]", "bpf_trace_run4+0x10d",
+              "__schedule+0x628", "schedule+0x23", "futex_do_wait+0x46"]
+    assert stacks.task_frames(tp_btf) == tp_btf[2:]
+    assert stacks.task_frames(tp_btf[2:]) == tp_btf[2:]
+    assert stacks.reason_of(stacks.task_frames(tp_btf)) == "futex_do_wait"

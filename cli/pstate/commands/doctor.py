@@ -115,6 +115,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
             r.add("state decoding", PROBLEM, f"cannot parse sched_switch format: {_short(e)}",
                   "please report this kernel's events/sched/sched_switch/format")
             code = code or ExitCode.UNAVAILABLE
+    plan = _probes(r, ks)
 
     # kernel headers
     tree = None
@@ -151,15 +152,38 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
         r.add("live test", PROBLEM, "skipped: fix the problems above first")
         return r, code or ExitCode.UNAVAILABLE
 
-    ok, detail, fix = _live_test(kernel_headers)
+    ok, detail, fix = _live_test(kernel_headers, plan)
     r.add("compile, attach, events", OK if ok else PROBLEM, detail, fix)
     if not ok:
         code = code or ExitCode.OSERR
     return r, code
 
 
-def _live_test(kernel_headers: str | None) -> tuple[bool, str, str]:
-    """Record a child that sleeps, stops and exits; check the events."""
+def _probes(r: Report, ks):
+    """The path record and snap take here (tp_btf or tracepoint) and why,
+    as far as it is known without loading (the live test loads); the plan,
+    or None when it cannot be told."""
+    from pstate.kernel import loader
+
+    if ks is None:
+        return None
+    try:
+        plan = loader.probe_plan({"REPORT_MASK": ks.report_mask}, None)
+    except PstateError as e:
+        r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES, or set it to auto")
+        return None
+    if plan.path == "tp_btf":
+        r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch and the wake-ups, task_struct "
+              f"offsets from the kernel's BTF ({plan.reason})")
+    else:
+        r.add("probes", OK if plan.forced else WARN, f"tracepoint: classic tracepoints ({plan.reason})",
+              "" if plan.forced else "a kernel with CONFIG_DEBUG_INFO_BTF=y (Linux 5.5+) gets the cheaper tp_btf path")
+    return plan
+
+
+def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
+    """Record a child that sleeps, stops and exits; check the events (and
+    which path the programs took, when the plan was tp_btf)."""
     import orjson
 
     cmd = [sys.executable, "-m", "pstate", "record", "-q", "-d", "1.2"]
@@ -195,8 +219,12 @@ def _live_test(kernel_headers: str | None) -> tuple[bool, str, str]:
         return False, f"undecoded states: {sorted(bad)}", "please report this kernel's sched_switch format"
     if not sleeps:
         return False, "events flow but no sleeping->runnable wake-up was seen", "please report this"
+    meta = recs[0] if recs and recs[0].get("type") == "meta" else {}
+    path = meta.get("probes", "?")
+    if plan is not None and plan.path == "tp_btf" and path != "tp_btf":
+        path += f" (the kernel refused tp_btf: {_short(meta.get('probes_reason', '?'), 200)})"
     return True, (f"{len(states)} transitions of a test sleeper decoded, {len(sleeps)} wake-ups, "
-                  f"lost {end.get('lost', '?')}; run took {elapsed:.1f} s"), ""
+                  f"lost {end.get('lost', '?')}, on the {path} path; run took {elapsed:.1f} s"), ""
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -113,6 +113,16 @@ def read_filter_options(fn):
     return filter_options(fn, titles=True)
 
 
+def probes_option(fn):
+    """--probes for the commands that load BPF programs (record, snap)."""
+    return click.option(
+        "--probes", type=click.Choice(["auto", "tp_btf", "tracepoint"]), default=None, envvar="PSTATE_PROBES",
+        help="How the programs attach to sched_switch and the wake-ups: tp_btf (BTF-typed raw tracepoints, "
+             "the cheaper way; needs the kernel's BTF, Linux 5.5+), tracepoint (classic tracepoints), or "
+             "auto: tp_btf when this kernel has and accepts it, else tracepoint (`pstate doctor` says which "
+             "this machine gets). Example: --probes tracepoint.  [default: auto; env: PSTATE_PROBES]")(fn)
+
+
 def output_options(fn):
     """-o/--output and --unbuffered for commands that write a stream."""
     return _apply(fn, [

@@ -23,7 +23,7 @@ from pstate.stream.filters import Filter
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import flight as flightrec
 from pstate.stream.meta import meta_record, wall_time_at
-from pstate.commands.options import filter_options, output_options
+from pstate.commands.options import filter_options, output_options, probes_option
 from pstate.stream.outfiles import discard, open_output
 from pstate.stream.streamio import LineWriter, silence_stdout
 
@@ -335,10 +335,11 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
 @click.option("--children", is_flag=True,
               help="With -p: also every process below the given ones, those living now and those they "
                    "fork from now on.")
+@probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS]...]")
 def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tasks, drain_interval, max_rate,
-        kernel_headers, strict, quiet, stack_states, stack_entries, children, ebpf, command):
+        kernel_headers, strict, quiet, stack_states, stack_entries, children, probes, ebpf, command):
     """Stream every scheduler state transition as JSON lines.
 
     Each state record says which thread went from which state to which, and
@@ -371,7 +372,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
     defines = defines_for(ks, max_tasks=max_tasks, rb_pages=rb_pages, sample=bool(max_rate),
                           stack_entries=stack_entries if stack_states else 0)
     if ebpf:
-        click.echo(loader.program_text("record", defines))
+        click.echo(loader.program_text("record", defines, probes))
         return
 
     # The output is opened before any program is attached: a FIFO nobody
@@ -381,7 +382,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         flight = flightrec.prepare(flight, ks, output)  # -o DIR: the directory of the recordings
     out = open_output(output) if output and output != "-" and not flight else None
     try:
-        prog = loader.Program("record", defines, kernel_headers)
+        prog = loader.Program("record", defines, kernel_headers, probes)
     except BaseException:
         if out is not None:
             discard(out)
@@ -402,6 +403,8 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             meta = meta_record("record", ks)
             meta.update(filt.meta_fields())
             meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
+            meta["probes"] = prog.plan.path
+            meta["probes_reason"] = prog.plan.reason
             if max_rate:
                 meta["max_rate"] = max_rate
             if children:

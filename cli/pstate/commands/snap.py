@@ -17,7 +17,7 @@ from pstate.kernel import bpfsys, eventlayout, loader
 from pstate.snapshots import snapdir
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.stream.durations import Duration
-from pstate.commands.options import RenamedCommand
+from pstate.commands.options import RenamedCommand, probes_option
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel.kstates import KernelStates
@@ -383,8 +383,9 @@ def make_collector(prog: loader.Program, ks: KernelStates, loaded_ts: int) -> Bp
     return BpfCollector(prog, ks, loaded_ts)
 
 
-def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None) -> loader.Program:
-    return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers)
+def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None,
+                 probes: str | None = None) -> loader.Program:
+    return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers, probes)
 
 
 def _gid(group: str | None) -> int | None:
@@ -426,9 +427,10 @@ def _gid(group: str | None) -> int | None:
               metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr when collecting starts and each file written.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (errors are still reported).")
+@probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max_tasks, group, kernel_headers,
-        verbose, quiet, ebpf):
+        verbose, quiet, probes, ebpf):
     """Write point-in-time snapshots of every thread's time per scheduler state.
 
     A BPF program counts, per thread, the time spent running, runnable,
@@ -458,7 +460,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     gid = _gid(group)
     ks = loader.kernel_states(ebpf)
     if ebpf:
-        click.echo(loader.program_text("snap", defines_for(ks, max_tasks)))
+        click.echo(loader.program_text("snap", defines_for(ks, max_tasks), probes))
         return
 
     def log(msg: str) -> None:
@@ -478,9 +480,10 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
         if stopper.stopped:
             sys.exit(stopper.exit_code())
         loaded_ts = time.monotonic_ns()
-        prog = load_program(ks, max_tasks, kernel_headers)
+        prog = load_program(ks, max_tasks, kernel_headers, probes=probes)
         meta = meta_record("snap", ks)
-        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt})
+        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt, "probes": prog.plan.path,
+                     "probes_reason": prog.plan.reason})
         plan = Plan(fmt=fmt, interval_ns=interval, count=count, clear=clear, keep=keep, max_age_ns=max_age,
                     prom_by=prom_by)
         collector = make_collector(prog, ks, loaded_ts)

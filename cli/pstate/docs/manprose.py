@@ -82,12 +82,18 @@ _TRACEFS_AND_HEADERS = [
      "include/ and arch/ too, links checked at their targets; otherwise pstate exits 77."),
 ]
 _PROGRAM_CACHE = ("/var/cache/pstate/programs",
-                  "Compiled BPF programs. The first run of a program (per kernel, bcc, filter "
-                  "settings and pstate version) compiles it with bcc's clang, about a second of CPU "
+                  "Compiled BPF programs. The first run of a program (per kernel and its BTF, path "
+                  "(tp_btf or tracepoint), bcc, settings and pstate version) compiles it with bcc's clang, about a second of CPU "
                   "and 150 MB; later runs load the cached instructions without a compiler. Entries "
                   "must be owned by root and writable by no one else, or they are ignored.")
+_BTF = ("/sys/kernel/btf/vmlinux",
+        "The running kernel's BTF type information: with it (CONFIG_DEBUG_INFO_BTF, Linux 5.5 or later) "
+        "record and snap take the tp_btf path, reading the offsets of the task_struct fields they load "
+        "from it, never from a header tree; without it, or when the kernel refuses the programs, the "
+        "classic tracepoints (`pstate doctor` says which).")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,
+    _BTF,
     _PROGRAM_CACHE,
     ("/proc/sys/kernel/random/boot_id", "Written to the meta record: timestamps compare only within one boot."),
 ]
@@ -457,6 +463,7 @@ PAGES: dict[str, dict] = {
         },
         "files": [
             *_TRACEFS_AND_HEADERS,
+            _BTF,
             ("/var/cache/pstate/kernel-headers", "Merged kernel header trees prepared for bcc; must be writable."),
         ],
         "see_also": ["pstate-record(1)", "pstate-snap(1)", "capabilities(7)"],
@@ -544,6 +551,15 @@ EVENTS = {
     "records": """
         Fields marked "may be null or absent" are left out or null when they
         do not apply; all others are always present.
+
+        record and snap attach to sched_switch and the wake-ups in one of two
+        ways (meta.probes; `--probes`): tp_btf, BTF-typed raw tracepoints that
+        read the task itself, or the classic tracepoints. Both write the same
+        records, but for one field only the tp_btf path can always fill: the
+        pid (tgid) of a thread first seen as it is switched in or woken up,
+        which the tracepoint path reports as 0 until it sees the thread switch
+        out, fork or exec (in a snapshot, the task row's pid). Threads alive
+        when recording starts are known to both paths from /proc.
         """,
     "states": """
         The to and from fields of state records, and the state field of

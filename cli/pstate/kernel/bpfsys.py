@@ -39,7 +39,8 @@ MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 9, 10, 27
 SUPPORTED_MAP_TYPES = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY,
                                  MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF})
 
-PROG_TRACEPOINT, PROG_RAW_TRACEPOINT = 5, 17
+PROG_TRACEPOINT, PROG_RAW_TRACEPOINT, PROG_TRACING = 5, 17, 26
+TRACE_RAW_TP = 23  # expected attach type of a BTF-typed raw tracepoint (tp_btf) program
 
 # ld_imm64 and the source-register marker that makes its immediate a map fd
 LD_IMM64 = 0x18
@@ -131,13 +132,18 @@ def map_info(fd: int) -> dict:
 
 
 def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, name: str,
-              log_size: int = 0) -> tuple[int, str]:
-    """Load instructions; (fd or -errno, verifier log when log_size was given)."""
+              log_size: int = 0, attach_btf_id: int = 0) -> tuple[int, str]:
+    """Load instructions; (fd or -errno, verifier log when log_size was given).
+    With attach_btf_id the program is a tp_btf program (PROG_TRACING,
+    TRACE_RAW_TP) for the tracepoint whose btf_trace_<name> typedef that is."""
     ibuf = ct.create_string_buffer(insns, len(insns))
     lic = ct.create_string_buffer(license.encode())
     log = ct.create_string_buffer(log_size) if log_size else None
     attr = _attr("<IIQQIIQII16s", prog_type, len(insns) // 8, ct.addressof(ibuf), ct.addressof(lic),
                  1 if log else 0, log_size, ct.addressof(log) if log else 0, kern_version, 0, _name16(name))
+    if attach_btf_id:
+        struct.pack_into("<I", attr, 68, TRACE_RAW_TP)  # expected_attach_type
+        struct.pack_into("<I", attr, 108, attach_btf_id)
     fd = bpf(PROG_LOAD, attr)
     if fd < 0:
         fd = -ct.get_errno()
@@ -175,10 +181,12 @@ def attach_tracepoint(prog_fd: int, tracefs: str, category: str, event: str) -> 
     return fd
 
 
-def attach_raw_tracepoint(prog_fd: int, event: str) -> int:
-    name = ct.create_string_buffer(event.encode())
-    attr = _attr("<QI", ct.addressof(name), prog_fd)
-    return _check(bpf(RAW_TRACEPOINT_OPEN, attr), f"attaching raw tracepoint {event}")
+def attach_raw_tracepoint(prog_fd: int, event: str | None) -> int:
+    """Attach a raw tracepoint program to event, or a tp_btf program (event
+    None) to the tracepoint it was loaded for; the fd whose close detaches it."""
+    name = ct.create_string_buffer(event.encode()) if event else None
+    attr = _attr("<QI", ct.addressof(name) if name else 0, prog_fd)
+    return _check(bpf(RAW_TRACEPOINT_OPEN, attr), f"attaching raw tracepoint {event or 'of a tp_btf program'}")
 
 
 def close_perf_event(fd: int) -> None:

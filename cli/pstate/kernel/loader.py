@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import eventlayout, headers, kstates, progcache
+from pstate.kernel import eventlayout, headers, kstates, progcache, tpbtf
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -184,9 +184,20 @@ def cflags_of(defines: dict) -> list[str]:
     return out
 
 
-def program_text(name: str, defines: dict) -> str:
-    """The final C as compiled: the -D settings as #defines, then the source."""
-    lines = [f"// pstate: bpf/{name}.bpf.c as compiled, with its -D settings"]
+def probe_plan(defines: dict, probes: str | None) -> tpbtf.Plan:
+    """The path (tp_btf or tracepoint) to try for a program with these
+    settings, --probes (None: PSTATE_PROBES, else auto) and this kernel."""
+    return tpbtf.plan(probes, int(str(defines["REPORT_MASK"]), 0))
+
+
+def program_text(name: str, defines: dict, probes: str | None = None) -> str:
+    """The final C as compiled on the path this kernel gets (tp_btf needs its
+    load to tell a refusal; this does not load): the -D settings as
+    #defines, then the source."""
+    plan = probe_plan(defines, probes)
+    defines = {**defines, **plan.defines}
+    lines = [f"// pstate: bpf/{name}.bpf.c as compiled on the {plan.path} path ({plan.reason}), "
+             "with its -D settings"]
     for k, v in defines.items():
         if v is None or v is False:
             continue
@@ -200,12 +211,18 @@ class Program:
     The first run with a given program text and kernel compiles it with BCC
     and keeps the result in the program cache (pstate.kernel.progcache); later runs
     load that without starting a compiler. `origin` says which happened.
+
+    `plan` says which path the hot tracepoints are attached on (tp_btf or
+    tracepoint, pstate.kernel.tpbtf) and why: a tp_btf program the kernel
+    refuses falls back to the tracepoint path unless --probes tp_btf asked
+    for it by name.
     """
 
-    def __init__(self, name: str, defines: dict, kernel_headers: str | None = None):
+    def __init__(self, name: str, defines: dict, kernel_headers: str | None = None, probes: str | None = None):
         self.name = name
         self.bpf = None  # the bcc.BPF object when compiled in this run
         self.cached = None  # the progcache.Loaded when loaded from the cache
+        self.btf_progs = None  # the tpbtf.Attached of a module compiled in this run on the tp_btf path
         self.origin = "compiled"
         self.cache_note = ""  # why the cache was not used, for debugging
         check_privileges()
@@ -214,24 +231,45 @@ class Program:
         if missing:
             raise PstateError(f"this kernel lacks tracepoints: {', '.join(missing)}", ExitCode.UNAVAILABLE)
         self.headers = find_headers(kernel_headers)
-        text, cflags = source(name), cflags_of(defines)
+        self.plan = probe_plan(defines, probes)
+        text = source(name)
+        if self.plan.path == tpbtf.TP_BTF:
+            try:
+                self._load(name, text, {**defines, **self.plan.defines})
+            except tpbtf.Refused as e:
+                self.close()
+                if self.plan.forced:
+                    raise PstateError(f"--probes tp_btf: the kernel refused the program: {e}", ExitCode.OSERR,
+                                      hint="--probes tracepoint uses the classic tracepoints") from None
+                self.plan = tpbtf.fallback(self.plan, str(e))
+        if self.plan.path == tpbtf.TRACEPOINT:
+            self._load(name, text, defines)
+        if os.environ.get("PSTATE_CACHE_DEBUG"):
+            note = f" ({self.cache_note})" if self.cache_note else ""
+            print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}"
+                  f" on the {self.plan.path} path{note}", file=sys.stderr)
+
+    def _load(self, name: str, text: str, defines: dict) -> None:
+        """From the cache, or compiled (and then cached); tpbtf.Refused when
+        the kernel refuses a tp_btf program."""
+        self.cached, self.origin, self.cache_note = None, "compiled", ""
+        cflags = cflags_of(defines)
         key = self._from_cache(name, text, cflags)
         if self.cached is None:
             self._compile(text, cflags)
+            if self.plan.path == tpbtf.TP_BTF:
+                self.btf_progs = tpbtf.attach_module(self.bpf, text, self.plan.targets)
             if key:
                 self._to_cache(key, name, text)
             _trim_heap()
-        if os.environ.get("PSTATE_CACHE_DEBUG"):
-            note = f" ({self.cache_note})" if self.cache_note else ""
-            print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}{note}",
-                  file=sys.stderr)
 
     def _from_cache(self, name: str, text: str, cflags: list[str]) -> str | None:
         if not progcache.enabled():
             self.cache_note = "PSTATE_NO_CACHE is set"
             return None
         try:
-            key = progcache.key_of(progcache.key_material(name, text, cflags, self.tracefs, self.headers.path))
+            key = progcache.key_of(progcache.key_material(name, text, cflags, self.tracefs, self.headers.path,
+                                                          probes=self.plan.path))
         except Exception as e:  # the cache must never fail a run
             self.cache_note = f"no cache key: {e!r}"
             return None
@@ -247,7 +285,8 @@ class Program:
     def _to_cache(self, key: str, name: str, text: str) -> None:
         try:
             lib = sys.modules["bcc"].libbcc.lib
-            progcache.store(progcache.export(self.bpf, lib, key, name, text, self.tracefs))
+            progcache.store(progcache.export(self.bpf, lib, key, name, text, self.tracefs,
+                                             self.plan.targets if self.btf_progs is not None else None))
         except progcache.NotCacheable as e:
             self.cache_note = f"not cacheable: {e}"
         except Exception as e:  # the cache must never fail a run
@@ -319,6 +358,9 @@ class Program:
         cached, self.cached = self.cached, None
         if cached is not None:
             cached.close()
+        btf_progs, self.btf_progs = self.btf_progs, None
+        if btf_progs is not None:
+            btf_progs.close()
         bpf, self.bpf = self.bpf, None
         if bpf is not None:
             with contextlib.suppress(Exception):
@@ -330,6 +372,8 @@ class Program:
         if self.cached is not None:
             _detach_all(self.cached.attached(), self.cached.detach_one)
         elif self.bpf is not None:
+            if self.btf_progs is not None:
+                self.btf_progs.detach()
             _detach_all(list(self.bpf.tracepoint_fds), self.bpf.detach_tracepoint)
         else:
             return False

@@ -10,7 +10,10 @@ and attaches the programs with plain bpf(2) and perf_event_open(2) calls.
 
 The key covers everything that changes the bytecode: the final C text and
 its -D cflags, the BCC build, the kernel (release, build, possible CPUs), the
-header tree, the format files of the tracepoints used, and pstate's version.
+kernel's BTF (a hash of /sys/kernel/btf/vmlinux: the tp_btf path's offsets
+come from it), the path (tp_btf or tracepoint), the header tree, the format
+files of the tracepoints used, and pstate's version. A tp_btf program is
+kept with the BTF id of its attach target, valid for that BTF only.
 
 Entries live in /var/cache/pstate/programs (PSTATE_CACHE_DIR elsewhere). A
 directory or file not owned by root, or writable by others, or below such a
@@ -42,7 +45,9 @@ import sys
 
 from pstate import __version__
 from pstate.kernel import bpfsys
+from pstate.kernel import btf
 from pstate.kernel import headers
+from pstate.kernel import tpbtf
 from pstate.kernel import trust
 
 FORMAT = 1
@@ -50,7 +55,8 @@ DEFAULT_DIR = "/var/cache/pstate/programs"
 KEEP_ENTRIES = 64  # per directory; the oldest go first
 MAX_ENTRY_BYTES = 16 << 20
 
-_TRACEPOINT_PROBE = re.compile(r"\bTRACEPOINT_PROBE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# PSTATE_PROBE (bpf/tpargs.h) is a TRACEPOINT_PROBE on the tracepoint path
+_TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT|PSTATE)_PROBE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # BCC features whose maps or attachments this cache cannot reproduce
 # (a stack-trace map is refused by its type once compiled: record declares
 # one only under #ifdef STACK_ENTRIES, so the text alone cannot tell)
@@ -208,7 +214,7 @@ def _headers_identity(path: str | None):
 
 
 def key_material(name: str, text: str, cflags: list[str], tracefs: str, headers_path: str | None,
-                 bcc: dict | None = None) -> dict:
+                 bcc: dict | None = None, probes: str = "tracepoint") -> dict:
     u = os.uname()
     return {
         "format": FORMAT,
@@ -218,6 +224,8 @@ def key_material(name: str, text: str, cflags: list[str], tracefs: str, headers_
         "cflags": list(cflags),
         "bcc": bcc if bcc is not None else bcc_identity(),
         "kernel": [u.release, u.version, u.machine, bpfsys.possible_cpus()],
+        "btf": btf.vmlinux_hash(),
+        "probes": probes,
         "headers": _headers_identity(headers_path),
         "tracepoints": {tp: format_hash(tracefs, tp) for tp in tracepoints_in(text)},
     }
@@ -280,7 +288,8 @@ def _validate(entry: dict) -> None:
         names.add(m["name"])
     progs = set()
     for p in entry["progs"]:
-        assert p["type"] in (bpfsys.PROG_TRACEPOINT, bpfsys.PROG_RAW_TRACEPOINT)
+        assert p["type"] in (bpfsys.PROG_TRACEPOINT, bpfsys.PROG_RAW_TRACEPOINT, bpfsys.PROG_TRACING)
+        assert p["type"] != bpfsys.PROG_TRACING or (isinstance(p["btf_id"], int) and p["btf_id"] > 0)
         insns = base64.b64decode(p["insns"], validate=True)
         assert insns and len(insns) % 8 == 0
         n = len(insns) // 8
@@ -289,7 +298,7 @@ def _validate(entry: dict) -> None:
             assert insns[idx * 8] == bpfsys.LD_IMM64
         progs.add(p["name"])
     for a in entry["attach"]:
-        assert a["kind"] in ("tracepoint", "raw_tracepoint") and a["prog"] in progs
+        assert a["kind"] in ("tracepoint", "raw_tracepoint", "tp_btf") and a["prog"] in progs
         assert isinstance(a["target"], str)
 
 
@@ -452,9 +461,12 @@ def map_refs(insns: bytes, fd_names: dict[int, str]) -> list[list]:
     return refs
 
 
-def export(bpf, lib, key: str, name: str, text: str, tracefs: str) -> dict:
+def export(bpf, lib, key: str, name: str, text: str, tracefs: str, btf_targets: dict | None = None) -> dict:
     """The cache entry for a loaded bcc.BPF object; NotCacheable if it uses
-    anything beyond maps of the supported types and (raw) tracepoints."""
+    anything beyond maps of the supported types and (raw) tracepoints.
+    btf_targets (event -> BTF id): the module was compiled for the tp_btf
+    path, and these PSTATE_PROBE functions run as tp_btf programs
+    (pstate.kernel.tpbtf)."""
     if _UNCACHEABLE_SOURCE.search(text):
         raise NotCacheable("the program uses shared, pinned, perf-output or program maps")
     for attr in ("kprobe_fds", "uprobe_fds", "kfunc_entry_fds", "kfunc_exit_fds", "lsm_fds",
@@ -490,6 +502,14 @@ def export(bpf, lib, key: str, name: str, text: str, tracefs: str) -> dict:
         progs.append({"name": fname, "type": ptype, "maps": map_refs(insns, fd_names),
                       "insns": base64.b64encode(insns).decode()})
     attach = []
+    for event, btf_id in (btf_targets or {}).items():
+        if event not in tpbtf.probes_in(text):
+            continue
+        fname = tpbtf.PREFIX + event
+        insns = bytes(bpf.dump_func(fname.encode()))
+        progs.append({"name": fname, "type": bpfsys.PROG_TRACING, "btf_id": btf_id,
+                      "maps": map_refs(insns, fd_names), "insns": base64.b64encode(insns).decode()})
+        attach.append({"kind": "tp_btf", "target": event, "prog": fname})
     loaded = {p["name"] for p in progs}
     for tp in bpf.tracepoint_fds:
         target = tp.decode() if isinstance(tp, bytes) else tp
@@ -586,7 +606,8 @@ def load(entry: dict, tracefs: str) -> Loaded:
                                                       m["max_entries"], m["flags"])
         for p in entry["progs"]:
             insns = _patched(base64.b64decode(p["insns"]), p["maps"], out.map_fds)
-            fd, _log = bpfsys.prog_load(p["type"], insns, entry["license"], entry["kern_version"], p["name"])
+            fd, _log = bpfsys.prog_load(p["type"], insns, entry["license"], entry["kern_version"], p["name"],
+                                        attach_btf_id=p.get("btf_id", 0))
             if fd < 0:
                 raise CacheMiss(f"the kernel refused cached program {p['name']}: {os.strerror(-fd)}")
             out.prog_fds[p["name"]] = fd
@@ -595,8 +616,9 @@ def load(entry: dict, tracefs: str) -> Loaded:
             if a["kind"] == "tracepoint":
                 cat, _, event = a["target"].partition(":")
                 out.perf_fds[a["target"]] = bpfsys.attach_tracepoint(prog, tracefs, cat, event)
-            else:
-                out.raw_fds[a["target"]] = bpfsys.attach_raw_tracepoint(prog, a["target"])
+            else:  # a tp_btf program attaches to the target it was loaded for
+                out.raw_fds[a["target"]] = bpfsys.attach_raw_tracepoint(
+                    prog, a["target"] if a["kind"] == "raw_tracepoint" else None)
     except CacheMiss:
         out.close()
         raise

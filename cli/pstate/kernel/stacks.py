@@ -40,6 +40,20 @@ PLUMBING = frozenset((
 PLUMBING_PREFIXES = ("schedule_", "__schedule", "wait_for_completion")
 
 
+# Frames of the tracing itself at the leaf of a stack a tp_btf program takes
+# (the program, and the kernel's call into it), above the __schedule every
+# blocked task's stack ends in: not the task's, and not on the tracepoint path.
+TRACING_PREFIXES = ("bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_")
+
+
+def task_frames(leaf_first: list[str]) -> list[str]:
+    """leaf_first without the tracing frames at its leaf."""
+    i = 0
+    while i < len(leaf_first) and symbol_name(leaf_first[i]).startswith(TRACING_PREFIXES):
+        i += 1
+    return leaf_first[i:]
+
+
 def symbol_name(frame: str) -> str:
     """The function of a frame: "name+0x1a [mod]" -> "name"."""
     return frame.split("+", 1)[0].split(" ", 1)[0]
@@ -117,7 +131,7 @@ class StackTable:
             return ""
         known = self._by_content.get(ips)
         if known is None:
-            leaf_first = [self.symbols.frame(ip) for ip in ips]
+            leaf_first = task_frames([self.symbols.frame(ip) for ip in ips])
             sid = len(self._by_content) + 1
             reason = reason_of(leaf_first)
             known = (sid, f',"stack_id":{sid},"reason":{orjson.dumps(reason).decode()}')

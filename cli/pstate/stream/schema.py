@@ -87,7 +87,8 @@ COMMON_FIELDS = {
 
 TASK_FIELDS = {
     "cpu": ("int", "CPU the event happened on"),
-    "pid": ("int", "process id (tgid) of the task; 0 when unknown"),
+    "pid": ("int", "process id (tgid) of the task; 0 when unknown (on the tracepoint path only: a thread "
+                   "first seen as it is switched in or woken)"),
     "tid": ("int", "thread id of the task (the kernel's pid)"),
     "comm": ("string", "task name (comm), at most 15 bytes"),
 }
@@ -126,6 +127,10 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "pstate_pid": ("int", "process id of the pstate process that wrote the stream"),
             "buffer_bytes": ("int?", "record: size of the BPF ring buffer"),
             "max_rate": ("int?", "record: the --max-rate in force, events/s"),
+            "probes": ("string?", "record, snap: how the programs attached to sched_switch and the wake-ups: "
+                       "tp_btf or tracepoint (--probes)"),
+            "probes_reason": ("string?", "record, snap: why that path (--probes, the kernel has BTF, or why the "
+                              "kernel refused tp_btf)"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
             "replay_speed": ("float?", "replay: --speed, null with --no-wait"),
             "replay_begin_ts": ("int?", "replay: start of the --begin/--end window, ns"),

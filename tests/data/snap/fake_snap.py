@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 
 from pstate.snapshots import snapdir
 from pstate.kernel.kstates import KernelStates
@@ -59,6 +60,8 @@ class FakeCollector:
 
 
 class FakeProgram:
+    plan = types.SimpleNamespace(path="tracepoint", reason="a fake program")
+
     def close(self) -> None:
         pass
 
@@ -73,7 +76,7 @@ def install(collector_factory=None, setter=setattr) -> None:
                                                           float(os.environ.get("FAKE_SNAP_SLOW", "0"))))
     setter(snap.loader, "check_privileges", lambda: None)
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
-    setter(snap, "load_program", lambda ks, max_tasks, kernel_headers: FakeProgram())
+    setter(snap, "load_program", lambda ks, max_tasks, kernel_headers, probes=None: FakeProgram())
     setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
     # who the fake processes are: three services, one title each
     from pstate.kernel import identity

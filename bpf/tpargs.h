@@ -1,0 +1,95 @@
+// tpargs.h: the arguments of the hot sched tracepoints (sched_switch and the
+// wake-ups), read in one of two ways, so that each program has one source
+// for both. Included by bpf/record.bpf.c and bpf/snap.bpf.c.
+//
+// Classic tracepoint (the default): BCC builds `args` from the running
+// kernel's tracefs format file; the kernel has already copied the fields
+// into a trace record.
+//
+// TP_BTF (set by pstate.kernel.loader when the kernel has BTF and accepts
+// the programs): a BTF-typed raw tracepoint program gets the tracepoint's
+// raw arguments in ctx[] (sched_switch: preempt, prev, next, prev_state;
+// the wake-ups: the task) with no trace record built, and reads task_struct
+// fields with plain loads that the verifier checks against BTF. Every offset
+// is a -D setting read from /sys/kernel/btf/vmlinux (pstate.kernel.btf),
+// never from a header tree, which may be another kernel's:
+//   TASK_PID TASK_TGID TASK_EXIT_STATE TASK_PRIO TASK_COMM TASK_CPU
+// and the kernel's task state bits that sched_switch's format folds into
+// what it reports (pstate.kernel.tpbtf.RAW_STATE_DEFINES):
+//   RAW_TASK_REPORT RAW_REPORT_IDLE RAW_REPORT_MAX RAW_TASK_IDLE
+//   RAW_UNINTERRUPTIBLE RAW_AS_UNINTERRUPTIBLE
+//
+// Each program names a probe PSTATE_PROBE(category, event) and reads its
+// arguments only through the macros below. The context is `ctx` on the
+// tp_btf path and `args` on the other (BCC rewrites no map call, such as
+// get_stackid's, with a macro among its arguments).
+
+#ifndef TPARGS_H
+#define TPARGS_H
+
+#ifdef TP_BTF
+
+#define PSTATE_PROBE(category, event) int tp_btf__##event(u64 *ctx)
+#define TP_TASK(i) ((const char *)ctx[i])
+#define TASK_U32(t, off) (*(const u32 *)((t) + (off)))
+#define TASK_S32(t, off) (*(const s32 *)((t) + (off)))
+
+// sched_switch's prev_state as its format reports it
+// (__trace_sched_switch_state): the preemption bit, or the one reported
+// bit of the state the task blocked in (its highest set bit).
+static __always_inline u32 reported_switch_state(u64 *ctx) {
+    if ((u8)ctx[0])
+        return RAW_REPORT_MAX;
+    u32 raw = (u32)ctx[3];
+    u32 state = (raw | TASK_U32(TP_TASK(1), TASK_EXIT_STATE)) & RAW_TASK_REPORT;
+    if ((raw & RAW_TASK_IDLE) == RAW_TASK_IDLE)
+        state = RAW_REPORT_IDLE;
+    if (raw & RAW_AS_UNINTERRUPTIBLE)
+        state = RAW_UNINTERRUPTIBLE;
+    state |= state >> 1;
+    state |= state >> 2;
+    state |= state >> 4;
+    state |= state >> 8;
+    state |= state >> 16;
+    return state - (state >> 1);
+}
+
+#define SW_PREV_PID TASK_U32(TP_TASK(1), TASK_PID)
+#define SW_NEXT_PID TASK_U32(TP_TASK(2), TASK_PID)
+#define SW_PREV_PRIO TASK_S32(TP_TASK(1), TASK_PRIO)
+#define SW_NEXT_PRIO TASK_S32(TP_TASK(2), TASK_PRIO)
+#define SW_PREV_STATE reported_switch_state(ctx)
+#define SW_PREV_COMM(dst) __builtin_memcpy(dst, TP_TASK(1) + TASK_COMM, 16)
+#define SW_NEXT_COMM(dst) __builtin_memcpy(dst, TP_TASK(2) + TASK_COMM, 16)
+// tgids: prev's is the current task's; next's and the wakee's are known on
+// this path only (0: not known)
+#define SW_PREV_TGID TASK_U32(TP_TASK(1), TASK_TGID)
+#define SW_NEXT_TGID TASK_U32(TP_TASK(2), TASK_TGID)
+#define WK_TGID TASK_U32(TP_TASK(0), TASK_TGID)
+
+// sched_waking, sched_wakeup, sched_wakeup_new: (the task woken)
+#define WK_PID TASK_U32(TP_TASK(0), TASK_PID)
+#define WK_TARGET_CPU TASK_U32(TP_TASK(0), TASK_CPU)
+#define WK_COMM(dst) __builtin_memcpy(dst, TP_TASK(0) + TASK_COMM, 16)
+
+#else // classic tracepoints
+
+#define PSTATE_PROBE(category, event) TRACEPOINT_PROBE(category, event)
+
+#define SW_PREV_PID ((u32)args->prev_pid)
+#define SW_NEXT_PID ((u32)args->next_pid)
+#define SW_PREV_PRIO args->prev_prio
+#define SW_NEXT_PRIO args->next_prio
+#define SW_PREV_STATE ((u32)args->prev_state)
+#define SW_PREV_COMM(dst) __builtin_memcpy(dst, args->prev_comm, 16)
+#define SW_NEXT_COMM(dst) __builtin_memcpy(dst, args->next_comm, 16)
+#define SW_PREV_TGID ((u32)(bpf_get_current_pid_tgid() >> 32))
+#define SW_NEXT_TGID 0
+#define WK_TGID 0
+
+#define WK_PID ((u32)args->pid)
+#define WK_TARGET_CPU args->target_cpu
+#define WK_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
+
+#endif
+#endif

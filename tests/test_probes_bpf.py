@@ -1,0 +1,207 @@
+"""The two paths of record's and snap's hot probes (pstate.kernel.tpbtf):
+tp_btf when the kernel has BTF and accepts the programs, the classic
+tracepoints otherwise; a refusal falls back with its reason kept, unless
+--probes tp_btf asked for it; the program cache keeps a tp_btf program and
+loads it again."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.kernel import btf, tpbtf
+
+pytestmark = pytest.mark.bpf
+
+needs_btf = pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="the kernel has no BTF")
+
+
+def _defines():
+    from pstate.commands import record
+    from pstate.kernel import loader
+
+    return record.defines_for(loader.kernel_states(), max_tasks=4096, rb_pages=64, sample=False)
+
+
+def _runs(prog) -> int:
+    """Events the attached programs counted in 0.2 s with every filter open."""
+    from pstate.kernel import filtermaps, loader
+    from pstate.stream.filters import Filter
+
+    filtermaps.start(prog, filtermaps.settings_for(Filter(), loader.kernel_states()))
+    time.sleep(0.2)
+    return prog.counters()[loader.STAT_ATTEMPTED]
+
+
+@needs_btf
+def test_refused_tp_btf_falls_back_with_its_reason(root_cache, monkeypatch):
+    from pstate.kernel import loader
+
+    def refuse(insns, name, btf_id, license="GPL", kern_version=0):
+        raise tpbtf.Refused(f"{name}: Permission denied (a test refusal)")
+
+    monkeypatch.delenv(tpbtf.ENV, raising=False)  # auto: the path that falls back
+    monkeypatch.setattr(tpbtf, "load_one", refuse)
+    p = loader.Program("record", _defines())
+    try:
+        assert p.plan.path == tpbtf.TRACEPOINT
+        assert p.plan.reason == ("the kernel refused the tp_btf programs: tp_btf__sched_switch: Permission denied "
+                                 "(a test refusal)")
+        assert _runs(p) > 0
+    finally:
+        p.close()
+    with pytest.raises(PstateError) as e:
+        loader.Program("record", _defines(), probes="tp_btf")
+    assert e.value.exit_code == ExitCode.OSERR and "--probes tp_btf: the kernel refused" in e.value.message
+
+
+@needs_btf
+@pytest.mark.parametrize("name", ["record", "snap"])
+def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
+    from pstate.commands import snap
+    from pstate.kernel import loader
+
+    d = _defines() if name == "record" else snap.defines_for(loader.kernel_states(), 4096)
+    cold = loader.Program(name, d, probes="tp_btf")
+    try:
+        assert (cold.origin, cold.plan.path) == ("compiled", "tp_btf")
+        assert sorted(cold.btf_progs.link_fds) == sorted(tpbtf.probes_in(loader.source(name)))
+    finally:
+        cold.close()
+    assert len(os.listdir(root_cache)) == 1
+    warm = loader.Program(name, d, probes="tp_btf")
+    try:
+        assert (warm.origin, warm.plan.path) == ("cache", "tp_btf"), warm.cache_note
+        assert set(tpbtf.probes_in(loader.source(name))) <= set(warm.cached.attached())
+        if name == "record":
+            assert _runs(warm) > 0
+    finally:
+        warm.close()
+    # the other path is another entry
+    other = loader.Program(name, d, probes="tracepoint")
+    try:
+        assert (other.origin, other.plan.path) == ("compiled", "tracepoint")
+    finally:
+        other.close()
+    assert len(os.listdir(root_cache)) == 2
+
+
+def test_no_btf_takes_the_tracepoint_path(tmp_path):
+    assert tpbtf.plan("auto", 0xFF, str(tmp_path / "none")).path == tpbtf.TRACEPOINT
+    assert "no usable kernel BTF" in tpbtf.plan(None, 0xFF, str(tmp_path / "none")).reason
+    with pytest.raises(PstateError) as e:
+        tpbtf.plan("tp_btf", 0xFF, str(tmp_path / "none"))
+    assert e.value.exit_code == ExitCode.UNAVAILABLE
+
+
+# --- the same records on both paths ---------------------------------------------------------
+
+WORKLOAD_COMM = "pstate-ident"
+PRE = f"""
+import os, sys, time
+with open("/proc/self/comm", "w") as f:
+    f.write("{WORKLOAD_COMM}")
+sys.stdin.read(1)
+"""
+KIDS = {
+    "sleeper": ("for _ in range(25):\n    time.sleep(0.02)\n", None),
+    "stopped": ("for _ in range(50):\n    time.sleep(0.01)\n", None),  # SIGSTOP for 200 ms from outside
+    "hog_a": ("end = time.monotonic() + 0.6\nwhile time.monotonic() < end:\n    pass\n", 1),
+    "hog_b": ("end = time.monotonic() + 0.6\nwhile time.monotonic() < end:\n    pass\n", 1),
+    "forker": ("for _ in range(40):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+               "    os.waitpid(pid, 0)\n", None),
+}
+SAME = ("pid", "comm", "from", "to", "cause", "kstate", "voluntary", "prio", "cpu", "target_cpu", "waker_tid",
+        "waker_pid", "prev_tid", "next_tid")
+
+
+def _both_paths_at_once():
+    """Records of one run of the workload by two `pstate record` at once, one
+    per path, both attached before the workload starts; only what happened
+    before every child was waited for (a later free could fall after one
+    recorder stopped)."""
+    import signal
+    import subprocess
+    import sys
+
+    from workloads import Recording, go
+
+    kids = {}
+    for name, (body, cpu) in KIDS.items():
+        cmd = [sys.executable, "-c", PRE + body]
+        kids[name] = subprocess.Popen((["taskset", "-c", str(cpu)] if cpu is not None else []) + cmd,
+                                      stdin=subprocess.PIPE)
+    recs = {}
+    try:
+        time.sleep(0.2)  # every child has its name before the recorders filter on it
+        for path in ("tp_btf", "tracepoint"):
+            recs[path] = Recording("-c", WORKLOAD_COMM, "--probes", path)
+        assert {p: r.meta["probes"] for p, r in recs.items()} == {"tp_btf": "tp_btf", "tracepoint": "tracepoint"}
+        go(*kids.values())
+        time.sleep(0.1)
+        os.kill(kids["stopped"].pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(kids["stopped"].pid, signal.SIGCONT)
+        for name, k in kids.items():
+            assert k.wait(timeout=60) == 0, name
+        done = time.monotonic_ns()
+        out = {p: r.stop() for p, r in recs.items()}
+    finally:
+        for k in kids.values():
+            if k.poll() is None:
+                k.kill()
+                k.wait()
+        for r in recs.values():
+            if r.proc.poll() is None:
+                r.proc.kill()
+                r.proc.wait()
+    return {p: [x for x in rs if x["type"] == "state" and x["ts"] < done] for p, rs in out.items()}, \
+        {p: rs[-1] for p, rs in out.items()}
+
+
+@needs_btf
+@pytest.mark.time_limit(120)
+def test_both_paths_give_the_same_records():
+    """Per thread, the same transitions (from, to, cause and every field both
+    paths fill) in the same order, and the same durations within 1 us.
+
+    The two programs run one after the other in the same tracepoint call,
+    each reading the clock once, so their records of one event differ in ts
+    by the time between the two reads (under a microsecond to several, with
+    one program's whole run in between). A duration is the time between two
+    events: with the two reads' offset at each end taken out (the ts
+    differences of the two records), both paths must agree within 1 us. A
+    state whose start is no record (a new task's, from task_newtask) has only
+    the offset at its end to take out."""
+    states, ends = _both_paths_at_once()
+    for path, end in ends.items():
+        assert end["type"] == "end" and end["lost"] == 0, (path, end)
+    by_tid = {p: {} for p in states}
+    for p, rs in states.items():
+        for r in rs:
+            by_tid[p].setdefault(r["tid"], []).append(r)
+    assert set(by_tid["tp_btf"]) == set(by_tid["tracepoint"])
+    assert len(by_tid["tp_btf"]) >= len(KIDS) + 40  # the forker's children too
+    transitions = 0
+    for tid, a in by_tid["tp_btf"].items():
+        b = by_tid["tracepoint"][tid]
+        assert [[x.get(k) for k in SAME] for x in a] == [[x.get(k) for k in SAME] for x in b], tid
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert (x["dur_ns"] is None) == (y["dur_ns"] is None), (x, y)
+            if x["dur_ns"] is None:
+                continue
+            offset = x["ts"] - y["ts"]
+            if i > 0 and a[i - 1]["to"] == x["from"]:
+                offset -= a[i - 1]["ts"] - b[i - 1]["ts"]
+                assert abs(x["dur_ns"] - y["dur_ns"] - offset) <= 1000, (x, y, offset)
+            else:
+                assert abs(x["dur_ns"] - y["dur_ns"]) <= 1000 + abs(offset), (x, y, offset)
+        transitions += len(a)
+    kinds = {(x["from"], x["to"]) for rs in by_tid["tp_btf"].values() for x in rs}
+    # what the workload was built to show: sleeps, a stop, preemption between the hogs, births
+    assert {("running", "sleeping"), ("sleeping", "runnable"), ("running", "stopped"), ("stopped", "runnable"),
+            ("running", "preempted"), ("preempted", "running"), ("new", "runnable")} <= kinds, kinds
+    assert transitions > 500
