@@ -247,7 +247,7 @@ class Program:
         if os.environ.get("PSTATE_CACHE_DEBUG"):
             note = f" ({self.cache_note})" if self.cache_note else ""
             print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}"
-                  f" on the {self.plan.path} path{note}", file=sys.stderr)
+                  f"{note}; the {self.plan.path} path", file=sys.stderr)
 
     def _load(self, name: str, text: str, defines: dict) -> None:
         """From the cache, or compiled (and then cached); tpbtf.Refused when
