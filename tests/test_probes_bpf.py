@@ -162,6 +162,35 @@ def _both_paths_at_once():
         {p: rs[-1] for p, rs in out.items()}
 
 
+def _aligned(a: list, b: list, tid: int):
+    """The records of one thread on the two paths, paired: ((x, y, (the
+    records before them)) ...), and how many wake-ups the classic path
+    missed where tp_btf has them: a blocked -> runnable wake-up and the
+    runnable -> running switch-in on tp_btf, one blocked -> running
+    switch-in on the classic path. Anything else that differs fails."""
+    def same(x, y):
+        return [x.get(k) for k in SAME] == [y.get(k) for k in SAME]
+
+    pairs, missed, i, j = [], 0, 0, 0
+    prev = (None, None)
+    while i < len(a) and j < len(b):
+        x, y = a[i], b[j]
+        if same(x, y):
+            pairs.append((x, y, prev))
+            prev = (x, y)
+            i, j = i + 1, j + 1
+            continue
+        nxt = a[i + 1] if i + 1 < len(a) else None
+        assert (x["cause"] == "wakeup" and x["to"] == "runnable" and y["cause"] == "switch_in"
+                and y["from"] == x["from"] and nxt is not None and nxt["cause"] == "switch_in"
+                and nxt["to"] == y["to"]), (tid, i, x, y)
+        missed += 1
+        prev = (None, None)  # no pair of durations to compare across the miss
+        i, j = i + 2, j + 1
+    assert i == len(a) and j == len(b), (tid, a[i:], b[j:])
+    return pairs, missed
+
+
 @needs_btf
 @pytest.mark.time_limit(120)
 def test_both_paths_give_the_same_records():
@@ -185,21 +214,25 @@ def test_both_paths_give_the_same_records():
             by_tid[p].setdefault(r["tid"], []).append(r)
     assert set(by_tid["tp_btf"]) == set(by_tid["tracepoint"])
     assert len(by_tid["tp_btf"]) >= len(KIDS) + 40  # the forker's children too
-    transitions = 0
+    transitions = missed = wakes = 0
     for tid, a in by_tid["tp_btf"].items():
-        b = by_tid["tracepoint"][tid]
-        assert [[x.get(k) for k in SAME] for x in a] == [[x.get(k) for k in SAME] for x in b], tid
-        for i, (x, y) in enumerate(zip(a, b)):
+        pairs, n = _aligned(a, by_tid["tracepoint"][tid], tid)
+        missed += n
+        wakes += sum(1 for x in a if x["cause"] == "wakeup")
+        for x, y, (px, py) in pairs:
             assert (x["dur_ns"] is None) == (y["dur_ns"] is None), (x, y)
             if x["dur_ns"] is None:
                 continue
             offset = x["ts"] - y["ts"]
-            if i > 0 and a[i - 1]["to"] == x["from"]:
-                offset -= a[i - 1]["ts"] - b[i - 1]["ts"]
+            if px is not None and px["to"] == x["from"]:
+                offset -= px["ts"] - py["ts"]
                 assert abs(x["dur_ns"] - y["dur_ns"] - offset) <= 1000, (x, y, offset)
             else:
                 assert abs(x["dur_ns"] - y["dur_ns"]) <= 1000 + abs(offset), (x, y, offset)
         transitions += len(a)
+    # the classic path's known miss (issue 15: about one sleep in 700 to 3,000
+    # ends blocked -> running with no wake-up), bounded as in test_kernel_truth
+    assert missed <= 0.005 * wakes, (missed, wakes)
     kinds = {(x["from"], x["to"]) for rs in by_tid["tp_btf"].values() for x in rs}
     # what the workload was built to show: sleeps, a stop, preemption between the hogs, births
     assert {("running", "sleeping"), ("sleeping", "runnable"), ("running", "stopped"), ("stopped", "runnable"),
