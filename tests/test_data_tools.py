@@ -25,6 +25,10 @@ start = pd.Timestamp(df[df.type == "meta"].wall_time.iloc[0])'''
 
 PANDAS_CSV = 'tasks = pd.read_csv("pstate-snap-20261201T093635.117604Z-000001.csv", comment="#")'
 
+PROM = ("sudo pstate snap --format prom --dir /var/lib/prometheus/node-exporter --every 15s",
+        "promtool check metrics < /var/lib/prometheus/node-exporter/pstate-snap.prom")
+FLAME = "pstate stats rec.jsonl --stacks -f folded | flamegraph.pl --countname=us > offcpu.svg"
+
 WALL_NS = 1796117795117604579  # 19 digits: a double keeps 15-17
 
 
@@ -55,7 +59,7 @@ def rec(tmp_path, monkeypatch) -> Path:
 
 
 def test_recipes_are_the_readmes():
-    for recipe in (JQ_D, JQ_WALL, DUCKDB, *PANDAS.splitlines(), PANDAS_CSV):
+    for recipe in (JQ_D, JQ_WALL, DUCKDB, *PANDAS.splitlines(), PANDAS_CSV, *PROM, FLAME):
         assert recipe in README, recipe
 
 
@@ -108,3 +112,36 @@ def test_pandas_csv_snapshot_recipe(tmp_path, monkeypatch):
     tasks = scope["tasks"]
     assert len(tasks) == 3 and list(tasks.tid) == [7, 8, 9] and list(tasks.running_ns) == [0, 10, 20]
     assert list(tasks.comm.astype(str)) == ["123", "a,b", "a,b"]
+
+
+def test_prometheus_recipe(tmp_path):
+    """snap's options as in the recipe (a test directory, a short interval,
+    two snapshots), then promtool's check as written."""
+    import shlex
+
+    from test_snap_writer import _promtool, snap
+
+    args = shlex.split(PROM[0])[3:]  # after `sudo pstate snap`
+    args[args.index("--dir") + 1] = str(tmp_path)
+    args[args.index("--every") + 1] = "0.05"
+    r = snap(*args, "--count", "2")
+    assert r.returncode == 0, r.stderr
+    check = PROM[1].replace("/var/lib/prometheus/node-exporter", str(tmp_path)).replace("promtool", _promtool(), 1)
+    res = subprocess.run(check, shell=True, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_flamegraph_recipe(monkeypatch):
+    """The pstate half of the pipe on a recording with stacks: lines of
+    `frame;frame;... COUNT`, as flamegraph.pl (and speedscope, inferno) read them."""
+    from click.testing import CliRunner
+
+    from pstate.main import cli
+
+    monkeypatch.chdir(ROOT / "tests" / "data" / "stats")
+    argv = FLAME.split(" | ")[0].split()[1:]
+    res = CliRunner().invoke(cli, [argv[0], "why.jsonl", *argv[2:]])
+    assert res.exit_code == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines and all(len(ln.rsplit(" ", 1)) == 2 and ln.rsplit(" ", 1)[1].isdigit() and ";" in ln
+                         for ln in lines), lines[:3]
