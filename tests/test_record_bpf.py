@@ -155,7 +155,7 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
     early_seen = 0
     for attempt in range(3):  # until a run has threads that switched before seeding was over
         out = tmp_path / f"rec{attempt}.jsonl"
-        busy = [start(BUSY.format(secs=2.5)) for _ in range(4)]
+        busy = [start(BUSY.format(secs=30)) for _ in range(4)]  # (killed below) busy through the compile too
         for b in busy:
             go(b)
         try:
