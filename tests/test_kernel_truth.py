@@ -230,10 +230,11 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
             assert abs(on_cpu - k_cpu) <= 0.01 * k_cpu + slack, name
         # The kernel's run-queue wait starts at the enqueue, by the run queue's
         # clock; pstate's at sched_waking, by ktime, and on an idle CPU that
-        # includes leaving idle (measured: 1.5-3 us per wake-up on a busy CPU;
-        # on an idle vCPU 8-15 us, the sleeper's 20 timer wake-ups most of all):
-        # allowed 20 us per wake-up besides the 2 %.
-        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= max(0.02 * (k_cpu + k_wait), 20_000 * wakes) + (
+        # includes leaving idle and the interrupt that woke it (measured: 1.5-3 us
+        # per wake-up on a busy CPU; on an idle vCPU of a quiet VM 8-25 us, the
+        # sleeper's 20 timer wake-ups most of all): allowed 40 us per wake-up
+        # besides the 2 %. The switch counts above stay exact.
+        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= max(0.02 * (k_cpu + k_wait), 40_000 * wakes) + (
             slack if name.startswith("hog") else 0), name
 
 
