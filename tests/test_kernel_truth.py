@@ -227,7 +227,11 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
               f"{b['invol'] - a['invol']})")
         assert (vol, len(outs) - vol) == (b["vol"] - a["vol"], b["invol"] - a["invol"]), name
         if name.startswith("hog"):
-            assert abs(on_cpu - k_cpu) <= 0.01 * k_cpu + slack, name
+            # pstate's on-CPU runs from switch to switch by ktime, so it holds the
+            # switch itself and the programs traced on it, which the kernel's
+            # runtime leaves out: up to about 14 us per switch on the classic path
+            # under the storm; allowed 15 us per switch besides the 1 %.
+            assert abs(on_cpu - k_cpu) <= 0.01 * k_cpu + slack + 15_000 * len(outs), name
         # The kernel's run-queue wait starts at the enqueue, by the run queue's
         # clock; pstate's at sched_waking, by ktime, and on an idle CPU that
         # includes leaving idle and the interrupt that woke it (measured: 1.5-3 us
