@@ -237,9 +237,12 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         # includes leaving idle and the interrupt that woke it (measured: 1.5-3 us
         # per wake-up on a busy CPU; on an idle vCPU of a quiet VM 8-25 us, the
         # sleeper's 20 timer wake-ups most of all): allowed 40 us per wake-up
-        # besides the 2 %. The switch counts above stay exact.
-        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= max(0.02 * (k_cpu + k_wait), 40_000 * wakes) + (
-            slack if name.startswith("hog") else 0), name
+        # besides the 2 %. Each switch moves its own few hundred ns between the
+        # two clocks as well (measured 0.6 us per switch for the ping-pong's 300
+        # preemptions): allowed 3 us per switch. The switch counts above stay exact.
+        assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= (
+            0.02 * (k_cpu + k_wait) + 40_000 * wakes + 3_000 * len(outs)
+            + (slack if name.startswith("hog") else 0)), name
 
 
 def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_path):
