@@ -563,3 +563,31 @@ def test_warm_snap_loads_from_the_cache(root_cache, tmp_path, monkeypatch):
         lines = f.read_text().splitlines()
         assert json.loads(lines[0])["type"] == "meta" and json.loads(lines[-1])["type"] == "end"
         assert len(lines) > 10  # a row per live thread
+
+
+def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
+    """What tp_btf reads from the kernel's BTF is parsed once per boot: a
+    second start-up takes it from the cache; another boot, a damaged entry or
+    a disabled cache parse it again, with the same result."""
+    from pstate.kernel import btf, tpbtf
+    if not os.path.exists(btf.VMLINUX):
+        if os.environ.get("CI"):
+            pytest.fail("no kernel BTF on the CI machine")
+        pytest.skip("no kernel BTF")
+    monkeypatch.setenv("PSTATE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
+    parsed = []
+    real = tpbtf.read_facts
+    monkeypatch.setattr(tpbtf, "read_facts", lambda path: parsed.append(path) or real(path))
+    truth = btf.facts(btf.Btf.read())
+    assert progcache.btf_facts() == truth and len(parsed) == 1
+    assert progcache.btf_facts() == truth and len(parsed) == 1
+    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith(progcache.BTF_FACTS)]
+    entry.write_bytes(entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"TASK_X":1,'))
+    assert progcache.btf_facts() == truth and len(parsed) == 2
+    monkeypatch.setattr(btf, "boot_identity", lambda path=btf.VMLINUX: "another boot")
+    assert progcache.btf_facts() == truth and len(parsed) == 3
+    monkeypatch.setenv("PSTATE_NO_CACHE", "1")
+    assert progcache.btf_facts() == truth and progcache.btf_facts() == truth and len(parsed) == 5
+    plan = tpbtf.plan("auto", 0x7f, facts=progcache.btf_facts)
+    assert plan.path == tpbtf.TP_BTF and plan.targets == truth["targets"]

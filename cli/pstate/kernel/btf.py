@@ -15,6 +15,7 @@ unions), and the arguments of a BTF-typed tracepoint (`btf_trace_<name>`).
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
@@ -298,6 +299,25 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
                            f"({', '.join(want)})")
         out[event] = tid
     return out
+
+
+def facts(b: Btf) -> dict:
+    """What the tp_btf path takes from a kernel's BTF: the task_struct
+    offsets (task_offsets) and the attach targets (check_tracepoints)."""
+    return {"offsets": task_offsets(b), "targets": check_tracepoints(b)}
+
+
+def boot_identity(path: str = VMLINUX) -> str | None:
+    """Names the BTF of the running kernel for this boot (the boot id, the
+    file's size and times), or None: the kernel's own BTF cannot change
+    until the next boot, so what was read from it may be kept until then."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{boot}:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
 def vmlinux_hash(path: str = VMLINUX) -> str | None:

@@ -187,7 +187,7 @@ def cflags_of(defines: dict) -> list[str]:
 def probe_plan(defines: dict, probes: str | None) -> tpbtf.Plan:
     """The path (tp_btf or tracepoint) to try for a program with these
     settings, --probes (None: PSTATE_PROBES, else auto) and this kernel."""
-    return tpbtf.plan(probes, int(str(defines["REPORT_MASK"]), 0))
+    return tpbtf.plan(probes, int(str(defines["REPORT_MASK"]), 0), facts=progcache.btf_facts)
 
 
 def program_text(name: str, defines: dict, probes: str | None = None) -> str:

@@ -84,17 +84,22 @@ def raw_state_defines(report_mask: int) -> dict:
     }
 
 
-def plan(option: str | None, report_mask: int, path: str = btf.VMLINUX) -> Plan:
+def read_facts(path: str) -> dict:
+    """btf.facts of the BTF at path, read and parsed now."""
+    return btf.facts(btf.Btf.read(path))
+
+
+def plan(option: str | None, report_mask: int, path: str = btf.VMLINUX, facts=read_facts) -> Plan:
     """Which path to try. tp_btf needs the kernel's BTF with every member and
     tracepoint the programs read; without it auto takes the tracepoint path,
-    and a --probes tp_btf run stops with what is missing."""
+    and a --probes tp_btf run stops with what is missing. facts(path) gives
+    what the programs take from the BTF (btf.facts), or raises BtfError."""
     choice = choice_of(option)
     if choice == TRACEPOINT:
         return Plan(TRACEPOINT, "--probes tracepoint", forced=True)
     try:
-        b = btf.Btf.read(path)
-        offsets = btf.task_offsets(b)
-        targets = btf.check_tracepoints(b)
+        got = facts(path)
+        offsets, targets = got["offsets"], got["targets"]
     except btf.BtfError as e:
         if choice == TP_BTF:
             raise PstateError(f"--probes tp_btf: {e}", ExitCode.UNAVAILABLE,
