@@ -117,10 +117,29 @@ BPF_ARRAY(sample_every, u32, 1);
 BPF_PERCPU_ARRAY(sample_tick, u32, 1);
 #endif
 
+// The sched programs run with interrupts off; the fork, exec, exit and free
+// programs run with them on (free in an RCU callback, in softirq), so an
+// interrupt's wake-up program can run on the same CPU between their load
+// and store of a counter, and its count would be lost. Those programs count
+// with an atomic add (a lock-prefixed instruction: kept off the hot path),
+// and so do the rare counts any program may take.
 static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
         (*c)++;
+}
+
+static __always_inline void count_atomic(u32 idx) {
+    u64 *c = counters.lookup(&idx);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+}
+
+static __always_inline void count_in(u8 irqs_on, u32 idx) {
+    if (irqs_on)
+        count_atomic(idx);
+    else
+        count(idx);
 }
 
 static __always_inline struct settings *get_settings(void) {
@@ -134,7 +153,7 @@ static __always_inline struct settings *get_settings(void) {
 static __always_inline u64 elapsed(u64 now, u64 since) {
     if (now >= since)
         return now - since;
-    count(STAT_CLAMPED);
+    count_atomic(STAT_CLAMPED);
     return 0;
 }
 
@@ -234,7 +253,7 @@ static __always_inline int transition_match(struct settings *cfg, u16 from, u16 
     return 1;
 }
 
-static __always_inline int sampled_out(void) {
+static __always_inline int sampled_out(u8 irqs_on) {
 #ifdef SAMPLE
     u32 zero = 0;
     u32 *every = sample_every.lookup(&zero);
@@ -248,20 +267,21 @@ static __always_inline int sampled_out(void) {
         t = 0;
     *tick = t;
     if (t != 0) {
-        count(DROP_SAMPLED);
+        count_in(irqs_on, DROP_SAMPLED);
         return 1;
     }
 #endif
     return 0;
 }
 
-static __always_inline struct event *reserve(void) {
-    count(STAT_ATTEMPTED);
-    if (sampled_out())
+// irqs_on: called from a program that runs with interrupts on (see count_atomic)
+static __always_inline struct event *reserve(u8 irqs_on) {
+    count_in(irqs_on, STAT_ATTEMPTED);
+    if (sampled_out(irqs_on))
         return 0;
     struct event *e = events.ringbuf_reserve(sizeof(struct event));
     if (!e) {
-        count(DROP_RINGBUF);
+        count_in(irqs_on, DROP_RINGBUF);
         return 0;
     }
     return e;
@@ -278,10 +298,10 @@ static __always_inline void submit(struct event *e) {
 // One event of any type, through the task and CPU filters.
 static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
                                  const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack) {
+                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on) {
     if (!task_match(cfg, cpu, tgid, tid, comm))
         return;
-    struct event *e = reserve();
+    struct event *e = reserve(irqs_on);
     if (!e)
         return;
     e->ts = now;
@@ -311,7 +331,7 @@ static __always_inline void emit_state(struct settings *cfg, u64 now, u32 cpu, u
                                        const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
                                        u32 kstate, u32 other_pid, u32 other_tid, u32 stack) {
     emit(cfg, EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid,
-         other_tid, stack);
+         other_tid, stack, 0);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -327,7 +347,7 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
     fresh.since = now;
     fresh.tgid = tgid;
     if (tasks.update(&tid, &fresh) != 0)
-        count(DROP_MAP_FULL);
+        count_atomic(DROP_MAP_FULL);
 }
 
 // prev is the current task at sched_switch, so its tgid is known for sure;
@@ -610,7 +630,7 @@ TRACEPOINT_PROBE(task, task_newtask) {
         fresh.tgid = child;
     }
     if (tasks.update(&child, &fresh) != 0)
-        count(DROP_MAP_FULL);
+        count_atomic(DROP_MAP_FULL);
     return 0;
 }
 
@@ -621,7 +641,7 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
     char comm[16];
     bpf_get_current_comm(comm, sizeof(comm));
     emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
-         other_pid, other_tid, 0);
+         other_pid, other_tid, 0, 1);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
@@ -695,8 +715,8 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     if (transition_match(cfg, from, ST_REAPED, dur)) {
         char comm[16];
         TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
-        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1, 0,
-                   0, 0, 0, 0);
+        emit(cfg, EV_STATE, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1,
+             0, 0, 0, 0, 0, 1); // in an RCU callback: interrupts on
     }
     // A followed process is gone with its main thread: its pid may come back
     // as another process's.

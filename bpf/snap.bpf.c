@@ -77,10 +77,13 @@ BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
 BPF_PERCPU_ARRAY(counters, u64, SNAP_NR_COUNTERS);
 
+// Only rare counts (a full map), some taken by programs that run with
+// interrupts on (task_newtask, exit, free), where an interrupt's wake-up
+// program could run between a load and a store: an atomic add.
 static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
-        (*c)++;
+        __sync_fetch_and_add(c, 1);
 }
 
 // Whether the slot tasks.lookup() gave holds a thread's row (a hash holds
