@@ -10,10 +10,10 @@ import time
 import click
 
 from pstate.kernel import loader
-from pstate.snapshots import snapdir
+from pstate.snapshots import collector as resident, snapdir
 from pstate.stream.durations import Duration
 from pstate.commands.options import RenamedCommand, probes_option
-from pstate.exitcodes import PstateError
+from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel.kstates import KernelStates
 from pstate.stream.meta import meta_record
 from pstate.snapshots.taskmaps import BpfCollector, boottime_offset_ns, defines_for  # noqa: F401
@@ -21,7 +21,11 @@ from pstate.snapshots.writer import Plan, SnapDir, Snapper, Stopper
 
 EPILOG = """\b
 Examples:
-  sudo pstate snap --dir /var/lib/pstate          one 5 s snapshot (from cron)
+  sudo pstate snap --start                        a collector that counts in the kernel
+  sudo pstate snap --dir /var/lib/pstate          one snapshot of it at once (from cron)
+  sudo pstate snap --status                       since when, cost, memory, fill
+  sudo pstate snap --stop                         remove it
+  sudo pstate snap --dir /var/lib/pstate          without one: one 5 s snapshot
   sudo pstate snap --dir /var/lib/pstate -k 1440  ... keeping the newest 1440
   sudo pstate snap --dir DIR --every 10s --max-age 24h    a daemon
   sudo pstate snap --dir DIR --every 1m --clear   each file covers its minute
@@ -58,6 +62,19 @@ a symlink, nor group- or world-writable (exit 77). One snap per DIR: another
 one exits 75. A full disk exits 73 and leaves earlier snapshots intact.
 SIGINT/SIGTERM remove the snapshot in progress and exit 130/143, unless the
 interval's snapshot was already out (exit 0).
+
+\b
+The collector (--start): snap's BPF programs and maps stay in the kernel,
+pinned in /sys/fs/bpf/pstate/snap (bpffs is mounted there when it is not),
+attached by BPF links, and count with no process running, in kernel memory
+bounded by --max-tasks. Each `snap --dir DIR` then writes one snapshot of it
+at once and exits: totals since the collector started, every thread that
+exited since the last snapshot included, with the previous snapshot's time
+(prev_ts) in the meta record; --interval, --count, --every and --clear do
+not apply. --start is idempotent; --stop removes every program, link, map
+and pin it made; --restart replaces it (a pstate of another layout refuses
+to read it, exit 65). Without a collector, snap collects for one interval
+(and says so on a terminal).
 """
 
 def make_collector(prog: loader.Program, ks: KernelStates, loaded_ts: int) -> BpfCollector:
@@ -108,10 +125,18 @@ def _gid(group: str | None) -> int | None:
               metavar="DIR", help="Kernel header tree for BCC [env: PSTATE_KERNEL_HEADERS].")
 @click.option("-v", "--verbose", is_flag=True, help="Say on stderr when collecting starts and each file written.")
 @click.option("-q", "--quiet", is_flag=True, help="No notes on stderr (errors are still reported).")
+@click.option("--start", "action", flag_value="start",
+              help="Start the collector: snap's program keeps counting in the kernel, with no process running, "
+                   "until --stop; each `snap --dir DIR` then writes one snapshot of it at once.")
+@click.option("--stop", "action", flag_value="stop", help="Stop the collector: remove its programs, links and maps.")
+@click.option("--restart", "action", flag_value="restart",
+              help="Replace the collector (after a pstate upgrade); counting starts again.")
+@click.option("--status", "action", flag_value="status",
+              help="Show the collector: since when, its cost, memory and fill (exit 1 when none runs).")
 @probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max_tasks, group, kernel_headers,
-        verbose, quiet, probes, ebpf):
+        verbose, quiet, action, probes, ebpf):
     """Write point-in-time snapshots of every thread's time per scheduler state.
 
     A BPF program counts, per thread, the time spent running, runnable,
@@ -121,8 +146,12 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     snapshot and exits: run it from cron, and analyse the directory later
     with `pstate stats DIR/` (trends, churn, leak suspects).
     """
+    if action is not None and not ebpf:
+        return _collector_command(action, max_tasks, kernel_headers, probes, quiet)
     if out_dir is None and not ebpf:
         raise click.UsageError("Missing option '--dir' (the directory for the snapshot files).")
+    explicit = [o for o, v in (("--interval", interval), ("--count", count), ("--every", every), ("--clear", clear))
+                if v not in (None, False)]
     if quiet and verbose:
         raise click.UsageError("--quiet and --verbose contradict each other: give one")
     if every is not None and interval is not None and every != interval:
@@ -149,6 +178,12 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
             print(f"pstate snap: {msg}", file=sys.stderr, flush=True)
 
     loader.check_privileges()  # before anything is created in DIR
+    found = running_collector()
+    if found is not None:
+        return _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explicit, quiet, log)
+    if not quiet and count == 1 and (verbose or sys.stderr.isatty()):  # cron mails nothing on success
+        print(f"pstate snap: no collector is running: this snapshot covers the next {interval / 1e9:g}s "
+              "(`pstate snap --start` keeps one counting in the kernel)", file=sys.stderr)
     stopper = Stopper().install()
     out = prog = collector = None
     try:
@@ -183,6 +218,100 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
             collector.close()
         if prog is not None:
             prog.close()
+        if out is not None:
+            out.close()
+        stopper.restore()
+    if code:
+        sys.exit(code)
+
+
+def running_collector():
+    """The running collector's pins (checked to be of this pstate's layout), or None."""
+    found = resident.find()
+    if found is not None:
+        try:
+            resident.check_layout(found)
+        except PstateError:
+            found.close()
+            raise
+    return found
+
+
+def _collector_command(action: str, max_tasks: int, kernel_headers, probes, quiet: bool) -> None:
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"pstate snap: {msg}", file=sys.stderr)
+
+    if action == "status":
+        found = resident.find()
+        if found is None:
+            say("no collector is running (`pstate snap --start` starts one)")
+            sys.exit(int(ExitCode.FAILURE))
+        try:
+            for line in resident.status_lines(resident.describe(found)):
+                click.echo(line)
+        finally:
+            found.close()
+        return
+    if action in ("stop", "restart"):
+        doc, left = resident.stop()
+        if left:
+            raise PstateError(f"the collector is stopped but pins pstate cannot prove it made stay: "
+                              f"{', '.join(left)}", ExitCode.FAILURE, hint="remove them by hand if they are not "
+                              "another tool's (bpftool map show / link show tell what they are)")
+        say("collector stopped: its programs, links and maps are gone" if doc else "no collector was running")
+        if action == "stop":
+            return
+    ks = loader.kernel_states()
+    doc, started = resident.start(ks, max_tasks, kernel_headers, probes)
+    if started:
+        say(f"collector started on the {doc['probes']} path, pinned in {resident.PIN_DIR}: "
+            "`pstate snap --dir DIR` writes a snapshot of it, `pstate snap --stop` removes it")
+    else:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc["started_wall_ns"] // 1_000_000_000))
+        say(f"a collector is already running (since {since})")
+
+
+def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explicit, quiet, log) -> None:
+    """One snapshot of the running collector, at once."""
+    if explicit:
+        found.close()
+        raise click.UsageError(f"a collector is running: each snap run writes one snapshot of it at once, "
+                               f"so {', '.join(explicit)} do not apply (`pstate snap --stop` stops it)")
+    doc = found.doc
+    stopper = Stopper().install()
+    out = reader = None
+    code = 0
+    try:
+        prog = resident.PinnedProgram(found)
+        out = SnapDir(out_dir, gid=gid)
+        out.lock()
+        stale = out.clean_temps()
+        if stale and not quiet:
+            print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
+                  f"in {out_dir}", file=sys.stderr)
+        reader = resident.PinnedCollector(prog, ks)
+        meta = meta_record("snap", ks)
+        meta.update({"max_tasks": doc["max_tasks"], "interval_ns": 0, "format": fmt, "probes": doc["probes"],
+                     "probes_reason": doc["probes_reason"], "collector_id": doc["id"],
+                     "prev_ts": resident.prev_ts(out, doc)})
+        plan = Plan(fmt=fmt, interval_ns=0, count=1, keep=keep, max_age_ns=max_age, prom_by=prom_by)
+        snapper = Snapper(out, reader, plan, meta, stopper, log)
+        snapper.run_id = doc["id"]  # one collector, one run: its snapshots subtract
+        code = snapper.run()
+        if code:
+            _status_failed(out, f"interrupted by signal {stopper.signum} before the snapshot was written")
+        else:
+            resident.write_cursor(out, doc, reader.last_ts)
+            reader.commit()
+    except PstateError as e:
+        if out is not None and out.lock_fd is not None:
+            _status_failed(out, e.message)
+        raise
+    finally:
+        if reader is not None:
+            reader.close()
+        found.close()
         if out is not None:
             out.close()
         stopper.restore()

@@ -322,12 +322,7 @@ class Program:
 
     def counters(self) -> list[int]:
         """Sum over CPUs of the counters per-CPU array."""
-        t = self.table("counters")
-        out = []
-        for i in range(len(t)):
-            vals = t[ctypes.c_int(i)]
-            out.append(int(sum(vals)))
-        return out
+        return percpu_sums(self.table("counters"))
 
     def maps(self) -> dict[str, dict]:
         """Every map of the program: name -> fd, type, max_entries, flags and
@@ -425,6 +420,11 @@ class Program:
         else:
             return False
         return True
+
+
+def percpu_sums(t) -> list[int]:
+    """Each slot of a per-CPU array, summed over the CPUs."""
+    return [int(sum(t[ctypes.c_int(i)])) for i in range(len(t))]
 
 
 def pid_max() -> int:

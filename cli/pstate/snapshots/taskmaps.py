@@ -26,6 +26,7 @@ SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = _D["SLOT_RUNNING"], _D["SLOT_KERNEL"], 
 SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
 F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
+F_SEEDED = _D["SNAP_F_SEEDED"]
 ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 
@@ -210,7 +211,7 @@ class BpfCollector:
             leaf.state = self.letter_slot.get(letter, 0)
             # a zombie's row is final once the kernel frees it, as when its
             # exit was seen
-            leaf.flags = F_EXITED if letter in "ZX" else 0
+            leaf.flags = (F_EXITED if letter in "ZX" else 0) | F_SEEDED
             leaf.comm = comm
             key = Key(tid)
             if lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST) == 0:
@@ -282,7 +283,7 @@ class BpfCollector:
         now = time.monotonic_ns()
         try:
             live = self._live()
-            freed = read_hash(self.gone, delete=True)
+            freed = self._read_gone()
         except Exception as e:  # bcc raises plain Exception
             raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
         read_ns = time.monotonic_ns() - now
@@ -309,7 +310,7 @@ class BpfCollector:
             # seen by an event before seeding reached it: unknown before that
             ns[0] += max(0, start - self.run_start)
             start = self.start_fix[tid]
-        elif self.seeded.get(tid) == start:
+        elif self._was_seeded(tid, v):
             ns[0] += self.seed_ts - self.run_start
         tgid = v.tgid or self._tgid(tid, start)
         counts = dict.fromkeys(self.fields, 0)
@@ -323,6 +324,13 @@ class BpfCollector:
             **counts,
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
         }
+
+    def _read_gone(self) -> list:
+        """The final rows of freed threads, taken out of `gone`."""
+        return read_hash(self.gone, delete=True)
+
+    def _was_seeded(self, tid: int, v) -> bool:
+        return self.seeded.get(tid) == v.start_ts
 
     def _tgid(self, tid: int, start: int) -> int:
         """Process of a thread first seen being switched in: from /proc."""
