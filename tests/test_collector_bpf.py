@@ -169,6 +169,13 @@ def test_cron_runs_read_the_collector_and_stop_leaves_nothing(tmp_path, machine)
     assert abs(row["sleeping_ns"] - truth) <= 0.05 * truth, (row["sleeping_ns"], truth)
 
 
+def doctor_row() -> dict:
+    r = subprocess.run(pstate_cmd("doctor", "--no-live", "--format", "json"), capture_output=True, text=True,
+                       timeout=120, env=clean_env())
+    (row,) = [x for x in json.loads(r.stdout) if x["check"] == "snap collector"]
+    return row
+
+
 def test_another_layout_is_refused_and_restart_recovers(tmp_path, machine):
     assert snap("--start").returncode == 0
     found = pins.PinSet.open(resident.PIN_DIR)
@@ -181,12 +188,17 @@ def test_another_layout_is_refused_and_restart_recovers(tmp_path, machine):
     assert r.returncode == 65, r.stderr
     assert "another layout (0:older" in r.stderr and "pstate snap --restart" in r.stderr
     assert snap("--start").returncode == 65
+    row = doctor_row()
+    assert row["status"] == "warning" and row["detail"].startswith("stale: running since") and \
+        row["fix"] == "pstate snap --restart", row
     status = snap("--status")
     assert status.returncode == 0 and "--restart" in status.stdout, status
     r = snap("--restart")
     assert r.returncode == 0 and "collector started" in r.stderr, r.stderr
     r = snap("--dir", tmp_path / "a")
     assert r.returncode == 0, r.stderr
+    row = doctor_row()
+    assert row["status"] == "ok" and row["detail"].startswith("running since") and "live threads" in row["detail"]
     assert len(list((tmp_path / "a").glob("pstate-snap-*.jsonl"))) == 1
     assert snap("--stop").returncode == 0
     assert_as_before(machine)
@@ -217,3 +229,71 @@ def test_without_a_collector_snap_collects_and_says_how_to_start_one(tmp_path, m
     assert said.decode().replace("\r\n", "\n") == note + "\n"
     r = snap("--dir", tmp_path / "cron", "-i", "0.2")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+BATCH = """
+import os, sys, time
+n, comm = int(sys.argv[1]), sys.argv[2].encode()
+kids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        with open("/proc/self/comm", "wb") as f:
+            f.write(comm)
+        time.sleep(0.01)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(" ".join(map(str, kids)), flush=True)
+"""
+
+
+def prom_values(path: Path) -> dict[str, float]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+@pytest.mark.time_limit(400)
+def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(tmp_path, machine):
+    assert snap("--start").returncode == 0
+    a, b, p = tmp_path / "a", tmp_path / "b", tmp_path / "prom"
+    comm = f"pst{os.getpid() % 100000}"
+    kids, prom_runs = [], []
+    t0 = time.monotonic_ns()
+    # a directory is a reader from its first snapshot on: rows that every
+    # reader then registered has read go
+    for i in range(7):
+        if i:
+            out = subprocess.run([sys.executable, "-c", BATCH, str(10 * i), comm], capture_output=True,
+                                 text=True, timeout=60, check=True).stdout
+            kids += [int(x) for x in out.split()]
+        for args in (("--dir", a), ("--dir", p, "--format", "prom", "--prom-by", "comm"), ("--dir", b)):
+            r = snap(*args)
+            assert r.returncode == 0, r.stderr
+        prom_runs.append(prom_values(p / snapdir.PROM_NAME))
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    assert len(kids) == sum(10 * i for i in range(7))
+    for d in (a, b):
+        snaps = sorted(snapdir.load([str(d)]), key=lambda s: s.meta["seq"])
+        assert len(snaps) == 7
+        assert [s.meta["prev_ts"] for s in snaps] == [None] + [s.end_ts for s in snaps[:-1]]
+        seen: dict[int, int] = {}
+        for s in snaps:
+            for r in s.rows:
+                if r["pid"] in kids and r["start_ts"] >= t0 and r["state"] == "reaped":
+                    seen[r["tid"]] = seen.get(r["tid"], 0) + 1
+        assert sorted(seen) == sorted(set(kids)) and set(seen.values()) == {1}, d
+    for before, after in zip(prom_runs, prom_runs[1:]):
+        for series, v in before.items():
+            if "_total" in series:
+                assert after.get(series, 0) >= v, (series, v, after.get(series))
+    ours = [f'pstate_state_seconds_total{{comm="{comm}",state="sleeping"}}' in run for run in prom_runs]
+    assert ours == [False] + [True] * 6
+    exited = [run["pstate_tasks_exited_total"] for run in prom_runs]
+    assert exited == sorted(exited) and exited[-1] >= len(kids)

@@ -290,20 +290,21 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
         if stale and not quiet:
             print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
                   f"in {out_dir}", file=sys.stderr)
-        reader = resident.PinnedCollector(prog, ks)
+        state = resident.load_state(out, doc)
+        reader = resident.PinnedCollector(prog, ks, state)
         meta = meta_record("snap", ks)
         meta.update({"max_tasks": doc["max_tasks"], "interval_ns": 0, "format": fmt, "probes": doc["probes"],
-                     "probes_reason": doc["probes_reason"], "collector_id": doc["id"],
-                     "prev_ts": resident.prev_ts(out, doc)})
+                     "probes_reason": doc["probes_reason"], "collector_id": doc["id"], "prev_ts": state.get("ts")})
         plan = Plan(fmt=fmt, interval_ns=0, count=1, keep=keep, max_age_ns=max_age, prom_by=prom_by)
         snapper = Snapper(out, reader, plan, meta, stopper, log)
         snapper.run_id = doc["id"]  # one collector, one run: its snapshots subtract
+        resident.restore(state, snapper)
         code = snapper.run()
         if code:
             _status_failed(out, f"interrupted by signal {stopper.signum} before the snapshot was written")
         else:
-            resident.write_cursor(out, doc, reader.last_ts)
-            reader.commit()
+            resident.save_state(out, doc, snapper, reader)
+            reader.commit(resident.reader_id(out))
     except PstateError as e:
         if out is not None and out.lock_fd is not None:
             _status_failed(out, e.message)

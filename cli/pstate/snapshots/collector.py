@@ -26,6 +26,7 @@ import ctypes
 import hashlib
 import os
 import re
+import struct
 import time
 import types
 
@@ -34,13 +35,18 @@ import orjson
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, loader, pins
 from pstate.kernel.kstates import KernelStates
+from pstate.snapshots import snapdir
 from pstate.snapshots.taskmaps import F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
 LAYOUT = 1  # the version of what the manifest holds; with the source's hash, the layout
 PIN_ROOT = os.path.join(pins.BPFFS, "pstate")
 PIN_DIR = os.path.join(PIN_ROOT, "snap")
 _PARTIAL = re.compile(r"^snap_new_(\d+)$")  # a start in progress (or killed): its pid
-CURSOR_NAME = ".pstate-collector.json"  # in DIR: the collector read last and the snapshot's time
+CURSOR_NAME = ".pstate-collector.json"  # in DIR: this reader's cursor and the previous run's rows
+MAX_STATE = 64 << 20
+READERS = "readers"  # the map of reader cursors (user space's own, pinned with the set)
+READER_KEY = 32
+READER_EXPIRY_NS = 3600 * 10**9  # a reader silent this long holds no rows back
 COUNTERS = ("tasks_full", "gone_full")  # bpf/pstate.h SNAP_CNT_*
 
 
@@ -143,10 +149,13 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
             "max_tasks": max_tasks, "probes": prog.plan.path, "probes_reason": prog.plan.reason,
             "seed_failed": collector.seed_failed,
             "maps": {n: {k: v for k, v in m.items() if k != "fd"} for n, m in maps.items()},
-            "links": sorted(links),
+            "links": sorted(t for t in links if t != "readers"),
         }
+        readers = bpfsys.map_create(bpfsys.MAP_HASH, READER_KEY, 16, 256, 0, "pstate_readers")
+        links["readers"] = readers  # (closed with the links)
         objects = {_pin_name("map", n): m["fd"] for n, m in maps.items()}
-        objects.update({_pin_name("link", t): fd for t, fd in links.items()})
+        objects[READERS] = readers
+        objects.update({_pin_name("link", t): fd for t, fd in links.items() if t != "readers"})
         partial = os.path.join(PIN_ROOT, f"snap_new_{os.getpid()}")
         try:
             pins.pin_all(partial, objects, doc)
@@ -197,6 +206,10 @@ class PinnedProgram:
                                                    m["max_entries"], m["flags"])
         return self._tables[name]
 
+    def table_raw(self, pin_name: str) -> int:
+        """The fd of a pinned map pstate created itself (no BCC types)."""
+        return self.found.fd(pin_name)
+
     def counters(self) -> list[int]:
         return loader.percpu_sums(self.table("counters"))
 
@@ -207,24 +220,45 @@ class PinnedProgram:
 
 class PinnedCollector(BpfCollector):
     """Reads a running collector: rows are totals since it began counting.
-    Final rows of freed threads leave `gone` only at commit()."""
 
-    def __init__(self, prog: PinnedProgram, ks: KernelStates):
+    Final rows of freed threads stay in `gone` until every registered reader
+    has published a snapshot holding them. Each reader (a snapshot
+    directory) keeps a cursor: the time of its last published snapshot. A
+    freed row's `since` is when the kernel freed the thread, so a reader
+    whose snapshot was taken at T read every row freed before T; it shows
+    the rows freed since its previous cursor (and those freed while it read,
+    `late`, only once). A row is deleted once every registered reader's
+    cursor passed it; a reader that read nothing for READER_EXPIRY_NS no
+    longer holds rows back.
+    """
+
+    def __init__(self, prog: PinnedProgram, ks: KernelStates, state: dict | None = None):
         doc = prog.doc
         super().__init__(prog, ks, doc["loaded_ts"])
         self.run_start = doc["run_start_ts"]
         self.seed_ts = doc["seed_ts"]
         self.seed_failed = doc.get("seed_failed", 0)
-        self.read_keys: list = []
+        state = state or {}
+        self.cursor = state.get("ts")
+        self.late = {tuple(k) for k in state.get("late", [])}  # shown already, though freed after the cursor
+        self.new_late: list = []
+        self.read: list = []  # (key, since) of every final row read
         self.last_ts = None
 
     def start(self) -> int:
         return self.run_start  # counting began when the collector started
 
-    def _read_gone(self) -> list:
+    def _read_gone(self, now: int) -> list:
         rows = read_hash(self.gone)
-        self.read_keys = [k for k, _v in rows]
-        return rows
+        self.read = [(k, v.since) for k, v in rows]
+        out = []
+        for k, v in rows:
+            if self.cursor is not None and (v.since < self.cursor or (k.tid, v.start_ts) in self.late):
+                continue  # in an earlier snapshot of this directory
+            if v.since >= now:
+                self.new_late.append((k.tid, v.start_ts))
+            out.append((k, v))
+        return out
 
     def _was_seeded(self, tid: int, v) -> bool:
         return bool(v.flags & F_SEEDED)
@@ -234,40 +268,78 @@ class PinnedCollector(BpfCollector):
         self.last_ts = sample.ts
         return sample
 
-    def commit(self) -> int:
-        """Delete the final rows the published snapshot holds; how many."""
+    def commit(self, reader: bytes) -> int:
+        """Register this reader's cursor (the published snapshot's time) and
+        delete the final rows every registered reader has read; how many."""
+        fd = self.prog.table_raw(READERS)
+        mono = time.monotonic_ns()
+        lib = bpfsys.lib
+        key = ctypes.create_string_buffer(reader, READER_KEY)
+        lib.bpf_update_elem(fd, key, ctypes.create_string_buffer(struct.pack("<QQ", self.last_ts, mono), 16),
+                            bpfsys.BPF_ANY)
+        low, stale = self.last_ts, []
+        prev, nxt = None, ctypes.create_string_buffer(READER_KEY)
+        while lib.bpf_get_next_key(fd, prev, nxt) == 0:
+            prev = ctypes.create_string_buffer(nxt.raw, READER_KEY)
+            val = ctypes.create_string_buffer(16)
+            if lib.bpf_lookup_elem(fd, prev, val) != 0:
+                continue
+            cur, touched = struct.unpack("<QQ", val.raw)
+            if mono - touched > READER_EXPIRY_NS:
+                stale.append(prev)
+            else:
+                low = min(low, cur)
+        for k in stale:
+            lib.bpf_delete_elem(fd, k)
         n = 0
-        for k in self.read_keys:
-            if bpfsys.lib.bpf_delete_elem(self.gone.map_fd, ctypes.byref(k)) == 0:
+        for k, since in self.read:
+            if since < low and lib.bpf_delete_elem(self.gone.map_fd, ctypes.byref(k)) == 0:
                 n += 1
-        self.read_keys = []
+        self.read = []
         return n
 
 
-def read_cursor(out) -> dict:
-    """DIR's cursor ({} when none or unreadable)."""
+def reader_id(out) -> bytes:
+    """A snapshot directory's identity as a reader: its device and inode."""
+    st = os.fstat(out.fd)
+    return hashlib.sha256(f"{st.st_dev}:{st.st_ino}".encode()).digest()
+
+
+def load_state(out, doc: dict) -> dict:
+    """DIR's cursor file, when it is of this collector ({} otherwise)."""
     try:
         fd = os.open(CURSOR_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=out.fd)
     except OSError:
         return {}
     try:
         with os.fdopen(fd, "rb") as f:
-            doc = orjson.loads(f.read(1 << 16))
+            state = orjson.loads(f.read(MAX_STATE))
     except (OSError, orjson.JSONDecodeError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    if not isinstance(state, dict) or state.get("collector") != doc["id"] or not isinstance(state.get("ts"), int):
+        return {}
+    return state
 
 
-def write_cursor(out, doc: dict, ts: int) -> None:
-    out.publish(CURSOR_NAME, orjson.dumps({"collector": doc["id"], "ts": ts}, option=orjson.OPT_APPEND_NEWLINE),
-                replace=True)
+def restore(state: dict, snapper) -> None:
+    """Give a snapper the previous run's rows and Prometheus totals, so its
+    deltas and counters go on from there (a counter never goes down)."""
+    snapper.prev = {(tid, start): counts for tid, start, counts in state.get("prev", [])}
+    prom = state.get("prom")
+    if snapper.prom is not None and prom and prom.get("by") == snapper.prom.by:
+        snapper.prom.totals = {tuple(k): v for k, v in prom["totals"]}
+        snapper.prom.started, snapper.prom.exited = prom["started"], prom["exited"]
 
 
-def prev_ts(out, doc: dict) -> int | None:
-    """The time of the previous snapshot this directory took of this collector."""
-    cur = read_cursor(out)
-    ts = cur.get("ts")
-    return ts if cur.get("collector") == doc["id"] and isinstance(ts, int) else None
+def save_state(out, doc: dict, snapper, reader: PinnedCollector) -> None:
+    """Write DIR's cursor file (atomically) after a snapshot was published."""
+    counts = [[tid, start, {k: r[k] for k in snapdir.counter_fields(r)}] for (tid, start), r in snapper.prev.items()]
+    state = {"collector": doc["id"], "ts": reader.last_ts, "late": reader.new_late, "prev": counts}
+    if snapper.prom is not None:
+        p = snapper.prom
+        state["prom"] = {"by": p.by, "totals": [[list(k), v] for k, v in p.totals.items()], "started": p.started,
+                         "exited": p.exited}
+    out.publish(CURSOR_NAME, orjson.dumps(state, option=orjson.OPT_APPEND_NEWLINE), replace=True)
 
 
 def describe(found: pins.PinSet) -> dict:

@@ -283,7 +283,7 @@ class BpfCollector:
         now = time.monotonic_ns()
         try:
             live = self._live()
-            freed = self._read_gone()
+            freed = self._read_gone(now)
         except Exception as e:  # bcc raises plain Exception
             raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
         read_ns = time.monotonic_ns() - now
@@ -325,7 +325,7 @@ class BpfCollector:
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
         }
 
-    def _read_gone(self) -> list:
+    def _read_gone(self, now: int) -> list:
         """The final rows of freed threads, taken out of `gone`."""
         return read_hash(self.gone, delete=True)
 
