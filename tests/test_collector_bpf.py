@@ -297,3 +297,46 @@ def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(
     assert ours == [False] + [True] * 6
     exited = [run["pstate_tasks_exited_total"] for run in prom_runs]
     assert exited == sorted(exited) and exited[-1] >= len(kids)
+
+
+@pytest.mark.time_limit(400)
+def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_path, machine):
+    import random
+
+    assert snap("--start").returncode == 0
+    d = tmp_path / "d"
+    assert snap("--dir", d).returncode == 0
+    out = subprocess.run([sys.executable, "-c", BATCH, "50", "pstkill"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    kids = {int(x) for x in out.split()}
+    rng = random.Random(19)
+    killed = 0
+    for _ in range(20):
+        p = subprocess.Popen(pstate_cmd("snap", "--dir", str(d)), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=clean_env())
+        try:
+            time.sleep(rng.uniform(0.0, 1.5))
+        finally:
+            if p.poll() is None:
+                p.kill()
+                killed += 1
+            p.wait()
+        # whatever a run was doing, a visible file is complete
+        for f in d.glob("pstate-snap-*"):
+            s = snapdir.read_snapshot(str(f))
+            assert s.end is not None and s.end["tasks"] == len(s.rows), f
+    assert killed >= 5  # most moments fall inside a run
+    last = snap("--dir", d)
+    assert last.returncode == 0, last.stderr
+    status = snap("--status")
+    assert status.returncode == 0 and "running since" in status.stdout
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    snaps = sorted(snapdir.load([str(d)]), key=lambda s: s.meta["seq"])
+    seen = {r["tid"] for s in snaps for r in s.rows if r["state"] == "reaped" and r["comm"] == "pstkill"}
+    assert kids <= seen  # no exited task lost to a killed run
+    first, final = snaps[0], snaps[-1]
+    assert final.end["tasks"] == len(final.rows)
+    # the collector kept counting through it all: pid 1's counters grew
+    one = [{k: v for k, v in r.items() if k.endswith("_ns")} for s in (first, final) for r in s.rows if r["tid"] == 1]
+    assert len(one) == 2 and sum(one[1].values()) - sum(one[0].values()) >= final.end_ts - first.end_ts - 10**7
