@@ -332,6 +332,14 @@ PAGES: dict[str, dict] = {
             removes every program, link, map and pin it made (and only
             those); removing the pins by hand (`rm -r /sys/fs/bpf/pstate`)
             or a reboot also ends it.
+
+            `make install` installs systemd units for this, not enabled:
+            pstate-collector.service (--start, and --stop when stopped) and
+            pstate-snap.timer, which runs pstate-snap.service (one snapshot
+            into /var/lib/pstate, the newest 1440 kept) every minute:
+            `systemctl enable --now pstate-collector.service
+            pstate-snap.timer`. Without systemd, share/doc/pstate/pstate-snap.cron
+            holds the same as crontab lines for /etc/cron.d.
             """,
         "fields": [
             "Each snapshot file holds a meta record, one task row per thread, and an end record "
