@@ -305,7 +305,9 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
 
     assert snap("--start").returncode == 0
     d = tmp_path / "d"
+    t = time.monotonic()
     assert snap("--dir", d).returncode == 0
+    run_s = time.monotonic() - t  # how long one run takes here: the moments fall inside runs
     out = subprocess.run([sys.executable, "-c", BATCH, "50", "pstkill"], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     kids = {int(x) for x in out.split()}
@@ -315,7 +317,7 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
         p = subprocess.Popen(pstate_cmd("snap", "--dir", str(d)), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=clean_env())
         try:
-            time.sleep(rng.uniform(0.0, 1.5))
+            time.sleep(rng.uniform(0.0, run_s))
         finally:
             if p.poll() is None:
                 p.kill()
@@ -325,7 +327,7 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
         for f in d.glob("pstate-snap-*"):
             s = snapdir.read_snapshot(str(f))
             assert s.end is not None and s.end["tasks"] == len(s.rows), f
-    assert killed >= 5  # most moments fall inside a run
+    assert killed >= 10  # most moments fall inside a run
     last = snap("--dir", d)
     assert last.returncode == 0, last.stderr
     status = snap("--status")

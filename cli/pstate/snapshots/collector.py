@@ -293,7 +293,7 @@ class PinnedCollector(BpfCollector):
             lib.bpf_delete_elem(fd, k)
         n = 0
         for k, since in self.read:
-            if since < low and lib.bpf_delete_elem(self.gone.map_fd, ctypes.byref(k)) == 0:
+            if since < low and self.gone.remove(k):
                 n += 1
         self.read = []
         return n

@@ -14,7 +14,6 @@ import time
 
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, eventlayout, loader
-from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import snapdir
@@ -27,7 +26,6 @@ SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
 F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
 F_SEEDED = _D["SNAP_F_SEEDED"]
-ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 
 def defines_for(ks: KernelStates, max_tasks: int) -> dict:
@@ -107,42 +105,10 @@ class TidArray:
         self.mm.close()
 
 
-def read_hash(table, delete: bool = False, chunk: int = 1024) -> list:
-    """(key, row) of every entry of a hash map (deleting them if `delete`),
-    read in batches of `chunk`: a table's own batch read allocates buffers
-    for the whole map at every call, megabytes for a mostly empty one."""
-    lib = loader.map_calls()
-    call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
-    Key, Leaf = table.Key, table.Leaf
-    ksz, vsz = ctypes.sizeof(Key), ctypes.sizeof(Leaf)
-    keys, values = (Key * chunk)(), (Leaf * chunk)()
-    token, cnt, out = ctypes.c_uint64(0), ctypes.c_uint32(0), []
-    first = True
-    while True:
-        cnt.value = chunk
-        res = call(table.map_fd, None if first else ctypes.byref(token), ctypes.byref(token),
-                   ctypes.byref(keys), ctypes.byref(values), ctypes.byref(cnt))
-        err = ctypes.get_errno()
-        if res != 0 and err != errno.ENOENT:
-            if first and err in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
-                return _read_slowly(table, delete)  # no batch operations (kernels before 5.6)
-            raise OSError(err, f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH: {os.strerror(err)}")
-        first = False
-        out += [(Key.from_buffer_copy(keys, i * ksz), Leaf.from_buffer_copy(values, i * vsz))
-                for i in range(cnt.value)]
-        if res != 0 or cnt.value == 0:
-            return out
-
-
-def _read_slowly(table, delete: bool) -> list:
-    items = list(table.items())
-    if delete:
-        for k, _v in items:
-            try:
-                del table[k]
-            except KeyError:
-                pass
-    return items
+def read_hash(table, delete: bool = False) -> list:
+    """(key, row) of every entry of a hash map (deleting them if `delete`):
+    the one map-reading path, bpfsys.Table's."""
+    return bpfsys.Table.over(table).read_all(delete)
 
 
 class BpfCollector:
@@ -156,11 +122,11 @@ class BpfCollector:
     def __init__(self, prog: loader.Program, ks: KernelStates, loaded_ts: int):
         self.prog = prog
         self.loaded_ts = loaded_ts  # monotonic ns before the program was loaded
-        self.tasks = prog.table("tasks")
-        self.gone = prog.table("gone")
+        self.tasks = bpfsys.Table.over(prog.table("tasks"))
+        self.gone = bpfsys.Table.over(prog.table("gone"))
         # told by the map itself, so any build of the program reads right
         self.by_tid = bpfsys.map_info(self.tasks.map_fd)["type"] == bpfsys.MAP_ARRAY
-        self.seeds = prog.table("seeds") if self.by_tid else None
+        self.seeds = bpfsys.Table.over(prog.table("seeds")) if self.by_tid else None
         self.array = TidArray(self.tasks) if self.by_tid else None
         self.slots = slot_names(ks)
         self.fields = [f"{s}_ns" for s in snapdir.STATE_FIELDS]
@@ -194,13 +160,11 @@ class BpfCollector:
         return first
 
     def seed(self, since: int) -> None:
-        lib = loader.map_calls()
         hz = os.sysconf("SC_CLK_TCK")
         offset = boottime_offset_ns()
         # the hash takes seed rows where no row exists; with the array they
         # wait in `seeds` for the thread's first event (bpf/snap.bpf.c)
         table = self.seeds if self.by_tid else self.tasks
-        fd = table.map_fd
         Key, Leaf = table.Key, table.Leaf
         for tgid, tid, letter, comm, ticks in loader.seed_tasks():
             start = ticks * 1_000_000_000 // hz - offset
@@ -214,17 +178,16 @@ class BpfCollector:
             leaf.flags = (F_EXITED if letter in "ZX" else 0) | F_SEEDED
             leaf.comm = comm
             key = Key(tid)
-            if lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST) == 0:
+            err = table.insert(key, leaf)
+            if err == 0:
                 # It may have died between the read and the insert, and then
                 # nothing would ever remove its row. A seed the program took
                 # meanwhile (the delete fails) is the thread's row now.
-                if os.path.exists(f"/proc/{tgid}/task/{tid}") or (
-                        self.by_tid and lib.bpf_delete_elem(fd, ctypes.byref(key)) != 0):
+                if os.path.exists(f"/proc/{tgid}/task/{tid}") or (self.by_tid and not table.remove(key)):
                     self.seeded[tid] = leaf.start_ts
                 elif not self.by_tid:
-                    lib.bpf_delete_elem(fd, ctypes.byref(key))
+                    table.remove(key)
                 continue
-            err = ctypes.get_errno()
             if err == errno.EEXIST:
                 if not self.by_tid:
                     self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
@@ -253,14 +216,13 @@ class BpfCollector:
         the hash would have found), or it died first. Withdraw it, unless the
         program takes it first. Later a seed leaves only when taken: a thread
         cannot exit, be freed or lend its tid to another without an event."""
-        lib = loader.map_calls()
         out = []
         for tid, v in seeds:
             row = rows.get(tid)
             if row is None and (not settle or os.path.exists(f"/proc/{v.tgid}/task/{tid}")):
                 out.append((tid, v))
                 continue
-            if lib.bpf_delete_elem(self.seeds.map_fd, ctypes.byref(self.seeds.Key(tid))) != 0:
+            if not self.seeds.remove(self.seeds.Key(tid)):
                 continue  # taken meanwhile: the array or `gone` has its row
             if self.seeded.get(tid) == v.start_ts:
                 del self.seeded[tid]
