@@ -83,6 +83,10 @@ WHEELS := build/install-wheels
 FISH_PKG_DIR := $(shell pkg-config --variable completionsdir fish 2>/dev/null)
 FISH_COMPLETIONSDIR ?= $(if $(and $(FISH_PKG_DIR),$(filter /usr /usr/local,$(PREFIX))),$(FISH_PKG_DIR),$(PREFIX)/share/fish/vendor_completions.d)
 
+# systemd units (installed, not enabled: systemctl enable --now
+# pstate-collector.service pstate-snap.timer) and a crontab example
+SYSTEMD_UNITDIR ?= $(PREFIX)/lib/systemd/system
+
 install:
 	@test -f man/pstate.1 -a -f completions/pstate.bash || { echo "man/ or completions/ missing: run make artifacts" >&2; exit 1; }
 	rm -rf $(WHEELS)
@@ -103,7 +107,14 @@ install:
 	install -Dm644 completions/_pstate $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_pstate
 	install -Dm644 completions/pstate.fish $(DESTDIR)$(FISH_COMPLETIONSDIR)/pstate.fish
 	install -Dm644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/pstate/LICENSE
+	install -d $(DESTDIR)$(SYSTEMD_UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/pstate
+	for f in pstate-collector.service pstate-snap.service pstate-snap.timer; do \
+	    sed 's|@BINDIR@|$(PREFIX)/bin|g' systemd/$$f > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$f && \
+	    chmod 644 $(DESTDIR)$(SYSTEMD_UNITDIR)/$$f || exit 1; done
+	sed 's|@BINDIR@|$(PREFIX)/bin|g' systemd/pstate-snap.cron > $(DESTDIR)$(PREFIX)/share/doc/pstate/pstate-snap.cron
+	chmod 644 $(DESTDIR)$(PREFIX)/share/doc/pstate/pstate-snap.cron
 
 # Where `make install` puts each kind of file (for packagers and tests).
 print-install-dirs:
 	@echo "fish_completions $(FISH_COMPLETIONSDIR)"
+	@echo "systemd_units $(SYSTEMD_UNITDIR)"

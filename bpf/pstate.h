@@ -76,6 +76,7 @@
 #define SNAP_F_EXITED 1   // sched_process_exit seen
 #define SNAP_F_FREED 2    // final row: the kernel freed the thread, or its tid was reused
 #define SNAP_F_GUESSED 4  // first seen by a switch or wake-up: start_ts is when pstate saw it first
+#define SNAP_F_SEEDED 8   // the row began as a seed from /proc (set by user space; the program keeps it)
 
 // record's ring buffer record: 72 bytes, little-endian, after the ring
 // buffer's own 8-byte header.

@@ -31,7 +31,12 @@ INSTALLED = [
     "share/bash-completion/completions/pstate",
     "share/zsh/site-functions/_pstate",
     "share/fish/vendor_completions.d/pstate.fish",
+    "lib/systemd/system/pstate-collector.service",
+    "lib/systemd/system/pstate-snap.service",
+    "lib/systemd/system/pstate-snap.timer",
+    "share/doc/pstate/pstate-snap.cron",
 ]
+UNITS = INSTALLED[-4:]
 
 
 def make_install(**variables: str) -> None:
@@ -83,7 +88,12 @@ def test_destdir_puts_everything_under_prefix(staged):
     assert (usr / "share/doc/pstate/LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
     r = run([str(usr / "lib/pstate/bin/python"), "-m", "pstate", "--version"])
     assert r.stdout == f"pstate, version {__version__}\n"
-    for p in INSTALLED[2:]:
+    for p in UNITS:  # the collector's units and crontab, naming the installed command
+        text = (usr / p).read_text()
+        assert "@BINDIR@" not in text and ("/usr/bin/pstate snap --" in text or p.endswith(".timer")), p
+    unit = (usr / "lib/systemd/system/pstate-collector.service").read_text()
+    assert "ExecStart=/usr/bin/pstate snap --start --quiet" in unit and "ExecStop=/usr/bin/pstate snap --stop" in unit
+    for p in INSTALLED[2:-len(UNITS)]:
         assert (usr / p).read_bytes() == (ROOT / {
             "share/bash-completion/completions/pstate": "completions/pstate.bash",
             "share/zsh/site-functions/_pstate": "completions/_pstate",

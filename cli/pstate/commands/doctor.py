@@ -145,6 +145,9 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
         r.add("program cache", WARN, detail,
               f"chown root and chmod go-w {progcache.cache_dir()} and every directory above it, or remove it")
 
+    if privileged:
+        _collector(r)
+
     if not live:
         r.add("live test", WARN, "skipped (--no-live)")
         return r, code
@@ -157,6 +160,34 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     if not ok:
         code = code or ExitCode.OSERR
     return r, code
+
+
+def _collector(r: Report) -> None:
+    """The snap collector (`pstate snap --start`): running, since when, its
+    cost and fill; one of another pstate's layout; pins a killed start left."""
+    from pstate.snapshots import collector as resident
+
+    left = resident.partial_dirs()
+    if left:
+        r.add("snap collector", WARN, f"a start killed half-way left pins in {', '.join(left)}",
+              "pstate snap --stop removes them")
+    try:
+        found = resident.find()
+    except PstateError as e:
+        r.add("snap collector", WARN, _short(e.message.split("\n")[0]), f"look at {resident.PIN_DIR}")
+        return
+    if found is None:
+        r.add("snap collector", OK, "none running (`pstate snap --start` starts one)")
+        return
+    try:
+        info = resident.describe(found)
+    finally:
+        found.close()
+    lines = resident.status_lines(info)
+    if not info["layout_ok"]:
+        r.add("snap collector", WARN, "stale: " + "; ".join(lines), "pstate snap --restart")
+    else:
+        r.add("snap collector", OK, "; ".join(lines))
 
 
 def _probes(r: Report, ks):

@@ -311,6 +311,35 @@ PAGES: dict[str, dict] = {
             Every outcome, success or failure, is also written to
             DIR/.pstate-last.json, so monitoring can alert on a snap that
             stopped working without parsing logs.
+
+            What keeps running in the kernel: `pstate snap --start` loads
+            snap's BPF programs once and pins them, their BPF links and their
+            maps under /sys/fs/bpf/pstate/snap (mounting bpffs at /sys/fs/bpf
+            when it is not mounted). They go on counting every context
+            switch and wakeup with no pstate process running, in kernel memory
+            bounded by `--max-tasks` (`pstate snap --status` and `pstate
+            doctor` show how much, since when, the cost per context switch
+            and how full the maps are). Each `pstate snap --dir DIR` then
+            reads the pinned maps, writes one snapshot at once (totals since
+            the collector started; prev_ts in its meta record is the time of
+            the previous snapshot in DIR, so the deltas between two are
+            exact) and exits. The rows of threads that exited stay in the
+            kernel until a snapshot holding them is published. A pin
+            directory also holds a manifest map (`meta`) naming every pin
+            with its object id and the layout of the maps: a pstate of
+            another layout refuses to read them, and `pstate snap --restart`
+            replaces the collector. To stop it: `pstate snap --stop`, which
+            removes every program, link, map and pin it made (and only
+            those); removing the pins by hand (`rm -r /sys/fs/bpf/pstate`)
+            or a reboot also ends it.
+
+            `make install` installs systemd units for this, not enabled:
+            pstate-collector.service (--start, and --stop when stopped) and
+            pstate-snap.timer, which runs pstate-snap.service (one snapshot
+            into /var/lib/pstate, the newest 1440 kept) every minute:
+            `systemctl enable --now pstate-collector.service
+            pstate-snap.timer`. Without systemd, share/doc/pstate/pstate-snap.cron
+            holds the same as crontab lines for /etc/cron.d.
             """,
         "fields": [
             "Each snapshot file holds a meta record, one task row per thread, and an end record "
@@ -596,7 +625,11 @@ EVENTS = {
         ("mode", "cumulative or delta (`snap --clear`): what the counters of task rows count."),
         ("run_id, run_start_ts", "Identity and start of the snap run; counters of two snapshots "
                                  "subtract only within one run."),
-        ("interval_ns, format, max_tasks", "The settings of the run."),
+        ("interval_ns, format, max_tasks", "The settings of the run (interval_ns is 0 for a snapshot of the "
+                                           "collector)."),
+        ("collector_id, prev_ts", "A snapshot of the collector (`snap --start`): its identity (also the "
+                                  "run_id), and the ts of the previous snapshot of it in the directory "
+                                  "(null for the first)."),
         ("truncated", "true when not every thread fit in the kernel's task map (see map_full)."),
         ("map_full", "Transitions not counted because the task map was full."),
     ],

@@ -52,6 +52,8 @@ PERF_EVENT_IOC_ENABLE = 0x2400
 PERF_EVENT_IOC_DISABLE = 0x2401
 PERF_EVENT_IOC_SET_BPF = 0x40042408
 
+ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
+
 _ATTR_SIZE = 128  # bytes of union bpf_attr passed; the kernel wants the unknown tail zero
 
 
@@ -329,8 +331,63 @@ class Table(MutableMapping):
         self.max_entries = max_entries
         self.flags = flags
 
+    @classmethod
+    def over(cls, table) -> "Table":
+        """A Table on another table object's map (BCC's, say): the same fd,
+        key and leaf types, so that every map is read through this class."""
+        if isinstance(table, Table):
+            return table
+        info = map_info(table.map_fd)
+        return cls(table.map_fd, getattr(table, "name", ""), table.Key, table.Leaf, info["type"],
+                   info["max_entries"], info["flags"])
+
     def get_fd(self):
         return self.map_fd
+
+    def insert(self, key, leaf) -> int:
+        """Add key only where it is absent (BPF_NOEXIST): 0, or the errno
+        (EEXIST when it is there)."""
+        if lib.bpf_update_elem(self.map_fd, ct.byref(key), ct.byref(leaf), BPF_NOEXIST) == 0:
+            return 0
+        return ct.get_errno()
+
+    def remove(self, key) -> bool:
+        """Delete key; whether it was there (a delete that succeeds is a claim on it)."""
+        return lib.bpf_delete_elem(self.map_fd, ct.byref(key)) == 0
+
+    def read_all(self, delete: bool = False, chunk: int = 1024) -> list:
+        """(key, leaf) of every entry (deleting them if `delete`), read in
+        batches of `chunk`: buffers for the whole map at every call would be
+        megabytes for a mostly empty one. Kernels without batch operations
+        (before 5.6) are read key by key."""
+        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
+        Key, Leaf = self.Key, self.Leaf
+        ksz, vsz = ct.sizeof(Key), ct.sizeof(Leaf)
+        keys, values = (Key * chunk)(), (Leaf * chunk)()
+        # the resume token is a bucket number for hash maps, a key for arrays
+        token, cnt, out = ct.create_string_buffer(max(ksz, 8)), ct.c_uint32(0), []
+        first = True
+        while True:
+            cnt.value = chunk
+            res = call(self.map_fd, None if first else ct.byref(token), ct.byref(token), ct.byref(keys),
+                       ct.byref(values), ct.byref(cnt))
+            err = ct.get_errno()
+            if res != 0 and err != errno.ENOENT:
+                if first and err in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
+                    return self._read_slowly(delete)
+                raise BpfError(err, f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH: {os.strerror(err)}")
+            first = False
+            out += [(Key.from_buffer_copy(keys, i * ksz), Leaf.from_buffer_copy(values, i * vsz))
+                    for i in range(cnt.value)]
+            if res != 0 or cnt.value == 0:
+                return out
+
+    def _read_slowly(self, delete: bool) -> list:
+        items = self.items()
+        if delete:
+            for k, _v in items:
+                self.remove(k)
+        return items
 
     def __getitem__(self, key):
         leaf = self.Leaf()
@@ -419,25 +476,7 @@ class Table(MutableMapping):
             raise Exception(f"BPF_MAP_UPDATE_BATCH has failed: {os.strerror(ct.get_errno())}")
 
     def _batch_items(self, delete: bool):
-        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
-        size = self.max_entries
-        keys, values = (self.Key * size)(), (self.Leaf * size)()
-        ksz, vsz = ct.sizeof(self.Key), ct.sizeof(self.Leaf)
-        # the resume token is a bucket number for hash maps, a key for arrays
-        token, cnt, total = ct.create_string_buffer(max(ksz, 8)), ct.c_uint32(0), 0
-        while True:
-            cnt.value = size - total
-            res = call(self.map_fd, ct.byref(token) if total else None, ct.byref(token),
-                       ct.byref(keys, ksz * total), ct.byref(values, vsz * total), ct.byref(cnt))
-            err = ct.get_errno()
-            total += cnt.value
-            if res != 0 and err != errno.ENOENT:
-                raise Exception(f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH has failed: "
-                                f"{os.strerror(err)}")
-            if res != 0 or total == size or cnt.value == 0:
-                break  # ENOENT: all read; or no room or no progress
-        for i in range(total):
-            yield keys[i], values[i]
+        yield from self.read_all(delete)
 
 
 class ArrayTable(Table):

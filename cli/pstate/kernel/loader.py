@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import eventlayout, headers, kstates, progcache, tpbtf
+from pstate.kernel import bpfsys, eventlayout, headers, kstates, pins, progcache, tpbtf
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -322,12 +322,54 @@ class Program:
 
     def counters(self) -> list[int]:
         """Sum over CPUs of the counters per-CPU array."""
-        t = self.table("counters")
-        out = []
-        for i in range(len(t)):
-            vals = t[ctypes.c_int(i)]
-            out.append(int(sum(vals)))
+        return percpu_sums(self.table("counters"))
+
+    def maps(self) -> dict[str, dict]:
+        """Every map of the program: name -> fd, type, max_entries, flags and
+        BCC's key/leaf descriptions (what bpfsys.make_table needs)."""
+        if self.cached is not None:
+            return {m["name"]: {"fd": self.cached.map_fds[m["name"]], "type": m["type"],
+                                "max_entries": m["max_entries"], "flags": m["flags"], "key_desc": m["key_desc"],
+                                "leaf_desc": m["leaf_desc"]} for m in self.cached.maps}
+        lib = sys.modules["bcc"].libbcc.lib
+        progcache._bcc_lib_prototypes(lib)
+        mod, out = self.bpf.module, {}
+        for i in range(lib.bpf_num_tables(mod)):
+            fd = lib.bpf_table_fd_id(mod, i)
+            info = bpfsys.map_info(fd)
+            out[lib.bpf_table_name(mod, i).decode()] = {
+                "fd": fd, "type": info["type"], "max_entries": info["max_entries"], "flags": info["flags"],
+                "key_desc": (lib.bpf_table_key_desc_id(mod, i) or b"").decode(),
+                "leaf_desc": (lib.bpf_table_leaf_desc_id(mod, i) or b"").decode()}
         return out
+
+    def take_links(self) -> dict[str, int]:
+        """Make every attachment a BPF link, which can be pinned: target ->
+        link fd, now the caller's (close() no longer detaches them). A
+        tp_btf attachment is a link already; a classic tracepoint's perf
+        event is detached first, then the same program linked to a new one
+        (the gap is a few microseconds, before any row was seeded)."""
+        links: dict[str, int] = {}
+        if self.cached is not None:
+            links.update(self.cached.raw_fds)
+            self.cached.raw_fds = {}
+            classic = {t: self.cached.prog_fds[f"tracepoint__{t.replace(':', '__')}"]
+                       for t in list(self.cached.perf_fds)}
+            detach = self.cached.detach_one
+        else:
+            if self.btf_progs is not None:
+                links.update(self.btf_progs.link_fds)
+                self.btf_progs.link_fds = {}
+            classic = {}
+            for tp in list(self.bpf.tracepoint_fds):
+                t = tp.decode() if isinstance(tp, bytes) else tp
+                classic[t] = self.bpf.funcs[f"tracepoint__{t.replace(':', '__')}".encode()].fd
+            detach = lambda t: self.bpf.detach_tracepoint(t.encode())  # noqa: E731
+        for target, prog_fd in classic.items():
+            detach(target)
+            cat, _, event = target.partition(":")
+            links[target] = pins.perf_link(prog_fd, self.tracefs, cat, event)
+        return links
 
     def detach(self, settle_s: float = 0.5) -> None:
         """Stop the programs from running, keeping maps and ring buffer.
@@ -380,6 +422,11 @@ class Program:
         return True
 
 
+def percpu_sums(t) -> list[int]:
+    """Each slot of a per-CPU array, summed over the CPUs."""
+    return [int(sum(t[ctypes.c_int(i)])) for i in range(len(t))]
+
+
 def pid_max() -> int:
     """The kernel's tid limit (every tid is below it): when it is small
     enough, record and snap index their per-thread rows by tid."""
@@ -393,8 +440,6 @@ def pid_max() -> int:
 def map_calls():
     """bpf_update_elem, bpf_lookup_elem, bpf_delete_elem... as in libbcc, on
     any map fd, without loading libbcc."""
-    from pstate.kernel import bpfsys
-
     return bpfsys.lib
 
 

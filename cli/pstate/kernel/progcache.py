@@ -579,6 +579,7 @@ class Loaded:
         self.prog_fds: dict[str, int] = {}
         self.perf_fds: dict[str, int] = {}  # tracepoint -> perf event fd
         self.raw_fds: dict[str, int] = {}  # raw tracepoint -> fd
+        self.maps: list[dict] = []  # the entry's map definitions (with BCC's key/leaf descriptions)
 
     def table(self, name: str):
         return self.tables[name]
@@ -634,6 +635,7 @@ def load(entry: dict, tracefs: str) -> Loaded:
     if not bpfsys.supported():
         raise CacheMiss("no bpf syscall numbers for this architecture")
     out = Loaded()
+    out.maps = entry["maps"]
     try:
         for m in entry["maps"]:
             out.map_fds[m["name"]] = fd = _create_map(m)

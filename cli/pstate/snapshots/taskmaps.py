@@ -1,0 +1,304 @@
+"""snap's BPF maps (bpf/snap.bpf.c) read into snapshot rows: the settings
+the program is built with, seeding every live thread from /proc, and the
+reading of the live and freed threads' rows, whether the maps belong to a
+program loaded by this run or to a collector pinned in bpffs."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import itertools
+import mmap
+import os
+import time
+
+from pstate.exitcodes import ExitCode, PstateError
+from pstate.kernel import bpfsys, eventlayout, loader
+from pstate.kernel.eventcodec import tgid_from_proc
+from pstate.kernel.kstates import KernelStates
+from pstate.snapshots import snapdir
+from pstate.snapshots.writer import Sample
+
+# state slots and row flags of bpf/snap.bpf.c (bpf/pstate.h)
+_D = eventlayout.DEFINES
+SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = _D["SLOT_RUNNING"], _D["SLOT_KERNEL"], _D["SLOT_REAPED"]
+SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
+assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
+F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
+F_SEEDED = _D["SNAP_F_SEEDED"]
+
+
+def defines_for(ks: KernelStates, max_tasks: int) -> dict:
+    d = {
+        "REPORT_MASK": f"0x{ks.report_mask:x}",
+        "NR_KBITS": max(1, ks.report_mask.bit_length()),
+        "MAX_TASKS": max_tasks,
+    }
+    limit = loader.pid_max()
+    if limit <= max_tasks and _kernel_at_least(5, 5):
+        # every tid fits: an array indexed by tid, whose lookup costs no call
+        # (5.5 made arrays mappable, which is how user space reads it)
+        d["TASKS_BY_TID"] = True
+        d["TID_SLOTS"] = limit
+    return d
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        have = tuple(int(x) for x in os.uname().release.split("-", 1)[0].split(".")[:2])
+    except ValueError:
+        return False
+    return have >= (major, minor)
+
+
+def slot_names(ks: KernelStates) -> list[str]:
+    """State name of each counter slot."""
+    kernel = [ks.names.get(1 << i, f"state_0x{1 << i:x}") for i in range(max(1, ks.report_mask.bit_length()))]
+    return list(SYNTHETIC_SLOTS) + kernel
+
+
+def boottime_offset_ns() -> int:
+    """CLOCK_BOOTTIME - CLOCK_MONOTONIC: the time the machine spent suspended."""
+    best = None
+    for _ in range(3):
+        m0 = time.monotonic_ns()
+        b = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        m1 = time.monotonic_ns()
+        if best is None or m1 - m0 < best[0]:
+            best = (m1 - m0, b - (m0 + m1) // 2)
+    return best[1]
+
+
+def _tid(key) -> int:
+    # batch reads give a u32 key as an int, iteration as a ctypes value
+    return key if isinstance(key, int) else key.value
+
+
+def _decode_comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+class TidArray:
+    """The tid-indexed `tasks` array, read through a shared mapping
+    (BPF_F_MMAPABLE): a snapshot scans the `since` word of every slot and
+    copies out only the rows that hold a thread."""
+
+    def __init__(self, table):
+        self.Leaf = table.Leaf
+        self.size = ctypes.sizeof(self.Leaf)  # a multiple of 8: the kernel's row stride
+        self.n = bpfsys.map_info(table.map_fd)["max_entries"]
+        page = mmap.PAGESIZE
+        self.mm = mmap.mmap(table.map_fd, (self.n * self.size + page - 1) // page * page, mmap.MAP_SHARED,
+                            mmap.PROT_READ)
+        self.words = memoryview(self.mm).cast("Q")
+        step = self.size // 8
+        self.since = self.words[self.Leaf.since.offset // 8:self.n * step:step]
+
+    def rows(self) -> dict:
+        """{tid: copy of its row} of every slot whose `since` is set."""
+        seen = itertools.compress(range(self.n), self.since.tolist())
+        return {tid: self.Leaf.from_buffer_copy(self.mm, tid * self.size) for tid in seen}
+
+    def close(self) -> None:
+        self.since.release()
+        self.words.release()
+        self.mm.close()
+
+
+def read_hash(table, delete: bool = False) -> list:
+    """(key, row) of every entry of a hash map (deleting them if `delete`):
+    the one map-reading path, bpfsys.Table's."""
+    return bpfsys.Table.over(table).read_all(delete)
+
+
+class BpfCollector:
+    """Reads bpf/snap.bpf.c's maps into snapshot rows.
+
+    The live rows are in `tasks`: a hash keyed by tid, or (TASKS_BY_TID) an
+    array indexed by tid plus the `seeds` hash of seed rows no event has
+    taken yet. Both give the same rows.
+    """
+
+    def __init__(self, prog: loader.Program, ks: KernelStates, loaded_ts: int):
+        self.prog = prog
+        self.loaded_ts = loaded_ts  # monotonic ns before the program was loaded
+        self.tasks = bpfsys.Table.over(prog.table("tasks"))
+        self.gone = bpfsys.Table.over(prog.table("gone"))
+        # told by the map itself, so any build of the program reads right
+        self.by_tid = bpfsys.map_info(self.tasks.map_fd)["type"] == bpfsys.MAP_ARRAY
+        self.seeds = bpfsys.Table.over(prog.table("seeds")) if self.by_tid else None
+        self.array = TidArray(self.tasks) if self.by_tid else None
+        self.slots = slot_names(ks)
+        self.fields = [f"{s}_ns" for s in snapdir.STATE_FIELDS]
+        self.fields += [f"{s}_ns" for s in self.slots if f"{s}_ns" not in self.fields]
+        self.letter_slot = {"R": SLOT_RUNNING}
+        for bit, letter in ks.letters.items():
+            if bit & ks.report_mask and bit & (bit - 1) == 0:
+                self.letter_slot.setdefault(letter, SLOT_KERNEL + bit.bit_length() - 1)
+        self.seed_failed = 0
+        self.seeds_pending = True
+        self.run_start = self.seed_ts = 0
+        self.seeded: dict[int, int] = {}  # tid -> start_ts of the rows seeding created
+        self.start_fix: dict[int, int] = {}  # tid -> /proc start of a thread seen before it was seeded
+        self.tgids: dict[tuple, int] = {}
+
+    def start(self) -> int:
+        """Seed every live thread in the state /proc shows. Counting began
+        when the first tracepoint fired: threads it saw before they were
+        seeded have their counts from then on; for the others the time
+        between that and their seeding is "unknown". So per thread, the
+        state times always add up to the interval."""
+        self.seed_ts = time.monotonic_ns()
+        self.seed(self.seed_ts)
+        first = self.seed_ts
+        rows = self._live(settle=True)
+        rows += [(k.tid, v) for k, v in read_hash(self.gone)]
+        for tid, v in rows:
+            if self.seeded.get(tid) != v.start_ts and v.start_ts >= self.loaded_ts:
+                first = min(first, v.start_ts)
+        self.run_start = first
+        return first
+
+    def seed(self, since: int) -> None:
+        hz = os.sysconf("SC_CLK_TCK")
+        offset = boottime_offset_ns()
+        # the hash takes seed rows where no row exists; with the array they
+        # wait in `seeds` for the thread's first event (bpf/snap.bpf.c)
+        table = self.seeds if self.by_tid else self.tasks
+        Key, Leaf = table.Key, table.Leaf
+        for tgid, tid, letter, comm, ticks in loader.seed_tasks():
+            start = ticks * 1_000_000_000 // hz - offset
+            leaf = Leaf()
+            leaf.start_ts = max(start, 0)
+            leaf.since = since
+            leaf.tgid = tgid
+            leaf.state = self.letter_slot.get(letter, 0)
+            # a zombie's row is final once the kernel frees it, as when its
+            # exit was seen
+            leaf.flags = (F_EXITED if letter in "ZX" else 0) | F_SEEDED
+            leaf.comm = comm
+            key = Key(tid)
+            err = table.insert(key, leaf)
+            if err == 0:
+                # It may have died between the read and the insert, and then
+                # nothing would ever remove its row. A seed the program took
+                # meanwhile (the delete fails) is the thread's row now.
+                if os.path.exists(f"/proc/{tgid}/task/{tid}") or (self.by_tid and not table.remove(key)):
+                    self.seeded[tid] = leaf.start_ts
+                elif not self.by_tid:
+                    table.remove(key)
+                continue
+            if err == errno.EEXIST:
+                if not self.by_tid:
+                    self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
+            else:
+                self.seed_failed += 1
+
+    def _live(self, settle: bool = False) -> list[tuple[int, object]]:
+        """(tid, row) of every live thread."""
+        if not self.by_tid:
+            return [(_tid(k), v) for k, v in read_hash(self.tasks)]
+        # Seeds first: one taken between the two reads is then in both, and
+        # the array's copy (the later) wins.
+        seeds = [(_tid(k), v) for k, v in read_hash(self.seeds)] if self.seeds_pending else []
+        rows = self.array.rows()
+        pending = self._pending_seeds(seeds, rows, settle)
+        # none left: user space writes none after the start, so none will come
+        self.seeds_pending = bool(pending)
+        return pending + list(rows.items())
+
+    def _pending_seeds(self, seeds: list, rows: dict, settle: bool) -> list:
+        """The seed rows no event has taken yet (threads idle all along).
+
+        A seed whose tid has an array row, or (checked once, when `settle`,
+        right after seeding) whose thread is gone, will never be taken: the
+        program saw the thread before its seed was written (as an insert into
+        the hash would have found), or it died first. Withdraw it, unless the
+        program takes it first. Later a seed leaves only when taken: a thread
+        cannot exit, be freed or lend its tid to another without an event."""
+        out = []
+        for tid, v in seeds:
+            row = rows.get(tid)
+            if row is None and (not settle or os.path.exists(f"/proc/{v.tgid}/task/{tid}")):
+                out.append((tid, v))
+                continue
+            if not self.seeds.remove(self.seeds.Key(tid)):
+                continue  # taken meanwhile: the array or `gone` has its row
+            if self.seeded.get(tid) == v.start_ts:
+                del self.seeded[tid]
+            if row is not None:
+                self.start_fix[tid] = v.start_ts  # seen by an event before it was seeded
+        return out
+
+    def close(self) -> None:
+        if self.array is not None:
+            self.array.close()
+            self.array = None
+
+    def collect(self) -> Sample:
+        # The snapshot's time is taken before the maps are read. An open
+        # interval is closed at `now`; the kernel adds at least as much to
+        # the same state later (its next event comes after the read), so
+        # counters never shrink from one snapshot to the next. Events
+        # between `now` and the read are already in the counters: rows are
+        # exact to within read_ns.
+        now = time.monotonic_ns()
+        try:
+            live = self._live()
+            freed = self._read_gone(now)
+        except Exception as e:  # bcc raises plain Exception
+            raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
+        read_ns = time.monotonic_ns() - now
+        # A thread freed between the two reads is in both: its final row wins.
+        latest = {(tid, v.start_ts): (tid, v) for tid, v in live}
+        for k, v in freed:
+            latest[(k.tid, v.start_ts)] = (k.tid, v)
+        rows = [self._row(tid, v, now) for tid, v in latest.values()]
+        for k, v in freed:
+            self.start_fix.pop(k.tid, None)
+            if self.seeded.get(k.tid) == v.start_ts:
+                del self.seeded[k.tid]
+        rows.sort(key=lambda r: (r["pid"], r["tid"], r["start_ts"]))
+        return Sample(ts=now, rows=rows, map_full=sum(self.prog.counters()) + self.seed_failed, read_ns=read_ns)
+
+    def _row(self, tid: int, v, now: int) -> dict:
+        ns = list(v.ns)
+        slot = v.state
+        freed = bool(v.flags & F_FREED)
+        if not freed and v.since and now > v.since and slot < len(ns):
+            ns[slot] += now - v.since  # close the open interval: exact at `now`
+        start = v.start_ts
+        if v.flags & F_GUESSED and tid in self.start_fix:
+            # seen by an event before seeding reached it: unknown before that
+            ns[0] += max(0, start - self.run_start)
+            start = self.start_fix[tid]
+        elif self._was_seeded(tid, v):
+            ns[0] += self.seed_ts - self.run_start
+        tgid = v.tgid or self._tgid(tid, start)
+        counts = dict.fromkeys(self.fields, 0)
+        for i, n in enumerate(ns):
+            counts[f"{self.slots[i]}_ns"] += n
+        return {
+            "pid": tgid, "tid": tid, "comm": _decode_comm(v.comm), "start_ts": start,
+            "state": "reaped" if freed else (self.slots[slot] if slot < len(self.slots) else "unknown"),
+            "state_since_ts": v.since or None,
+            "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
+            **counts,
+            "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
+        }
+
+    def _read_gone(self, now: int) -> list:
+        """The final rows of freed threads, taken out of `gone`."""
+        return read_hash(self.gone, delete=True)
+
+    def _was_seeded(self, tid: int, v) -> bool:
+        return self.seeded.get(tid) == v.start_ts
+
+    def _tgid(self, tid: int, start: int) -> int:
+        """Process of a thread first seen being switched in: from /proc."""
+        key = (tid, start)
+        if key not in self.tgids:
+            if len(self.tgids) > 65536:
+                self.tgids.clear()
+            self.tgids[key] = tgid_from_proc(tid)
+        return self.tgids[key]
