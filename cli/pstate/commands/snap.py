@@ -14,7 +14,7 @@ import time
 import click
 
 from pstate.kernel import bpfsys, eventlayout, loader
-from pstate.snapshots import snapdir
+from pstate.snapshots import histograms, snapdir
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.stream.durations import Duration
 from pstate.commands.options import RenamedCommand, probes_option
@@ -71,6 +71,7 @@ SLOT_RUNNING, SLOT_KERNEL, SLOT_REAPED = _D["SLOT_RUNNING"], _D["SLOT_KERNEL"], 
 SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
 F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
+F_SEEDED = _D["SNAP_F_SEEDED"]
 ENOTSUPP = 524  # the kernel's own errno for an operation a map lacks
 
 
@@ -255,7 +256,7 @@ class BpfCollector:
             leaf.state = self.letter_slot.get(letter, 0)
             # a zombie's row is final once the kernel frees it, as when its
             # exit was seen
-            leaf.flags = F_EXITED if letter in "ZX" else 0
+            leaf.flags = (F_EXITED if letter in "ZX" else 0) | F_SEEDED
             leaf.comm = comm
             key = Key(tid)
             if lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST) == 0:
@@ -367,6 +368,7 @@ class BpfCollector:
             "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
             **counts,
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
+            "hist": histograms.from_row(v.hist),
         }
 
     def _tgid(self, tid: int, start: int) -> int:
@@ -413,8 +415,8 @@ def _gid(group: str | None) -> int | None:
               show_default=True, help="File format: JSON lines, CSV, or Prometheus text for node_exporter.")
 @click.option("--prom-by", type=click.Choice(["unit", "cgroup", "title", "comm", "pid", "thread", "process"]),
               default="unit", show_default=True,
-              help="--format prom: one series per systemd unit, cgroup, process title, command name, "
-                   "process (pid) or thread.")
+              help="Groups of the --format prom series and of the latency hist rows: one per systemd unit, "
+                   "cgroup, process title, command name, process (pid) or thread.")
 @click.option("-k", "--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="Delete pstate's own oldest snapshot files beyond the newest N.")
 @click.option("--max-age", type=Duration("s"), default=None, metavar="DURATION",

@@ -511,10 +511,18 @@ def events_page() -> str:
     lines += [section("SNAPSHOTS"), *blocks(prose["snapshots"]),
               ".SS \"Snapshot meta record\"", *definitions(prose["snapshot_meta"]),
               ".SS \"Task rows\"", ".PP", "One per thread:", *definitions(snapshot_task_fields()),
+              ".SS \"Hist rows\"", *blocks(prose["snapshot_hist"]), *definitions(snapshot_hist_fields()),
               ".SS \"End record\"", *definitions(prose["snapshot_end"])]
     lines += [section("EXAMPLES"), *blocks(prose["examples"])]
     lines += see_also([f"{PROG}(1)", *prose["see_also"]])
     return "\n".join(lines) + "\n"
+
+
+def snapshot_hist_fields() -> list[tuple[str, str]]:
+    """The fields of a hist row (snapshots/histograms.py), with their types."""
+    from pstate.snapshots import histograms
+
+    return [(name, f"({typ}) {desc}") for name, (typ, desc) in histograms.HIST_RECORD[1].items()]
 
 
 def snapshot_task_fields() -> list[tuple[str, str]]:

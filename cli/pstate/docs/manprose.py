@@ -626,9 +626,21 @@ EVENTS = {
                   "when not known.",
         "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
     },
+    "snapshot_hist": """
+        After the task rows, a JSON-lines snapshot has one hist row per
+        group and kind of wait with a count: latency histograms the kernel
+        keeps per thread in fixed log2 buckets, summed per group of `snap
+        --prom-by` (per systemd unit by default) like the Prometheus series.
+        Cumulative rows count since the run began and never decrease, even
+        as threads exit; `--clear` rows cover their interval. The buckets
+        are the same on every host: durations of at most 2^10 ns (1.024 us),
+        2^11, ... 2^34 ns (17.2 s), then the rest. `pstate stats DIR/` shows
+        their p50 and p99 per interval. CSV snapshots have no hist rows.
+        """,
     "snapshot_end": [
         ("ts", "End of the interval."),
         ("tasks", "Number of task rows in the file."),
+        ("hists", "Number of hist rows in the file (JSON lines)."),
         ("reason", "Why the snapshot was written: interval."),
     ],
     "examples": """

@@ -1,0 +1,100 @@
+// snaphist.h: latency histograms kept in each snap task row, included by
+// bpf/snap.bpf.c (after struct snap_task, whose `hist` field holds them).
+//
+// Per thread, per kind (HK_* in bpf/pstate.h): the count of durations in
+// each fixed log2 bucket and their exact sum. User space adds each thread's
+// growth between snapshots to its group (--prom-by), as it does with the
+// time-in-state counters, so groups are chosen there (unit, cgroup, title,
+// comm, pid or thread) and the kernel does no lookup of its own: a
+// histogram costs a bucket computation and two adds in a row the program
+// already holds. Memory is bounded with the rows (--max-tasks).
+//
+// An interval is observed when it ends with a transition the program saw
+// begin: the first one of a row seeded from /proc (SNAP_F_SEEDED) is not,
+// since its start is not known.
+
+#ifndef SNAPHIST_H
+#define SNAPHIST_H
+
+struct snap_hist {
+    u64 sum[HIST_KINDS];                  // ns, exact
+    u32 n[HIST_KINDS * HIST_BUCKETS];     // counts, kind-major
+};
+
+// bit_length(v >> HIST_SHIFT), at most HIST_BUCKETS - 1
+static __always_inline u32 hist_bucket(u64 v) {
+    u64 d = v >> HIST_SHIFT;
+    u32 b = 0;
+    if (d >= (1ULL << 16)) {
+        b += 16;
+        d >>= 16;
+    }
+    if (d >= (1 << 8)) {
+        b += 8;
+        d >>= 8;
+    }
+    if (d >= (1 << 4)) {
+        b += 4;
+        d >>= 4;
+    }
+    if (d >= (1 << 2)) {
+        b += 2;
+        d >>= 2;
+    }
+    if (d >= 2) {
+        b += 1;
+        d >>= 1;
+    }
+    b += (u32)d;
+    return b < HIST_BUCKETS - 1 ? b : HIST_BUCKETS - 1;
+}
+
+// The functions take a row's parts (struct snap_task includes this struct,
+// so it is not complete here): its histograms, flags, state and since.
+#define HIST_ROW(t) &(t)->hist, &(t)->flags, (t)->state, (t)->since
+
+static __always_inline void hist_add(struct snap_hist *h, u32 kind, u64 since, u64 now) {
+    if (now <= since || !since)
+        return;
+    u64 d = now - since;
+    u32 i = kind * HIST_BUCKETS + hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
+    if (i < HIST_KINDS * HIST_BUCKETS)
+        h->n[i]++;
+    if (kind < HIST_KINDS)
+        h->sum[kind] += d;
+}
+
+// The row's state is about to change: 0 when the program did not see the
+// state begin (the row was seeded while in it), which it then forgets.
+static __always_inline int hist_seen(u8 *flags) {
+    if (*flags & SNAP_F_SEEDED) {
+        *flags &= ~SNAP_F_SEEDED;
+        return 0;
+    }
+    return 1;
+}
+
+// sched_switch, prev leaving the CPU: nothing observed, a seeded state ends
+static __always_inline void hist_switch_out(struct snap_hist *h, u8 *flags, u8 state, u64 since) {
+    hist_seen(flags);
+}
+
+// sched_switch, next getting the CPU: its run-queue wait ends
+static __always_inline void hist_switch_in(struct snap_hist *h, u8 *flags, u8 state, u64 since, u64 now) {
+    if (!hist_seen(flags))
+        return;
+    if (state == SLOT_RUNNABLE)
+        hist_add(h, HK_RUNQ_WAKEUP, since, now);
+    else if (state == SLOT_PREEMPTED)
+        hist_add(h, HK_RUNQ_PREEMPTED, since, now);
+}
+
+// a wake-up ends a blocked state: S and D have histograms (the kernel slots
+// of the two lowest reported bits, TASK_INTERRUPTIBLE and TASK_UNINTERRUPTIBLE)
+static __always_inline void hist_woken(struct snap_hist *h, u8 *flags, u8 state, u64 since, u64 now) {
+    u32 k = (u32)state - SLOT_KERNEL;
+    if (hist_seen(flags) && k < 2)
+        hist_add(h, HK_SLEEPING + k, since, now);
+}
+
+#endif
