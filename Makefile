@@ -103,6 +103,7 @@ install:
 	install -Dm644 completions/_pstate $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_pstate
 	install -Dm644 completions/pstate.fish $(DESTDIR)$(FISH_COMPLETIONSDIR)/pstate.fish
 	install -Dm644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/pstate/LICENSE
+	install -Dm644 share/grafana/pstate-dashboard.json $(DESTDIR)$(PREFIX)/share/pstate/grafana/pstate-dashboard.json
 
 # Where `make install` puts each kind of file (for packagers and tests).
 print-install-dirs:
