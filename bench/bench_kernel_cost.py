@@ -17,7 +17,8 @@ is bracketed by untraced ones), for:
   switch): the BPF C in bpf/;
 - bpftrace's one-line sched_switch map count;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
-  change is measured side by side with what it replaces.
+  change is measured side by side with what it replaces (keys ending in
+  _<REV>; on both paths when the revision has the tp_btf one).
 
 Then, with kernel.bpf_stats_enabled=1 (which itself costs two clock reads per
 program run, so it is kept off during the ratio rounds), one storm per
@@ -182,7 +183,9 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
         if d is None:
             continue
-        paths = (("", "tp_btf"), ("_tp", "tracepoint")) if not suffix else (("", "tracepoint"),)
+        # a revision from before the tp_btf path (no bpf/tpargs.h) has the classic one only
+        both = not suffix or os.path.exists(os.path.join(d, "tpargs.h"))
+        paths = (("", "tp_btf"), ("_tp", "tracepoint")) if both else (("", "tracepoint"),)
         for end, probes in paths:
             p = ("--probes", probes)
             label = f"{what}, {probes}"

@@ -368,7 +368,8 @@ class BpfCollector:
             "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
             **counts,
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
-            "hist": histograms.from_row(v.hist),
+            # (a program built from an older bpf/ has none: told by the row itself)
+            "hist": histograms.from_row(v.hist) if hasattr(v, "hist") else None,
         }
 
     def _tgid(self, tid: int, start: int) -> int:

@@ -327,7 +327,10 @@ PAGES: dict[str, dict] = {
             "in # comment lines (pandas: `read_csv(path, comment="#")`); stats, heat and replay read CSV "
             "snapshots as they read JSON-lines ones. With `--format prom` the file holds Prometheus counters named "
             "pstate_*, per systemd unit by default (`--prom-by`: unit, cgroup, title, comm, pid or thread; "
-            "per unit the number of series is bounded by the services, per pid it grows with churn).",
+            "per unit the number of series is bounded by the services, per pid it grows with churn), "
+            "and latency histograms per group: pstate_runqueue_wait_seconds (after=wakeup or preemption) "
+            "and pstate_blocked_seconds (state=S or D), with fixed le bounds from 2^10 to 2^34 ns. "
+            "JSON-lines snapshots hold the same histograms as hist rows after the task rows.",
         ],
         "overhead": """
             snap runs the same kind of BPF programs as record on every context

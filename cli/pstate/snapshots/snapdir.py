@@ -303,23 +303,15 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
                 return None
             _check_meta(rec, path)
             meta = rec
-        elif t == "task":
-            why = check_task(rec)
+        elif t in ("task", "hist"):
+            why = check_task(rec) if t == "task" else check_hist(rec)
             if why:
                 if strict:
                     raise PstateError(f"{path}: {why}", ExitCode.DATAERR)
                 stats.skip(why, path)
-                bad += 1
+                bad += t == "task"  # (the end record counts task rows)
                 continue
-            rows.append(rec)
-        elif t == "hist":
-            why = check_hist(rec)
-            if why:
-                if strict:
-                    raise PstateError(f"{path}: {why}", ExitCode.DATAERR)
-                stats.skip(why, path)
-                continue
-            hists.append(rec)
+            (rows if t == "task" else hists).append(rec)
         elif t == "end":
             end = rec
     if meta is None:
