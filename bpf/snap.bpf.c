@@ -54,12 +54,12 @@ struct snap_task {
     u64 nivcsw;   // involuntary switch-outs (preempted)
     u64 wakeups;  // wake-ups from a blocked state
     u64 ns[NR_SLOTS];
-    struct snap_hist hist;
     u32 tgid; // 0 = not known yet (first seen as the next task of a switch)
     u8 state;
     u8 flags;
     u16 pad;
     char comm[16];
+    struct snap_hist hist; // last: the fields above are those every event touches
 };
 
 struct gone_key {

@@ -16,9 +16,15 @@
 #ifndef SNAPHIST_H
 #define SNAPHIST_H
 
+// One kind's sum beside its counts, so that an observation mostly writes
+// one cache line; the row keeps them after its hot fields.
+struct snap_hist_kind {
+    u64 sum;             // ns, exact
+    u32 n[HIST_BUCKETS]; // counts per bucket
+};
+
 struct snap_hist {
-    u64 sum[HIST_KINDS];                  // ns, exact
-    u32 n[HIST_KINDS * HIST_BUCKETS];     // counts, kind-major
+    struct snap_hist_kind k[HIST_KINDS];
 };
 
 // bit_length(v >> HIST_SHIFT), at most HIST_BUCKETS - 1
@@ -57,11 +63,13 @@ static __always_inline void hist_add(struct snap_hist *h, u32 kind, u64 since, u
     if (now <= since || !since)
         return;
     u64 d = now - since;
-    u32 i = kind * HIST_BUCKETS + hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
-    if (i < HIST_KINDS * HIST_BUCKETS)
-        h->n[i]++;
-    if (kind < HIST_KINDS)
-        h->sum[kind] += d;
+    if (kind >= HIST_KINDS)
+        return;
+    struct snap_hist_kind *k = &h->k[kind];
+    u32 b = hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
+    if (b < HIST_BUCKETS)
+        k->n[b]++;
+    k->sum += d;
 }
 
 // The row's state is about to change: 0 when the program did not see the

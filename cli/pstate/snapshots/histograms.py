@@ -79,9 +79,10 @@ def bucket_of(d_ns: int) -> int:
 
 
 def from_row(h) -> tuple:
-    """A task row's histograms as one flat tuple: NKINDS sums, then the
-    counts kind by kind (the kernel's struct snap_hist)."""
-    return (*h.sum, *h.n)
+    """A task row's histograms (the kernel's struct snap_hist: per kind its
+    sum and counts) as one flat tuple: NKINDS sums, then the counts kind by
+    kind."""
+    return (*(k.sum for k in h.k), *(n for k in h.k for n in k.n))
 
 
 def delta(cur: tuple | None, prev: tuple | None) -> tuple | None:
