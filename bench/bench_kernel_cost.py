@@ -299,7 +299,9 @@ def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender],
 def git_tree(rev: str, dest: str) -> str:
     """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
     os.makedirs(dest, exist_ok=True)
-    for name in ("record.bpf.c", "snap.bpf.c", "pstate.h", "tpargs.h"):
+    ls = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", f"{rev}:bpf"], capture_output=True,
+                        text=True, check=True).stdout.split()
+    for name in [n for n in ls if n.endswith((".bpf.c", ".h"))]:
         r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}"], capture_output=True, text=True)
         if r.returncode != 0 and name.endswith(".h"):
             continue  # a revision before the shared header

@@ -27,44 +27,38 @@ struct snap_hist {
     struct snap_hist_kind k[HIST_KINDS];
 };
 
-// bit_length(v >> HIST_SHIFT), at most HIST_BUCKETS - 1
+// bit_length(v >> HIST_SHIFT), at most HIST_BUCKETS - 1. Without branches
+// on the value (BPF has no conditional set: (C - d) >> 63 is d > C, for
+// d < 2^63), so durations that vary cost no mispredicted jumps.
 static __always_inline u32 hist_bucket(u64 v) {
     u64 d = v >> HIST_SHIFT;
-    u32 b = 0;
-    if (d >= (1ULL << 16)) {
-        b += 16;
-        d >>= 16;
-    }
-    if (d >= (1 << 8)) {
-        b += 8;
-        d >>= 8;
-    }
-    if (d >= (1 << 4)) {
-        b += 4;
-        d >>= 4;
-    }
-    if (d >= (1 << 2)) {
-        b += 2;
-        d >>= 2;
-    }
-    if (d >= 2) {
-        b += 1;
-        d >>= 1;
-    }
-    b += (u32)d;
-    return b < HIST_BUCKETS - 1 ? b : HIST_BUCKETS - 1;
+    u64 b = ((0xffffULL - d) >> 63) << 4;
+    d >>= b;
+    u64 s = ((0xffULL - d) >> 63) << 3;
+    d >>= s;
+    b |= s;
+    s = ((0xfULL - d) >> 63) << 2;
+    d >>= s;
+    b |= s;
+    s = ((0x3ULL - d) >> 63) << 1;
+    d >>= s;
+    b |= s;
+    s = (0x1ULL - d) >> 63;
+    d >>= s;
+    b |= s;
+    b += d; // d is now 0 or 1, unless v >= 2^(HIST_SHIFT+32): then b is past the last bucket anyway
+    return b < HIST_BUCKETS - 1 ? (u32)b : HIST_BUCKETS - 1;
 }
 
 // The functions take a row's parts (struct snap_task includes this struct,
 // so it is not complete here): its histograms, flags, state and since.
 #define HIST_ROW(t) &(t)->hist, &(t)->flags, (t)->state, (t)->since
 
+// Rows the program holds always have `since` set (bpf/snap.bpf.c).
 static __always_inline void hist_add(struct snap_hist *h, u32 kind, u64 since, u64 now) {
-    if (now <= since || !since)
+    if (now <= since || kind >= HIST_KINDS)
         return;
     u64 d = now - since;
-    if (kind >= HIST_KINDS)
-        return;
     struct snap_hist_kind *k = &h->k[kind];
     u32 b = hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
     if (b < HIST_BUCKETS)
@@ -87,14 +81,17 @@ static __always_inline void hist_switch_out(struct snap_hist *h, u8 *flags, u8 s
     hist_seen(flags);
 }
 
-// sched_switch, next getting the CPU: its run-queue wait ends
+#if SLOT_PREEMPTED != SLOT_RUNNABLE + 1 || HK_RUNQ_PREEMPTED != HK_RUNQ_WAKEUP + 1 || \
+    HK_UNINTERRUPTIBLE != HK_SLEEPING + 1
+#error "the kinds must follow the order of the slots they observe"
+#endif
+
+// sched_switch, next getting the CPU: a run-queue wait ends (runnable:
+// after a wake-up; preempted)
 static __always_inline void hist_switch_in(struct snap_hist *h, u8 *flags, u8 state, u64 since, u64 now) {
-    if (!hist_seen(flags))
-        return;
-    if (state == SLOT_RUNNABLE)
-        hist_add(h, HK_RUNQ_WAKEUP, since, now);
-    else if (state == SLOT_PREEMPTED)
-        hist_add(h, HK_RUNQ_PREEMPTED, since, now);
+    u32 k = (u32)state - SLOT_RUNNABLE;
+    if (hist_seen(flags) && k < 2)
+        hist_add(h, HK_RUNQ_WAKEUP + k, since, now);
 }
 
 // a wake-up ends a blocked state: S and D have histograms (the kernel slots

@@ -339,7 +339,12 @@ PAGES: dict[str, dict] = {
             {snap_ns_per_event} per context switch; the pinned storm of
             pstate-record(1) kept {snap_ratio} of its throughput per CPU
             second on {machine}. Writing a snapshot
-            reads the whole task map once per interval.
+            reads the whole task map once per interval. Each thread's row
+            holds its latency histograms, 448 of its about 620 bytes; the
+            kernel keeps a row for every possible tid (pid_max, when it is
+            at most `--max-tasks`, else `--max-tasks` rows) and `--max-tasks`
+            rows of threads freed since the last snapshot, so `--max-tasks`
+            bounds the memory.
             """,
         "exit_status": {
             **_BPF_EXIT,
