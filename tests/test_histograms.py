@@ -98,11 +98,11 @@ class HistCollector:
         return writer.Sample(ts=now, rows=rows, map_full=0)
 
 
-def take(tmp_path, monkeypatch, fmt: str, count: int = 5, by: str = "unit") -> Path:
+def take(tmp_path, monkeypatch, fmt: str, count: int = 5, by: str = "unit", clear: bool = False) -> Path:
     fake_snap.install(setter=monkeypatch.setattr)  # who the fake processes are
     d = writer.SnapDir(str(tmp_path / fmt))
     d.lock()
-    plan = writer.Plan(fmt=fmt, interval_ns=S // 50, count=count, prom_by=by)
+    plan = writer.Plan(fmt=fmt, interval_ns=S // 50, count=count, prom_by=by, clear=clear)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
     try:
         assert writer.Snapper(d, HistCollector(), plan, base, writer.Stopper()).run() == 0
@@ -134,8 +134,14 @@ def test_hist_rows_per_group_and_kind_never_decrease(tmp_path, monkeypatch):
     assert len(snap.hists) == 3 and len(snap.rows) == 2
 
 
-def test_stats_shows_p99_rising_when_a_hog_joins(tmp_path, monkeypatch):
-    out = take(tmp_path, monkeypatch, "jsonl")
+@pytest.mark.parametrize("clear", [False, True])
+def test_stats_shows_p99_rising_when_a_hog_joins(tmp_path, monkeypatch, clear):
+    """Cumulative hist rows are subtracted per run; --clear ones hold their
+    own interval: the same trends either way."""
+    out = take(tmp_path, monkeypatch, "jsonl", clear=clear)
+    last = [orjson.loads(x) for x in sorted(out.glob("pstate-snap-*.jsonl"))[-1].read_bytes().splitlines()]
+    wake = next(r for r in last if r["type"] == "hist" and r["kind"] == "runq_wakeup")
+    assert wake["count"] == (105 if clear else 515)
     buf = io.StringIO()
     assert snapseries.run([str(out)], fmt="json", top=None, by="unit", out=buf, err=io.StringIO()) == 0
     lat = orjson.loads(buf.getvalue())["latency"]
