@@ -109,10 +109,11 @@ install:
 	install -Dm644 LICENSE $(DESTDIR)$(PREFIX)/share/doc/pstate/LICENSE
 	install -d $(DESTDIR)$(SYSTEMD_UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/pstate
 	for f in pstate-collector.service pstate-snap.service pstate-snap.timer; do \
-	    sed 's|@BINDIR@|$(PREFIX)/bin|g' systemd/$$f > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$f && \
+	    sed 's|@BINDIR@|$(PREFIX)/bin|g' cli/share/systemd/$$f > $(DESTDIR)$(SYSTEMD_UNITDIR)/$$f && \
 	    chmod 644 $(DESTDIR)$(SYSTEMD_UNITDIR)/$$f || exit 1; done
-	sed 's|@BINDIR@|$(PREFIX)/bin|g' systemd/pstate-snap.cron > $(DESTDIR)$(PREFIX)/share/doc/pstate/pstate-snap.cron
+	sed 's|@BINDIR@|$(PREFIX)/bin|g' cli/share/systemd/pstate-snap.cron > $(DESTDIR)$(PREFIX)/share/doc/pstate/pstate-snap.cron
 	chmod 644 $(DESTDIR)$(PREFIX)/share/doc/pstate/pstate-snap.cron
+	install -Dm644 cli/share/grafana/pstate-dashboard.json $(DESTDIR)$(PREFIX)/share/pstate/grafana/pstate-dashboard.json
 
 # Where `make install` puts each kind of file (for packagers and tests).
 print-install-dirs:

@@ -17,7 +17,8 @@ is bracketed by untraced ones), for:
   switch): the BPF C in bpf/;
 - bpftrace's one-line sched_switch map count;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
-  change is measured side by side with what it replaces.
+  change is measured side by side with what it replaces (keys ending in
+  _<REV>; on both paths when the revision has the tp_btf one).
 
 Then, with kernel.bpf_stats_enabled=1 (which itself costs two clock reads per
 program run, so it is kept off during the ratio rounds), one storm per
@@ -182,7 +183,9 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
         if d is None:
             continue
-        paths = (("", "tp_btf"), ("_tp", "tracepoint")) if not suffix else (("", "tracepoint"),)
+        # a revision from before the tp_btf path (no bpf/tpargs.h) has the classic one only
+        both = not suffix or os.path.exists(os.path.join(d, "tpargs.h"))
+        paths = (("", "tp_btf"), ("_tp", "tracepoint")) if both else (("", "tracepoint"),)
         for end, probes in paths:
             p = ("--probes", probes)
             label = f"{what}, {probes}"
@@ -296,7 +299,9 @@ def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender],
 def git_tree(rev: str, dest: str) -> str:
     """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
     os.makedirs(dest, exist_ok=True)
-    for name in ("record.bpf.c", "snap.bpf.c", "pstate.h", "tpargs.h"):
+    ls = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", f"{rev}:bpf"], capture_output=True,
+                        text=True, check=True).stdout.split()
+    for name in [n for n in ls if n.endswith((".bpf.c", ".h"))]:
         r = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:bpf/{name}"], capture_output=True, text=True)
         if r.returncode != 0 and name.endswith(".h"):
             continue  # a revision before the shared header

@@ -76,7 +76,21 @@
 #define SNAP_F_EXITED 1   // sched_process_exit seen
 #define SNAP_F_FREED 2    // final row: the kernel freed the thread, or its tid was reused
 #define SNAP_F_GUESSED 4  // first seen by a switch or wake-up: start_ts is when pstate saw it first
-#define SNAP_F_SEEDED 8   // the row began as a seed from /proc (set by user space; the program keeps it)
+#define SNAP_F_SEEDED 8   // seeded from /proc (set by user space; the program keeps it): its current state
+                          // began before, and the histograms skip that interval
+
+// --- snap: latency histograms in each task row (bpf/snaphist.h) ---
+// log2 buckets of a duration d in ns: bucket 0 holds d <= 2^HIST_SHIFT, bucket
+// b (1 .. HIST_BUCKETS-2) holds 2^(HIST_SHIFT+b-1) < d <= 2^(HIST_SHIFT+b)
+// (Prometheus' le), the last one everything above 2^(HIST_SHIFT+HIST_BUCKETS-2)
+// ns (17.2 s). Fixed, so series of every host and version aggregate.
+#define HIST_SHIFT 10
+#define HIST_BUCKETS 26
+#define HK_RUNQ_WAKEUP 0    // run-queue wait after a wake-up (runnable -> running)
+#define HK_RUNQ_PREEMPTED 1 // run-queue wait after a preemption (preempted -> running)
+#define HK_SLEEPING 2       // blocked in S, ended by a wake-up
+#define HK_UNINTERRUPTIBLE 3 // blocked in D, ended by a wake-up
+#define HIST_KINDS 4
 
 // record's ring buffer record: 72 bytes, little-endian, after the ring
 // buffer's own 8-byte header.

@@ -25,7 +25,8 @@
 // kernel frees a thread its final row moves to `gone`, keyed by (tid,
 // start_ts) so a reused tid cannot overwrite it; user space drains `gone` at
 // each snapshot. A task that lives and dies between two snapshots is thus
-// still in the next one.
+// still in the next one. Each row also holds its thread's latency
+// histograms (bpf/snaphist.h).
 //
 // Seeding: at the start user space writes a row for every live thread, from
 // /proc, but only where none exists (the program may have created one since
@@ -38,6 +39,7 @@
 
 #include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with pstate/commands/snap.py
 #include "tpargs.h" // PSTATE_PROBE, SW_*, WK_*: the arguments on either path
+#include "snaphist.h" // struct snap_hist, hist_*: latency histograms in the rows
 
 #define NR_SLOTS (SLOT_KERNEL + NR_KBITS)
 
@@ -57,6 +59,7 @@ struct snap_task {
     u8 flags;
     u16 pad;
     char comm[16];
+    struct snap_hist hist; // last: the fields above are those every event touches
 };
 
 struct gone_key {
@@ -76,6 +79,22 @@ BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 #endif
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
 BPF_PERCPU_ARRAY(counters, u64, SNAP_NR_COUNTERS);
+// A row is larger than the BPF stack (512 bytes) since it holds histograms:
+// rows are built in a per-CPU scratch row. Slot SCRATCH_SCHED serves
+// sched_switch and the wake-ups, which run with interrupts off and so never
+// interrupt each other; SCRATCH_TASK the classic task and process programs,
+// which a wake-up may interrupt, but never one another (bpf_prog_active).
+#define SCRATCH_SCHED 0
+#define SCRATCH_TASK 1
+BPF_PERCPU_ARRAY(scratch, struct snap_task, 2);
+
+// The scratch row of slot idx, zeroed; 0 only if the map lookup failed.
+static __always_inline struct snap_task *scratch_row(u32 idx) {
+    struct snap_task *t = scratch.lookup(&idx);
+    if (t)
+        __builtin_memset(t, 0, sizeof(*t));
+    return t;
+}
 
 // Only rare counts (a full map), some taken by programs that run with
 // interrupts on (task_newtask, exit, free), where an interrupt's wake-up
@@ -164,14 +183,16 @@ static __always_inline void move_to(struct snap_task *t, u8 to, u64 now) {
 
 static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid, u8 state, u64 now,
                                        const char *comm) {
-    struct snap_task fresh = {};
-    fresh.start_ts = now;
-    fresh.since = now;
-    fresh.tgid = tgid;
-    fresh.state = state;
-    fresh.flags = SNAP_F_GUESSED;
-    __builtin_memcpy(fresh.comm, comm, 16);
-    put(tid, slot, &fresh, 1);
+    struct snap_task *fresh = scratch_row(SCRATCH_SCHED);
+    if (!fresh)
+        return;
+    fresh->start_ts = now;
+    fresh->since = now;
+    fresh->tgid = tgid;
+    fresh->state = state;
+    fresh->flags = SNAP_F_GUESSED;
+    __builtin_memcpy(fresh->comm, comm, 16);
+    put(tid, slot, fresh, 1);
 }
 
 // One clock read per run, taken first: it is the costliest step (a VM's
@@ -191,6 +212,7 @@ PSTATE_PROBE(sched, sched_switch) {
             // even when an event was missed (a task seeded as R was queued,
             // or the kernel did not trace a switch): user space has already
             // reported the open interval that way, and counters never shrink.
+            hist_switch_out(HIST_ROW(t));
             move_to(t, to, now);
             // prev is the current task: its tgid and name are known for sure
             // (comm changes with prctl(PR_SET_NAME) without any tracepoint).
@@ -215,6 +237,7 @@ PSTATE_PROBE(sched, sched_switch) {
         struct snap_task *slot = tasks.lookup(&next);
         struct snap_task *t = row_of(next, slot);
         if (t) {
+            hist_switch_in(HIST_ROW(t), now);
             move_to(t, SLOT_RUNNING, now);
         } else {
             char comm[16];
@@ -239,7 +262,9 @@ static __always_inline void woken(u32 tid, u32 tgid, const char *comm, int is_ne
         return;
     if (!is_new)
         t->wakeups++;
-    move_to(t, SLOT_RUNNABLE, bpf_ktime_get_ns());
+    u64 now = bpf_ktime_get_ns();
+    hist_woken(HIST_ROW(t), now);
+    move_to(t, SLOT_RUNNABLE, now);
 }
 
 PSTATE_PROBE(sched, sched_wakeup) {
@@ -258,15 +283,18 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
 
 // Move a thread's final row to `gone`, closing its last state at `now`.
 static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
-    struct snap_task last = *t;
-    move_to(&last, SLOT_REAPED, now);
-    last.flags |= SNAP_F_FREED | SNAP_F_EXITED;
-    if (!last.exit_ts)
-        last.exit_ts = now;
+    struct snap_task *last = scratch_row(SCRATCH_TASK);
+    if (!last)
+        return;
+    *last = *t;
+    move_to(last, SLOT_REAPED, now);
+    last->flags |= SNAP_F_FREED | SNAP_F_EXITED;
+    if (!last->exit_ts)
+        last->exit_ts = now;
     struct gone_key key = {};
     key.tid = tid;
-    key.start_ts = last.start_ts;
-    if (gone.update(&key, &last) != 0)
+    key.start_ts = last->start_ts;
+    if (gone.update(&key, last) != 0)
         count(SNAP_CNT_GONE_FULL);
     forget(tid, t);
 }
@@ -283,13 +311,15 @@ TRACEPOINT_PROBE(task, task_newtask) {
     struct snap_task *slot = tasks.lookup(&child);
     if (known(slot))
         finish(child, slot, now);
-    struct snap_task fresh = {};
-    fresh.start_ts = now;
-    fresh.since = now;
-    fresh.state = SLOT_NEW;
-    fresh.tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
-    __builtin_memcpy(fresh.comm, args->comm, 16);
-    put(child, slot, &fresh, 0);
+    struct snap_task *fresh = scratch_row(SCRATCH_TASK);
+    if (!fresh)
+        return 0;
+    fresh->start_ts = now;
+    fresh->since = now;
+    fresh->state = SLOT_NEW;
+    fresh->tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
+    __builtin_memcpy(fresh->comm, args->comm, 16);
+    put(child, slot, fresh, 0);
     return 0;
 }
 
@@ -300,9 +330,12 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
         // A non-leader thread exec'd and took over the leader's pid.
         struct snap_task *o = tasks.lookup(&old);
         if (known(o)) {
-            struct snap_task copy = *o;
+            struct snap_task *copy = scratch_row(SCRATCH_TASK);
+            if (!copy)
+                return 0;
+            *copy = *o;
             forget(old, o);
-            put(tid, tasks.lookup(&tid), &copy, 0);
+            put(tid, tasks.lookup(&tid), copy, 0);
         }
     }
     struct snap_task *t = tasks.lookup(&tid);

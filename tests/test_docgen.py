@@ -16,7 +16,7 @@ import pytest
 from click.shell_completion import ShellComplete
 
 from pstate.docs import docgen
-from pstate.docs import manprose
+from pstate.docs import formatprose, manprose
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode
 from pstate.main import COMMANDS, cli
@@ -141,7 +141,7 @@ def test_exit_status_lists_generic_and_command_codes():
 
 def test_every_exit_code_and_state_category_is_described():
     assert set(manprose.EXIT_CODES) == set(ExitCode)
-    assert {cat for _l, cat, _d in schema.STATES.values()} <= set(manprose.STATE_CATEGORIES)
+    assert {cat for _l, cat, _d in schema.STATES.values()} <= set(formatprose.STATE_CATEGORIES)
     assert set(manprose.PAGES) <= {"pstate", *COMMANDS}
 
 

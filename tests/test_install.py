@@ -31,6 +31,7 @@ INSTALLED = [
     "share/bash-completion/completions/pstate",
     "share/zsh/site-functions/_pstate",
     "share/fish/vendor_completions.d/pstate.fish",
+    "share/pstate/grafana/pstate-dashboard.json",
     "lib/systemd/system/pstate-collector.service",
     "lib/systemd/system/pstate-snap.service",
     "lib/systemd/system/pstate-snap.timer",
@@ -98,6 +99,7 @@ def test_destdir_puts_everything_under_prefix(staged):
             "share/bash-completion/completions/pstate": "completions/pstate.bash",
             "share/zsh/site-functions/_pstate": "completions/_pstate",
             "share/fish/vendor_completions.d/pstate.fish": "completions/pstate.fish",
+            "share/pstate/grafana/pstate-dashboard.json": "cli/share/grafana/pstate-dashboard.json",
         }.get(p, "man/" + Path(p).name)).read_bytes()
 
 

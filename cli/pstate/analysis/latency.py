@@ -46,6 +46,37 @@ def bucket_mid(idx: int) -> int:
     return lo + (hi - 1 - lo) // 2
 
 
+def nearest_rank(count: int, p: float) -> int:
+    """The rank of percentile p (0 < p <= 100) among count values: ceil(count * p / 100)."""
+    return max(1, -(-count * p // 100))
+
+
+def rank_bucket(items, rank: int):
+    """The bucket of (bucket, count) items, in ascending order, that holds
+    the value of that rank; None when there are fewer values."""
+    seen = 0
+    for idx, n in items:
+        seen += n
+        if seen >= rank:
+            return idx
+    return None
+
+
+def bounded_percentile(counts: list[int], upper: tuple, p: float) -> int | None:
+    """Nearest-rank percentile p of values counted in buckets with the given
+    upper bounds (a value v in bucket b: upper[b-1] < v <= upper[b]; None
+    for an open last bucket), as LogHist does: the midpoint of the bucket
+    that holds the rank, or the lower bound of an open one. For the kernel's
+    log2 buckets (snapshots/histograms.py), whose min and max are not known."""
+    total = sum(counts)
+    if not total:
+        return None
+    b = rank_bucket(enumerate(counts), nearest_rank(total, p))
+    lo = upper[b - 1] if b else 0
+    hi = upper[b]
+    return lo if hi is None else lo + (hi - lo) // 2
+
+
 class LogHist:
     """Counts of values (ns) in log-linear buckets, with exact count, sum,
     min and max."""
@@ -95,17 +126,13 @@ class LogHist:
         bucket that holds that rank, within the exact min and max."""
         if not self.count:
             return None
-        rank = max(1, -(-self.count * p // 100))  # ceil(count * p / 100)
+        rank = nearest_rank(self.count, p)
         if rank >= self.count:
             return self.max
         if rank == 1:
             return self.min
-        seen = 0
-        for idx in sorted(self.buckets):
-            seen += self.buckets[idx]
-            if seen >= rank:
-                return min(max(bucket_mid(idx), self.min), self.max)
-        return self.max  # not reached
+        idx = rank_bucket(sorted(self.buckets.items()), rank)
+        return self.max if idx is None else min(max(bucket_mid(idx), self.min), self.max)
 
     def summary(self, percentiles: Iterable[int] = PERCENTILES) -> dict:
         out = {"count": self.count}

@@ -13,7 +13,9 @@ derives from the snapshots:
   per minute and rank together;
 - changed: groups seen in at least two snapshots, their first against their
   last, ranked by the largest change of those shares (or relative change of
-  the thread count).
+  the thread count);
+- latency: per group of the snapshots' own hist rows (snap --prom-by) and
+  kind of wait, count, p50 and p99 per interval (analysis/snaplatency.py).
 
 Shares are fractions of the interval: 1.0 is one thread for the whole
 interval (one CPU's worth for on-CPU time). Intervals are measured on the
@@ -31,6 +33,7 @@ from typing import IO
 
 import orjson
 
+from pstate.analysis import snaplatency
 from pstate.kernel import identity
 from pstate.snapshots import snapdir
 from pstate.stream.durations import fmt_ns
@@ -317,6 +320,7 @@ def analyse(snaps: list[snapdir.Snapshot], *, by: str = "process", min_run: int 
         "churn": churn(ivs),
         "leaks": leaks(gs, ivs, min_run),
         "changed": changed(gs),
+        "latency": snaplatency.series(snaps),
     }
 
 
@@ -443,11 +447,15 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
         out.write(grid([*who_hdr, name_hdr, "ON-CPU", "RUN-QUEUE", "D", "THREADS"], rows, nums))
     else:
         out.write("none (nothing was in two snapshots, or nothing changed)\n")
+    if rep["latency"]:
+        out.write("\n")
+        snaplatency.render_table(rep["latency"], out, top, sp)
 
 
 def render_json(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:
     if top is not None:
         rep = dict(rep, trends=rep["trends"][:top], leaks=rep["leaks"][:top], changed=rep["changed"][:top])
+        rep["latency"] = snaplatency.top_of(rep["latency"], top)
     out.write(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -483,6 +491,10 @@ def render_csv(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -
     for r in lim(rep["changed"]):
         w.writerow([*(r.get(c) for c in who_cols), r["comm"], *(r["first"][k] for k in keys),
                     *(r["last"][k] for k in keys), r["score"]])
+    if rep["latency"]:
+        out.write("\n# latency\n")
+        w.writerow(snaplatency.CSV_COLUMNS)
+        w.writerows(snaplatency.csv_rows(rep["latency"]))
 
 
 RENDERERS = {"table": render_table, "json": render_json, "csv": render_csv}

@@ -111,8 +111,8 @@ def _gid(group: str | None) -> int | None:
               show_default=True, help="File format: JSON lines, CSV, or Prometheus text for node_exporter.")
 @click.option("--prom-by", type=click.Choice(["unit", "cgroup", "title", "comm", "pid", "thread", "process"]),
               default="unit", show_default=True,
-              help="--format prom: one series per systemd unit, cgroup, process title, command name, "
-                   "process (pid) or thread.")
+              help="Groups of the --format prom series and of the latency hist rows: one per systemd unit, "
+                   "cgroup, process title, command name, process (pid) or thread.")
 @click.option("-k", "--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="Delete pstate's own oldest snapshot files beyond the newest N.")
 @click.option("--max-age", type=Duration("s"), default=None, metavar="DURATION",

@@ -22,7 +22,7 @@ from click.formatting import join_options
 from click.shell_completion import get_completion_class
 
 from pstate import __version__
-from pstate.docs import flagtable, manprose
+from pstate.docs import flagtable, formatprose, manprose
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 
@@ -484,7 +484,7 @@ def schema_fields(fields: dict[str, tuple[str, str]]) -> list[str]:
 
 
 def events_page() -> str:
-    prose = manprose.EVENTS
+    prose = formatprose.EVENTS
     lines = [HEADER.rstrip("\n"), title_line("pstate-events", 5, "File Formats"),
              section("NAME"), f"pstate\\-events \\- {esc(prose['summary'])}",
              section("SYNOPSIS"), *verbatim(prose["synopsis"].strip("\n").split("\n")),
@@ -500,8 +500,8 @@ def events_page() -> str:
         lines += [".TP", f"{bold(name)} ({esc(letter)}, {italic(category)})", *fill(desc)]
     lines += [".PP", *fill("The categories group states in summaries:")]
     categories = sorted({cat for _l, cat, _d in schema.STATES.values()},
-                        key=list(manprose.STATE_CATEGORIES).index)
-    lines += definitions([(c, manprose.STATE_CATEGORIES[c]) for c in categories], term=italic)
+                        key=list(formatprose.STATE_CATEGORIES).index)
+    lines += definitions([(c, formatprose.STATE_CATEGORIES[c]) for c in categories], term=italic)
     older = {letter: name for letter, name in schema.LETTER_NAMES.items() if name not in schema.STATES}
     if older:
         names = ", ".join(f"`{letter}` {name}" for letter, name in sorted(older.items()))
@@ -511,10 +511,18 @@ def events_page() -> str:
     lines += [section("SNAPSHOTS"), *blocks(prose["snapshots"]),
               ".SS \"Snapshot meta record\"", *definitions(prose["snapshot_meta"]),
               ".SS \"Task rows\"", ".PP", "One per thread:", *definitions(snapshot_task_fields()),
+              ".SS \"Hist rows\"", *blocks(prose["snapshot_hist"]), *definitions(snapshot_hist_fields()),
               ".SS \"End record\"", *definitions(prose["snapshot_end"])]
     lines += [section("EXAMPLES"), *blocks(prose["examples"])]
     lines += see_also([f"{PROG}(1)", *prose["see_also"]])
     return "\n".join(lines) + "\n"
+
+
+def snapshot_hist_fields() -> list[tuple[str, str]]:
+    """The fields of a hist row (snapshots/histograms.py), with their types."""
+    from pstate.snapshots import histograms
+
+    return [(name, f"({typ}) {desc}") for name, (typ, desc) in histograms.HIST_RECORD[1].items()]
 
 
 def snapshot_task_fields() -> list[tuple[str, str]]:
@@ -523,7 +531,7 @@ def snapshot_task_fields() -> list[tuple[str, str]]:
     from pstate.snapshots import snapdir
 
     state_fields = {f"{s}_ns" for s in snapdir.STATE_FIELDS}
-    described = manprose.EVENTS["snapshot_task"]
+    described = formatprose.EVENTS["snapshot_task"]
     items = []
     for field in snapdir.ROW_FIELDS:
         name = "<state>_ns" if field in state_fields else field

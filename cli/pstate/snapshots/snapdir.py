@@ -31,6 +31,7 @@ from typing import Iterable
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
+from pstate.snapshots import histograms
 from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
 
@@ -143,6 +144,7 @@ class Snapshot:
     meta: dict
     rows: list
     end: dict | None = None
+    hists: list = field(default_factory=list)  # its "hist" rows (histograms.HIST_RECORD)
 
     @property
     def boot_id(self) -> str:
@@ -188,6 +190,15 @@ def check_task(rec: dict) -> str | None:
     for f in ("exit_ts", "state_since_ts"):
         if rec.get(f) is not None and not _int(rec[f]):
             return f'task row with a bad "{f}"'
+    return None
+
+
+def check_hist(rec: dict) -> str | None:
+    """Why a hist row is unusable, or None."""
+    if rec.get("kind") not in histograms.KINDS or type(rec.get("by")) is not str:
+        return 'hist row with a bad "kind" or "by"'
+    if not _int(rec.get("sum_ns")) or histograms.counts_of(rec) is None:
+        return "hist row with bad counts (le_* must be cumulative integers)"
     return None
 
 
@@ -279,7 +290,7 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     stats = stats if stats is not None else ReadStats()
     problems = problems if problems is not None else []
     meta = None
-    rows = []
+    rows, hists = [], []
     end = None
     bad = 0
     records = (csv_records(path, stats, strict=strict) if path.endswith(".csv")
@@ -292,15 +303,15 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
                 return None
             _check_meta(rec, path)
             meta = rec
-        elif t == "task":
-            why = check_task(rec)
+        elif t in ("task", "hist"):
+            why = check_task(rec) if t == "task" else check_hist(rec)
             if why:
                 if strict:
                     raise PstateError(f"{path}: {why}", ExitCode.DATAERR)
                 stats.skip(why, path)
-                bad += 1
+                bad += t == "task"  # (the end record counts task rows)
                 continue
-            rows.append(rec)
+            (rows if t == "task" else hists).append(rec)
         elif t == "end":
             end = rec
     if meta is None:
@@ -309,10 +320,10 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     announced = end.get("tasks") if end is not None else None
     if end is None or (type(announced) is int and len(rows) + bad < announced):
         if keep_incomplete:
-            return Snapshot(path, meta, rows, None)
+            return Snapshot(path, meta, rows, None, hists)
         problems.append(f"{path}: incomplete snapshot (no end record, or fewer rows than it announces); not used")
         return None
-    return Snapshot(path, meta, rows, end)
+    return Snapshot(path, meta, rows, end, hists)
 
 
 def read_dir(path: str, stats: ReadStats | None = None, problems: list | None = None, *,

@@ -16,7 +16,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, eventlayout, loader
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.kernel.kstates import KernelStates
-from pstate.snapshots import snapdir
+from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.writer import Sample
 
 # state slots and row flags of bpf/snap.bpf.c (bpf/pstate.h)
@@ -285,6 +285,8 @@ class BpfCollector:
             "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
             **counts,
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
+            # (a program built from an older bpf/ has none: told by the row itself)
+            "hist": histograms.from_row(v.hist) if hasattr(v, "hist") else None,
         }
 
     def _read_gone(self, now: int) -> list:

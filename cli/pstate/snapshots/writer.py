@@ -44,7 +44,7 @@ from typing import Callable, Protocol
 import orjson
 
 from pstate.kernel import identity
-from pstate.snapshots import snapdir
+from pstate.snapshots import histograms, snapdir
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.meta import clock_anchor, rfc3339
 
@@ -411,26 +411,26 @@ class PromExport:
     grow. Series per unit (the default), cgroup, title or comm stay, and
     their number is bounded by the services, not the pids; per pid or per
     thread they disappear once the process or thread is gone.
-    No sample timestamps: the textfile collector rejects them.
+    No sample timestamps: the textfile collector rejects them. The latency
+    histograms (snapshots/histograms.py) are summed the same way.
     """
 
-    LABELS = {"unit": ("unit",), "cgroup": ("cgroup",), "title": ("title",), "comm": ("comm",),
-              "pid": ("pid", "comm"), "thread": ("pid", "tid", "comm")}
-    STAYING = ("unit", "cgroup", "title", "comm")  # series that outlive their processes
+    LABELS = histograms.LABELS
+    STAYING = histograms.STAYING  # series that outlive their processes
 
     def __init__(self, by: str = "unit"):
-        self.by = "pid" if by == "process" else by  # (process: the old name of pid)
+        self.by = histograms.grouping(by)
+        self.hist = histograms.HistTotals(by)
         self.totals: dict[tuple, dict[str, int]] = {}
         self.threads: dict[tuple, int] = {}
         self.started = 0
         self.exited = 0
 
-    def update(self, rows: list[dict], deltas: list[dict], new: list[bool], run_start_ts: int) -> None:
-        leader = {r["pid"]: r["comm"] for r in rows if r["tid"] == r["pid"]}
+    def update(self, rows: list[dict], deltas: list[dict], new: list[bool], run_start_ts: int,
+               hist_deltas: list | None = None) -> None:
+        keys = histograms.group_keys(self.by, rows)
         threads: dict[tuple, int] = {}
-        for r, d, is_new in zip(rows, deltas, new):
-            comm = leader.get(r["pid"], r["comm"]) if self.by != "thread" else r["comm"]
-            key = tuple(self._label_value(f, r, comm) for f in self.LABELS[self.by])
+        for r, d, is_new, key in zip(rows, deltas, new, keys):
             acc = self.totals.setdefault(key, {})
             for k, v in d.items():
                 acc[k] = acc.get(k, 0) + v
@@ -446,19 +446,8 @@ class PromExport:
             # 0 threads); then its series ends.
             for key in [k for k in self.totals if k not in threads]:
                 del self.totals[key]
+        self.hist.update(rows, hist_deltas or (), keys)
         self.threads = threads
-
-    @staticmethod
-    def _label_value(field: str, r: dict, comm: str):
-        if field == "comm":
-            return comm
-        if field == "unit":
-            return identity.unit_of(r.get("cgroup_path"))
-        if field == "cgroup":
-            return r.get("cgroup_path") or identity.UNKNOWN
-        if field == "title":
-            return r.get("title") or f"[{comm}]"
-        return r[field]
 
     def render(self, meta: dict) -> bytes:
         names = self.LABELS[self.by]
@@ -486,6 +475,7 @@ class PromExport:
         family("pstate_wakeups_total", "counter", "Wake-ups from a blocked state.")
         for key in keys:
             out.append(f"pstate_wakeups_total{labels(key)} {self.totals[key].get('wakeups', 0)}\n")
+        out.append(self.hist.prom(labels))
         family("pstate_threads", "gauge", "Live threads at the snapshot.")
         for key in keys:
             out.append(f"pstate_threads{labels(key)} {self.threads.get(key, 0)}\n")
@@ -613,6 +603,7 @@ class Snapper:
         self.stopper = stopper
         self.log = log
         self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
+        self.hists = histograms.HistTotals(plan.prom_by)  # jsonl's hist rows
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
         self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
@@ -653,12 +644,13 @@ class Snapper:
             "truncated": sample.map_full > 0, "map_full": sample.map_full, "read_ns": sample.read_ns,
             "run_id": self.run_id, "run_start_ts": run_start,
         })
-        rows, deltas, new = [], [], []
+        rows, deltas, new, hists = [], [], [], []
         who = self.identities.of(r["pid"] for r in sample.rows)
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
             row = {"type": "task", "ts": ts, **r, **who[r["pid"]]}
+            hists.append(histograms.delta(row.pop("hist", None), prev and prev.get("hist")))
             if self.plan.clear:
                 row.update(d)
             rows.append(row)
@@ -667,12 +659,17 @@ class Snapper:
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
         end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"]}
         if self.plan.fmt == "prom":
-            self.prom.update(rows, deltas, new, run_start)
+            self.prom.update(rows, deltas, new, run_start, hists)
             self.out.seq += 1
             meta["seq"] = self.out.seq
             self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True)
             return snapdir.PROM_NAME
         render = render_csv if self.plan.fmt == "csv" else render_jsonl
+        if self.plan.fmt == "jsonl":  # + a hist row per group and kind (CSV holds task rows only)
+            self.hists = histograms.HistTotals(self.plan.prom_by) if self.plan.clear else self.hists
+            self.hists.update(rows, hists)
+            more = self.hists.records(ts)
+            rows, end["hists"] = rows + more, len(more)
 
         def with_seq(seq: int) -> bytes:
             meta["seq"] = seq

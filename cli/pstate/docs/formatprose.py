@@ -1,0 +1,203 @@
+"""The prose of pstate-events(5), the man page of the event stream and
+snapshot formats (light markup as in manprose.py). docgen.py adds the record
+types, fields and states from pstate.stream.schema.
+"""
+
+from __future__ import annotations
+
+from pstate.stream import schema
+
+# --- pstate-events(5) ----------------------------------------------------------
+
+STATE_CATEGORIES = {
+    "cpu": "on a CPU",
+    "wait": "runnable, waiting for a CPU",
+    "blocked": "waiting for an event",
+    "stopped": "stopped by a signal or a tracer",
+    "dead": "exiting or gone",
+    "unknown": "not seen",
+}
+
+EVENTS = {
+    "summary": "event stream and snapshot formats of pstate",
+    "synopsis": """
+{"type":"meta","schema":1,"source":"record",...}
+{"type":"state","ts":...,"tid":...,"from":"running","to":"sleeping","dur_ns":...,...}
+{"type":"fork",...}  {"type":"exec",...}  {"type":"exit",...}
+{"type":"loss","reason":"ringbuf_full","count":...,...}
+{"type":"end","reason":"signal","events":...,"lost":...,...}
+""",
+    "description": f"""
+        pstate record, replay and snap write JSON lines: one flat JSON object
+        per line, each with a "type". A stream starts with a meta record and
+        ends with an end record; loss records appear in-band whenever events
+        were dropped, and rate records when `record --max-rate` changes its
+        sampling. This page describes version {schema.SCHEMA_VERSION} of the
+        format (the schema field of the meta record).
+
+        Readers skip and count lines they cannot parse, report a stream whose
+        end record is missing as truncated, and refuse a stream of a newer
+        schema. New fields may be added to any record without a new schema
+        version: readers must ignore fields they do not know. READING below
+        gives the rules every pstate reader applies.
+
+        All ts fields are CLOCK_MONOTONIC nanoseconds, comparable only within
+        one boot (the boot_id field of the meta record). The wall-clock time
+        of a ts t is wall_ns + (t - ts), with wall_ns and ts from the meta
+        record. Durations are integer nanoseconds.
+        """,
+    "reading": f"""
+        stats, heat and replay read a stream with one reader and one set of
+        rules; its fast (native) and careful (Python) paths give the same
+        results.
+
+        A UTF-8 byte order mark at the start of a file or a stream is dropped.
+        A line longer than 1 MiB is skipped and counted. A blank line is
+        neither a record nor an error. A line that is not a JSON object with a
+        string type, or whose fields break the rules of its record type (ts,
+        cpu, pid, tid, dur_ns and count are integers from 0 to 2^63 - 1), is
+        skipped and counted under its reason; with `--strict` it ends the run
+        with exit code 65. A last line without a newline is read when it is a
+        complete record, else reported as a truncated final record. A meta
+        record of a schema newer than {schema.SCHEMA_VERSION} ends the run
+        with exit code 65.
+
+        Input that is not empty but holds not one valid record (not a pstate
+        recording at all) exits with 65 even without `--strict`; empty input
+        (no bytes, or blank lines only) exits with 0. NUL bytes at the start
+        of a file, as log rotation with copytruncate leaves them, are
+        reported as a file cut while being written, and the records after
+        them are read. A meta record of the same boot as one read before,
+        whose time falls inside that recording (`cat rec rec | pstate
+        stats`), is reported: its events would count twice. Paced replay
+        waits at most 60 s of recorded time between two records, and says so
+        when it shortens a gap.
+
+        Record types. Events are the state and lifecycle records ({", ".join(schema.EVENT_TYPES)}): only they
+        count in the end record's events, so that events plus the lost
+        counts equal kernel_events. The other types this pstate knows are
+        meta, loss, rate and end, the task rows of snapshots, and the
+        annotation records {", ".join(schema.ANNOTATION_TYPES)}, which describe what events refer
+        to and are no events. A record of a type a reader does not know is
+        skipped quietly and counted (stats --format json shows it under
+        input.unknown), never reported as a bad line; replay copies it
+        unchanged. Adding a record type or a field is not a schema change:
+        the schema field grows only when a reader that ignored the addition
+        would misread the stream.
+        """,
+    "records": """
+        Fields marked "may be null or absent" are left out or null when they
+        do not apply; all others are always present.
+
+        record and snap attach to sched_switch and the wake-ups in one of two
+        ways (meta.probes; `--probes`): tp_btf, BTF-typed raw tracepoints that
+        read the task itself, or the classic tracepoints. Both write the same
+        records, but for one field only the tp_btf path can always fill: the
+        pid (tgid) of a thread first seen as it is switched in or woken up,
+        which the tracepoint path reports as 0 until it sees the thread switch
+        out, fork or exec (in a snapshot, the task row's pid). Threads alive
+        when recording starts are known to both paths from /proc.
+        """,
+    "states": """
+        The to and from fields of state records, and the state field of
+        snapshot task rows, hold these names. Each is given with the kernel's
+        letter (as in ps(1) and /proc/PID/stat) and its category. Per thread,
+        the dur_ns of consecutive transitions add up to the time watched.
+        """,
+    "older_letters": "A letter the running kernel reports and this table lacks is named "
+                     "\"state_<letter>\", e.g. `state_W`; older kernels also report {letters}.",
+    "causes": """
+        The cause field of a state record names the kernel event behind it:
+        """,
+    "snapshots": """
+        pstate snap writes one file per interval into its output directory,
+        named pstate-snap-<UTC YYYYmmddTHHMMSS.ffffffZ>-<seq, 6 digits>.jsonl
+        (.csv with `--format csv`), so that names sort by time. Dot-files and
+        other names in the directory are not snapshots. A file is written
+        under a dot-file name and renamed when complete.
+
+        A snapshot is JSON lines too: a meta record, then one task row per
+        thread, then an end record. In "cumulative" mode the counters of a
+        task row count from the start of the snap run (or from the thread's
+        start, if later); in "delta" mode they cover only the interval of the
+        snapshot.
+        """,
+    "snapshot_meta": [
+        "Besides the meta fields above (source is snap):",
+        ("ts", "End of the interval, CLOCK_MONOTONIC ns; wall_ns is the wall-clock time at ts."),
+        ("interval_start_ts, interval_end_ts", "The interval the snapshot covers, CLOCK_MONOTONIC ns: "
+                                               "from the start of the run (cumulative) or of the "
+                                               "interval (delta)."),
+        ("wall_start_ns, wall_end_ns", "The same interval in wall-clock ns since the epoch (UTC)."),
+        ("seq", "Sequence number of the snapshot, as in the file name."),
+        ("mode", "cumulative or delta (`snap --clear`): what the counters of task rows count."),
+        ("run_id, run_start_ts", "Identity and start of the snap run; counters of two snapshots "
+                                 "subtract only within one run."),
+        ("interval_ns, format, max_tasks", "The settings of the run (interval_ns is 0 for a snapshot of the "
+                                           "collector)."),
+        ("collector_id, prev_ts", "A snapshot of the collector (`snap --start`): its identity (also the "
+                                  "run_id), and the ts of the previous snapshot of it in the directory "
+                                  "(null for the first)."),
+        ("truncated", "true when not every thread fit in the kernel's task map (see map_full)."),
+        ("map_full", "Transitions not counted because the task map was full."),
+    ],
+    # One description per field of snapdir.ROW_FIELDS; the <state>_ns
+    # fields share one.
+    "snapshot_task": {
+        "type": "always task",
+        "ts": "End of the interval (as in the meta record).",
+        "pid": "Process id (tgid) of the thread.",
+        "tid": "Thread id.",
+        "comm": "Thread name (comm).",
+        "start_ts": "When pstate first saw the thread (CLOCK_MONOTONIC ns): its fork, or the start "
+                    "time in /proc at clock-tick resolution. With pid and tid it identifies the "
+                    "thread even when its ids are reused.",
+        "state": "State at the end of the interval.",
+        "state_since_ts": "Since when it was in that state; null when not seen.",
+        "exited": "true once the thread exited; it then stays in one more snapshot.",
+        "exit_ts": "When it exited, or null.",
+        "<state>_ns": "Time spent in each state, ns: {fields}. Always present, as integers; a "
+                      "kernel that reports more states adds more such fields.",
+        "nvcsw": "Voluntary context switches (the thread blocked).",
+        "nivcsw": "Involuntary context switches (the thread was preempted).",
+        "wakeups": "Times the thread was woken.",
+        "title": "Its process's title (/proc/PID/cmdline as ps shows it); null for a kernel thread "
+                 "or when it was never read.",
+        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; null "
+                  "when not known.",
+        "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
+    },
+    "snapshot_hist": """
+        After the task rows, a JSON-lines snapshot has one hist row per
+        group and kind of wait with a count: latency histograms the kernel
+        keeps per thread in fixed log2 buckets, summed per group of `snap
+        --prom-by` (per systemd unit by default) like the Prometheus series.
+        Cumulative rows count since the run began and never decrease, even
+        as threads exit; `--clear` rows cover their interval. The buckets
+        are the same on every host: durations of at most 2^10 ns (1.024 us),
+        2^11, ... 2^34 ns (17.2 s), then the rest. `pstate stats DIR/` shows
+        their p50 and p99 per interval. CSV snapshots have no hist rows.
+        """,
+    "snapshot_end": [
+        ("ts", "End of the interval."),
+        ("tasks", "Number of task rows in the file."),
+        ("hists", "Number of hist rows in the file (JSON lines)."),
+        ("reason", "Why the snapshot was written: interval."),
+    ],
+    "examples": """
+        A thread that sleeps, is woken, waits for a CPU, then runs:
+
+            {"type":"state","ts":123456789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"running","to":"sleeping","dur_ns":2500000,"cause":"switch_out","voluntary":true,"kstate":"S","prio":120,"next_tid":0}
+            {"type":"state","ts":173456789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"sleeping","to":"runnable","dur_ns":50000000,"cause":"wakeup","waker_tid":17,"waker_pid":17}
+            {"type":"state","ts":173468789,"cpu":1,"pid":4242,"tid":4243,"comm":"worker","from":"runnable","to":"running","dur_ns":12000,"cause":"switch_in","prio":120,"prev_tid":0}
+
+        Uninterruptible sleeps longer than 10 ms, with jq:
+
+            jq -c 'select(.type=="state" and .from=="uninterruptible" and .dur_ns>10000000)' rec.jsonl
+
+        Total running time per thread of the latest snapshot:
+
+            jq -r 'select(.type=="task") | "\\(.tid) \\(.comm) \\(.running_ns)"' "$(ls /var/lib/pstate/pstate-snap-*.jsonl | tail -n 1)"
+        """,
+    "see_also": ["pstate-record(1)", "pstate-snap(1)", "pstate-stats(1)", "jq(1)", "proc(5)"],
+}
