@@ -231,6 +231,15 @@ def test_without_a_collector_snap_collects_and_says_how_to_start_one(tmp_path, m
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
+NAPPER = """
+import sys, time
+with open("/proc/self/comm", "w") as f:
+    f.write(sys.argv[1])
+import select
+while not select.select([sys.stdin], [], [], 0.02)[0]:
+    pass
+"""
+
 BATCH = """
 import os, sys, time
 n, comm = int(sys.argv[1]), sys.argv[2].encode()
@@ -264,6 +273,9 @@ def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(
     a, b, p = tmp_path / "a", tmp_path / "b", tmp_path / "prom"
     comm = f"pst{os.getpid() % 100000}"
     kids, prom_runs = [], []
+    # a thread that lives through every run: its histograms must grow by each
+    # run's sleeps only, never again by what earlier runs counted
+    napper = subprocess.Popen([sys.executable, "-c", NAPPER, f"{comm}n"], stdin=subprocess.PIPE)
     t0 = time.monotonic_ns()
     # a directory is a reader from its first snapshot on: rows that every
     # reader then registered has read go
@@ -276,6 +288,8 @@ def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(
             r = snap(*args)
             assert r.returncode == 0, r.stderr
         prom_runs.append(prom_values(p / snapdir.PROM_NAME))
+    napper.stdin.close()
+    napper.wait(timeout=30)
     assert snap("--stop").returncode == 0
     assert_as_before(machine)
     assert len(kids) == sum(10 * i for i in range(7))
@@ -289,10 +303,23 @@ def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(
                 if r["pid"] in kids and r["start_ts"] >= t0 and r["state"] == "reaped":
                     seen[r["tid"]] = seen.get(r["tid"], 0) + 1
         assert sorted(seen) == sorted(set(kids)) and set(seen.values()) == {1}, d
+    growing = ("_total", "_bucket{", "_count{", "_sum{")
     for before, after in zip(prom_runs, prom_runs[1:]):
         for series, v in before.items():
-            if "_total" in series:
+            if any(g in series for g in growing):
                 assert after.get(series, 0) >= v, (series, v, after.get(series))
+    # the napper's S time: its histogram's sum (naps ended by a wake-up) and
+    # the time-in-state counter agree, run after run
+    def value(run, name, *labels):
+        (v,) = [v for k, v in run.items() if k.startswith(name + "{") and all(lab in k for lab in labels)]
+        return v
+
+    last, me = prom_runs[-1], f'comm="{comm}n"'
+    hist_s = value(last, "pstate_blocked_seconds_sum", me, 'state="S"')
+    state_s = value(last, "pstate_state_seconds_total", me, 'state="sleeping"')
+    assert state_s > 0.5 and abs(hist_s - state_s) <= 0.1 * state_s + 0.05, (hist_s, state_s)
+    naps = value(last, "pstate_blocked_seconds_count", me, 'state="S"')
+    assert naps <= state_s / 0.02 + 5, (naps, state_s)
     ours = [f'pstate_state_seconds_total{{comm="{comm}",state="sleeping"}}' in run for run in prom_runs]
     assert ours == [False] + [True] * 6
     exited = [run["pstate_tasks_exited_total"] for run in prom_runs]

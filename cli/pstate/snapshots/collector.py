@@ -35,7 +35,7 @@ import orjson
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, loader, pins
 from pstate.kernel.kstates import KernelStates
-from pstate.snapshots import snapdir
+from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.taskmaps import F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
 LAYOUT = 1  # the version of what the manifest holds; with the source's hash, the layout
@@ -329,12 +329,27 @@ def restore(state: dict, snapper) -> None:
     if snapper.prom is not None and prom and prom.get("by") == snapper.prom.by:
         snapper.prom.totals = {tuple(k): v for k, v in prom["totals"]}
         snapper.prom.started, snapper.prom.exited = prom["started"], prom["exited"]
+    hist, totals = state.get("hist"), _hist_totals(snapper)
+    if hist and hist.get("by") == totals.by:
+        totals.totals = {tuple(k): v for k, v in hist["totals"]}
+
+
+def _hist_totals(snapper) -> histograms.HistTotals:
+    """The latency histograms a snapper sums per group: its Prometheus
+    export's, or those of its JSON-lines hist rows."""
+    return snapper.prom.hist if snapper.prom is not None else snapper.hists
 
 
 def save_state(out, doc: dict, snapper, reader: PinnedCollector) -> None:
     """Write DIR's cursor file (atomically) after a snapshot was published."""
-    counts = [[tid, start, {k: r[k] for k in snapdir.counter_fields(r)}] for (tid, start), r in snapper.prev.items()]
-    state = {"collector": doc["id"], "ts": reader.last_ts, "late": reader.new_late, "prev": counts}
+    # each thread's counters and histograms (its next row's growth is taken
+    # from them), and each group's histogram totals (they never go down)
+    counts = [[tid, start, {**{k: r[k] for k in snapdir.counter_fields(r)},
+                            **({"hist": list(r["hist"])} if r.get("hist") else {})}]
+              for (tid, start), r in snapper.prev.items()]
+    totals = _hist_totals(snapper)
+    state = {"collector": doc["id"], "ts": reader.last_ts, "late": reader.new_late, "prev": counts,
+             "hist": {"by": totals.by, "totals": [[list(k), v] for k, v in totals.totals.items()]}}
     if snapper.prom is not None:
         p = snapper.prom
         state["prom"] = {"by": p.by, "totals": [[list(k), v] for k, v in p.totals.items()], "started": p.started,
