@@ -218,15 +218,7 @@ def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool,
                     filt.note(rec)
         dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
         dig.begin(path, at_start=start == 0)
-        with open(path, "rb", buffering=0) as f:
-            f.seek(start)
-            left = end - start
-            while left > 0:
-                data = f.read(min(chunk, left))
-                if not data:
-                    break
-                left -= len(data)
-                dig.feed(data)
+        feed_range(path, start, end, dig, chunk)
         if last:
             dig.end()
     except LineError as e:
@@ -270,15 +262,21 @@ def identities_before(path: str, start: int, max_line: int = MAX_LINE, chunk: in
 
     rd = StreamReader(sink, ReadStats(), max_line=max_line, fast=fast)
     rd.begin(path)
+    feed_range(path, 0, start, rd, chunk)
+    return sink.records
+
+
+def feed_range(path: str, start: int, end: int, dig, chunk: int) -> None:
+    """Bytes [start, end) of a file into a digester's feed, chunk at a time."""
     with open(path, "rb", buffering=0) as f:
-        left = start
+        f.seek(start)
+        left = end - start
         while left > 0:
             data = f.read(min(chunk, left))
             if not data:
                 break
             left -= len(data)
-            rd.feed(data)
-    return sink.records
+            dig.feed(data)
 
 
 def _part_in_child(args) -> tuple[int, int]:
