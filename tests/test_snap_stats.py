@@ -404,6 +404,13 @@ def test_heat_snapshot_filters_read_the_rows_identity(args, rows):
     assert set(_heat_rows(out)) == rows
 
 
+def test_heat_snapshots_say_which_event_filters_they_do_not_use():
+    code, out, err = _heat("--by", "unit", "--cpu", "1", "--state", "D", "--title", "hog: *")
+    assert code == 0
+    assert err == "pstate heat: warning: --state, --cpu not used with snapshots\n"
+    assert set(_heat_rows(out)) == {"hog.service"}
+
+
 def _with_ppid(tmp_path) -> Path:
     """The series with a parent pid in each row (pid 1 for odd pids, 2 else)."""
     for src in SERIES.iterdir():

@@ -347,6 +347,10 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     snaps = snapdir.read_dir(directory, stats, problems, strict=strict)
     for p in problems:
         click.echo(f"pstate heat: warning: {p}", err=True)
+    unused = [opt for opt, on in (("--state", filt.states), ("--cpu", filt.cpus), ("--min-dur", filt.min_dur_ns))
+              if on]
+    if unused:  # (a row is a thread's time per state, not its transitions)
+        click.echo(f"pstate heat: warning: {', '.join(unused)} not used with snapshots", err=True)
     if filt.active:
         for s in snaps:
             s.rows = [t for t in s.rows if _task_match(filt, t)]
