@@ -55,13 +55,14 @@ class Contender:
     env: dict = field(default_factory=dict)
     settle_s: float = 0.0  # extra wait after ready (perf has no ready signal)
     note: str = ""
+    out_suffix: str = ""  # record: {out} is written as out<suffix> (.zst, .gz: compressed by name)
 
     def command(self, workdir: str) -> list[str]:
         out = os.path.join(workdir, "out")
         subst = {"{out}": out, "{dir}": os.path.join(workdir, "snapdir"), "{ctl}": os.path.join(workdir, "ctl"),
                  "{ack}": os.path.join(workdir, "ack")}
         res = []
-        for a in self.argv:
+        for a in self.argv:  # ({out}<suffix>: Running.out)
             for k, v in subst.items():
                 a = a.replace(k, v)
             res.append(a)
@@ -72,6 +73,15 @@ def pstate_record(key: str, label: str, *extra: str, note: str = "") -> Contende
     return Contender(key, label, "record",
                      ["taskset", "-c", TRACER_CPU, pstate_bin(), "record", "-q", "-o", "{out}", *extra],
                      ready="meta", note=note)
+
+
+def pstate_record_compressed(key: str, label: str, suffix: str, *extra: str) -> Contender:
+    """record -o out<suffix> (.jsonl, .jsonl.zst, .jsonl.gz): ready when its
+    banner is out, as the meta line of a compressed file cannot be seen (the
+    same readiness for each suffix, so that they compare)."""
+    return Contender(key, label, "record",
+                     ["taskset", "-c", TRACER_CPU, pstate_bin(), "record", "-o", "{out}" + suffix, *extra],
+                     ready="text:Tracing scheduler state transitions", out_suffix=suffix)
 
 
 def default_contenders(headers: str | None = None) -> list[Contender]:
@@ -122,7 +132,7 @@ class Running:
         self.c = c
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
-        self.out = os.path.join(workdir, "out")
+        self.out = os.path.join(workdir, "out" + c.out_suffix)
         self.stdout_path = os.path.join(workdir, "stdout")
         self.stderr_path = os.path.join(workdir, "stderr")
         env = dict(os.environ)
@@ -263,10 +273,31 @@ def _tail(text: str, n: int = 400) -> str:
 
 # --- reading what each tracer wrote -------------------------------------------
 
+def plain_copy(path: str) -> str:
+    """path itself, or for a compressed recording (by its magic bytes) a
+    decompressed copy beside it (path + ".plain"), through pstate's reader
+    of compressed streams."""
+    sys.path.insert(0, os.path.join(ROOT, "cli"))
+    from pstate.stream.compression import GZIP_MAGIC, ZSTD_MAGIC, open_decompressed
+
+    with open(path, "rb") as f:
+        if not f.read(4).startswith((ZSTD_MAGIC, GZIP_MAGIC)):
+            return path
+    out = path + ".plain"
+    with open(path, "rb") as raw, open(out, "wb") as dst:
+        src, _kind = open_decompressed(raw, path)
+        while True:
+            data = src.read(1 << 22)
+            if not data:
+                break
+            dst.write(data)
+    return out
+
+
 def scan_recording(path: str) -> dict:
     """Count the records of a pstate recording without parsing every line,
     and return its end trailer."""
-    lines = loss = rate = 0
+    lines = loss = rate = notes = 0
     last = b""
     rates = []
     with open(path, "rb") as f:
@@ -281,6 +312,8 @@ def scan_recording(path: str) -> dict:
                 break
             lines += chunk.count(b"\n")
             loss += chunk.count(b'{"type":"loss"')
+            # who the events' processes and cgroups are: records of record's own, not kernel events
+            notes += chunk.count(b'{"type":"process"') + chunk.count(b'{"type":"cgroup"')
             n = chunk.count(b'{"type":"rate"')
             rate += n
             i = 0
@@ -302,7 +335,7 @@ def scan_recording(path: str) -> dict:
         end = {}
     if end.get("type") != "end":
         end = {}
-    events = lines - loss - rate - 1 - (1 if end else 0)
+    events = lines - loss - rate - notes - 1 - (1 if end else 0)
     return {"lines": lines, "events_in_file": events, "loss_records": loss, "rate_records": rate, "rates": rates,
             "end": end, "meta_ts": meta_ts,
             "bytes": os.path.getsize(path)}
@@ -311,7 +344,11 @@ def scan_recording(path: str) -> dict:
 def record_result(run: Running) -> dict:
     if not os.path.exists(run.out):
         return {"ok": False, "error": "no output file"}
-    s = scan_recording(run.out)
+    plain = plain_copy(run.out)
+    s = scan_recording(plain)
+    if plain != run.out:  # bytes: what the file takes on disk
+        s["plain_bytes"], s["bytes"] = s["bytes"], os.path.getsize(run.out)
+        os.unlink(plain)
     end = s["end"]
     if not end:
         return {"ok": False, "error": f"no end trailer (exit {run.returncode}): {_tail(run.text())}", **s}
@@ -331,6 +368,7 @@ def record_result(run: Running) -> dict:
         "duration_s": round(dur, 3), "events_per_s": ev / dur if dur else None,
         "bytes": s["bytes"], "bytes_per_event": s["bytes"] / ev if ev else None,
         "rate_records": s["rate_records"], "loss_records": s["loss_records"],
+        **({"plain_bytes": s["plain_bytes"], "ratio": s["plain_bytes"] / s["bytes"]} if "plain_bytes" in s else {}),
         "meta_ts": s.get("meta_ts"),
         "rates": [{"after_s": round((r["ts"] - s["meta_ts"]) / 1e9, 3) if s.get("meta_ts") else None,
                    "sample_every": r.get("sample_every"), "events_per_s": r.get("events_per_s")}

@@ -248,13 +248,15 @@ def governor_details(runs: list[dict]) -> dict:
     return d
 
 
-def zero_loss(tmp: str, seconds: float, rates=ZERO_LOSS_RATES) -> dict:
+def zero_loss(tmp: str, seconds: float, rates=ZERO_LOSS_RATES, c: ct.Contender | None = None,
+              storms: bool = True) -> dict:
     """The highest transition rate record keeps for `seconds` without loss,
-    default buffer, from a paced ping-pong on CPU 1."""
+    default buffer, from a paced ping-pong on CPU 1 (then, with storms, an
+    unpaced storm on each CPU). c: the record to run (default: plain -o)."""
     rows = []
     best = None
     fails = 0
-    c = ct.pstate_record("record", "pstate record")
+    c = c or ct.pstate_record("record", "pstate record")
     for target in rates:
         wd = os.path.join(tmp, f"zl-{target}")
         run = ct.Running(c, wd)
@@ -280,7 +282,7 @@ def zero_loss(tmp: str, seconds: float, rates=ZERO_LOSS_RATES) -> dict:
                "generator": float(rt_rate) * TRANSITIONS_PER_ROUND_TRIP,
                "kernel_events": kev, "events": res.get("events"), "lost": lost, "lost_by_reason": res.get("lost"),
                "unreported": res.get("unreported"), "cpu_s": res.get("cpu_s"), "duration_s": dur,
-               "loadavg": storm.loadavg()[0]}
+               "bytes": res.get("bytes"), "ratio": res.get("ratio"), "loadavg": storm.loadavg()[0]}
         rows.append(row)
         shutil.rmtree(wd, ignore_errors=True)
         log(f"  zero-loss target {target:,}/s: achieved {row['achieved']:,.0f}/s, lost {lost:,}, "
@@ -292,10 +294,11 @@ def zero_loss(tmp: str, seconds: float, rates=ZERO_LOSS_RATES) -> dict:
             fails += 1
             if fails >= 2:
                 break
-    storm_row = zero_loss_storms(tmp)
-    rows.append(storm_row)
-    if storm_row.get("ok", True) and storm_row.get("lost") == 0:
-        best = max(best or 0, storm_row["achieved"])
+    if storms:
+        storm_row = zero_loss_storms(tmp, c=c)
+        rows.append(storm_row)
+        if storm_row.get("ok", True) and storm_row.get("lost") == 0:
+            best = max(best or 0, storm_row["achieved"])
     return {"seconds": seconds, "rows": rows, "max_zero_loss_rate": best}
 
 
@@ -317,11 +320,11 @@ def events_between(path: str, t0_ns: int, t1_ns: int) -> int:
     return n
 
 
-def zero_loss_storms(tmp: str, loops: int = 300_000) -> dict:
+def zero_loss_storms(tmp: str, loops: int = 300_000, c: ct.Contender | None = None) -> dict:
     """Beyond what the paced generator reaches: an unpaced pipe storm on each
     CPU at once (record shares CPU 0 with one of them). The rate is the
     events the file holds from the storms' window over its length."""
-    c = ct.pstate_record("record", "pstate record")
+    c = c or ct.pstate_record("record", "pstate record")
     wd = os.path.join(tmp, "zl-storms")
     run = ct.Running(c, wd)
     try:
@@ -340,12 +343,16 @@ def zero_loss_storms(tmp: str, loops: int = 300_000) -> dict:
     finally:
         if run.returncode is None:
             run.stop()
-    in_window = events_between(run.out, t0, t1)
+    plain = ct.plain_copy(run.out)
+    in_window = events_between(plain, t0, t1)
+    if plain != run.out:
+        os.unlink(plain)
     secs = (t1 - t0) / 1e9
     lost = res.get("lost_not_sampled", 0)
     row = {"target": "2 storms", "achieved": in_window / secs, "generator": None, "kernel_events": res.get("kernel_events"),
            "events": res.get("events"), "lost": lost, "lost_by_reason": res.get("lost"), "unreported": res.get("unreported"),
-           "cpu_s": res.get("cpu_s"), "duration_s": secs, "loadavg": storm.loadavg()[0]}
+           "cpu_s": res.get("cpu_s"), "duration_s": secs, "bytes": res.get("bytes"), "ratio": res.get("ratio"),
+           "loadavg": storm.loadavg()[0]}
     shutil.rmtree(wd, ignore_errors=True)
     log(f"  zero-loss, a pipe storm on each CPU: {row['achieved']:,.0f} transitions/s for {secs:.1f}s, lost {lost:,}, "
         f"unreported {row['unreported']}, record CPU {row['cpu_s']}s")

@@ -17,6 +17,8 @@ from pstate.stream import streamio
 from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
+from pstate.analysis import services
+from pstate.stream.filters import Filter
 from pstate.analysis.latency import bucket_index
 from pstate.exitcodes import PstateError
 
@@ -36,13 +38,14 @@ def test_native_loop_is_built():
 
 
 def digest(data: bytes, by: str, chunk: int, *, use_native: bool, strict: bool = False,
-           interval_at: int | None = None, max_line: int = 1 << 20):
+           interval_at: int | None = None, max_line: int = 1 << 20, filt=None):
     saved = ingest._digest
     ingest._digest = NATIVE if use_native else None
     try:
         stats = streamio.ReadStats()
         agg = timeinstate.Aggregator(by)
-        dig = ingest.LineDigester(agg, stats, strict=strict, max_line=max_line)
+        dig = ingest.LineDigester(agg, stats, strict=strict, max_line=max_line,
+                                  filt=None if filt is None else filt())
         dig.begin("in.jsonl")
         try:
             for i in range(0, len(data), chunk):
@@ -226,3 +229,166 @@ def spelled(draw) -> bytes:
 def test_random_spellings_agree(recs, by, chunk, strict, cut):
     data = b"\n".join(recs) + (b"" if cut else b"\n")
     both(data, by, chunk, strict=strict)
+
+
+# --- identity keys (--by cgroup, unit, ...) and event filters ------------------------------
+
+def identity(kind: str, **kw) -> dict:
+    r = {"type": kind, "ts": 900}
+    if kind == "cgroup":
+        r.update(cgroup=5, path="/system.slice/web.service", gone=False)
+    else:
+        r.update(pid=10, comm="pg", title="pg: main", exe="/usr/bin/pg", ppid=1, cgroup=5, gone=False, why="first")
+    r.update(kw)
+    return r
+
+
+# Process and cgroup records among the state records, changing what a pid's group is as they come
+# (a title set after fork, a move to another cgroup, a process gone before it was read).
+IDENTITIES = [
+    identity("cgroup"), identity("cgroup", cgroup=6, path="/docker-0123456789abcdef.scope"),
+    identity("cgroup", cgroup=7, path=None, gone=True),
+    identity("process"), identity("process", pid=11, title="pg: walwriter", ppid=10, cgroup=6),
+]
+LATER = [identity("process", title="pg: checkpointer", why="recheck"),
+         identity("process", pid=11, cgroup=7, why="recheck"), identity("process", pid=12, gone=True, why="first"),
+         identity("cgroup", cgroup=8, path="/kubepods/burstable/pod1234/abcdef0123456789")]
+WHO = PLAIN[:60] + IDENTITIES + PLAIN[60:120] + LATER[:2] + PLAIN[120:160] + LATER[2:] + PLAIN[160:]
+
+FILTERS = [
+    lambda: Filter(cgroups=("/system.slice",)),
+    lambda: Filter(titles=("pg: *",)),
+    lambda: Filter(titles=("*checkpointer",), include_idle=True),
+    lambda: Filter(pids=(10,), states=("sleeping",)),
+    lambda: Filter(tids=(11, 13), min_dur_ns=20000),
+    lambda: Filter(comms=("w", "x" * 20), cpus=(0,)),
+    lambda: Filter(comms=("nothing",)),
+    lambda: Filter(include_idle=True, cpus=(1, 0), cgroups=("/",)),
+]
+
+
+@pytest.mark.parametrize("by", services.BY_KEYS + ("pid", "comm", "all"))
+@pytest.mark.parametrize("chunk", [1, 97, 1 << 20])
+def test_identity_keys_agree(by, chunk):
+    out = both(lines(*WHO), by, chunk)
+    assert out[0] == "ok" and out[8] == 200
+
+
+@pytest.mark.parametrize("f", range(len(FILTERS)))
+@pytest.mark.parametrize("by", ["pid", "tid", "title", "unit"])
+def test_filters_agree(f, by):
+    idle = [rec(ts=5000 + i, pid=0, tid=0, comm="swapper/0") for i in range(5)]
+    data = lines(*WHO[:100], *idle, *WHO[100:])
+    both(data, by, 1 << 20, filt=FILTERS[f])
+    both(data, by, 61, filt=FILTERS[f])
+    both(data, by, 512, filt=FILTERS[f], interval_at=3000)
+
+
+def test_filtered_lines_are_read_natively():
+    """A filter no longer sends every line to the careful path: the native
+    loop reads the records it leaves out, and sums the others."""
+    agg = timeinstate.Aggregator("pid")
+    dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
+    dig.set_filter((10,), (), (), (), (), 0, False, None)
+    data = lines(*PLAIN)
+    assert dig.digest(data, 0, len(data) - 1, 1 << 20) == (len(data), 200, False)
+    events, tasks, _cells, _b = dig.take()
+    assert events == 100 and {t[1] for t in tasks} == {10}
+
+
+def test_pid_groups_are_asked_once_per_pid_until_forget():
+    asked = []
+
+    def group_id(pid):
+        asked.append(pid)
+        return pid % 2
+
+    dig = NATIVE.Digester("pid_group", lambda name: 0, group_id)
+    data = lines(*PLAIN[:20])
+    dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert sorted(asked) == [10, 11]
+    dig.forget()
+    dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert sorted(asked) == [10, 10, 11, 11]
+    dig.forget(11)  # a process record of pid 11
+    dig.forget(1 << 70)
+    dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert sorted(asked) == [10, 10, 11, 11, 11]
+    with pytest.raises(TypeError):
+        dig.set_filter((), (), (), (), (), 0, False, "not callable")
+    with pytest.raises(TypeError):
+        dig.set_filter(("x",), (), (), (), (), 0, False, None)
+
+
+pids = st.integers(0, 6)
+titles = st.one_of(st.none(), st.sampled_from(["pg: main", "pg: wal", "nginx: worker", ""]))
+paths = st.one_of(st.none(), st.sampled_from(["/", "/a.slice/b.service", "/a.slice/c.scope",
+                                              "/docker-0123456789abcdef0.scope", "/a.slice"]))
+
+
+@st.composite
+def who_line(draw) -> bytes:
+    kind = draw(st.sampled_from(["state"] * 6 + ["process", "cgroup"]))
+    if kind == "cgroup":
+        r = {"type": "cgroup", "ts": 1, "cgroup": draw(st.integers(1, 4)), "path": draw(paths), "gone": False}
+    elif kind == "process":
+        r = {"type": "process", "ts": 1, "pid": draw(pids), "comm": "p", "title": draw(titles),
+             "ppid": draw(st.one_of(st.none(), pids)), "cgroup": draw(st.one_of(st.none(), st.integers(1, 4))),
+             "gone": draw(st.booleans()), "why": "first"}
+    else:
+        r = rec(ts=draw(st.integers(0, 10000)), pid=draw(pids), tid=draw(st.integers(0, 9)),
+                cpu=draw(st.integers(0, 2)), comm=draw(st.sampled_from(["w", "x", None])),
+                dur_ns=draw(st.one_of(st.none(), st.integers(0, 50000))),
+                **{"from": draw(names), "to": draw(names)})
+    return orjson.dumps(r)
+
+
+filters = st.one_of(st.none(), st.builds(
+    lambda p, t, c, s, cpu, d, idle, cg, ti: (lambda: Filter(pids=p, tids=t, comms=c, states=s, cpus=cpu,
+                                                             min_dur_ns=d, include_idle=idle, cgroups=cg,
+                                                             titles=ti)),
+    st.lists(pids, max_size=2).map(tuple), st.lists(st.integers(0, 9), max_size=2).map(tuple),
+    st.lists(st.sampled_from(["w", "x"]), max_size=1).map(tuple), st.lists(names, max_size=2).map(tuple),
+    st.lists(st.integers(0, 2), max_size=2).map(tuple), st.sampled_from([0, 0, 1000]), st.booleans(),
+    st.lists(st.sampled_from(["/a.slice", "/", "/docker-0123456789abcdef0.scope"]), max_size=1).map(tuple),
+    st.lists(st.sampled_from(["pg: *", "*worker"]), max_size=1).map(tuple)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=st.lists(who_line(), max_size=60), by=st.sampled_from(services.BY_KEYS + ("pid", "tid")),
+       chunk=st.sampled_from([1, 50, 1 << 20]), filt=filters)
+def test_random_identities_and_filters_agree(recs, by, chunk, filt):
+    both(b"\n".join(recs) + b"\n", by, chunk, filt=filt)
+
+
+@pytest.mark.parametrize("by", ["pid", "unit", "title", "container", "ppid"])
+@pytest.mark.parametrize("f", [None, 0, 1])
+@pytest.mark.parametrize("use_native, jobs", [(True, 2), (False, 2), (True, 1)])
+def test_parts_know_the_identities_before_them(tmp_path, by, f, use_native, jobs):
+    """-j: a part that starts after process and cgroup records was told
+    what they said (it groups and filters its pids as one pass does)."""
+    data = lines(*WHO)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(data)
+    starts = [0] + [i + 1 for i, c in enumerate(data) if c == 10][:-1]
+    bounds = starts[::37] + [len(data)]
+    parts = list(zip(bounds, bounds[1:]))
+    filt = (lambda: None) if f is None else FILTERS[f]
+
+    def report(parallel: bool):
+        saved = ingest._digest
+        ingest._digest = NATIVE if use_native else None
+        try:
+            stats = streamio.ReadStats()
+            agg = timeinstate.Aggregator(by)
+            if parallel:
+                ingest.digest_parallel(str(path), agg, stats, jobs=jobs, parts=parts, filt=filt())
+            else:
+                ingest.digest_files([str(path)], agg, stats, filt=filt())
+            s = agg.summarise(stats)
+            return tables.build_report(s, s.groups, hist=True, with_matrix=True), stats.lines, stats.records
+        finally:
+            ingest._digest = saved
+
+    assert len(parts) > 4
+    assert report(True) == report(False)

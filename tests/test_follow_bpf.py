@@ -59,6 +59,27 @@ def test_record_exits_with_the_command_s_status(tmp_path):
     assert p.returncode == 128 + 15
 
 
+# A command that switches often (400 short processes forked, run and reaped) recorded into a one-page
+# ring buffer drained once a second: events are lost, by the kernel's own count (the end record's lost).
+FLOOD = "i=0; while [ $i -lt 400 ]; do /bin/true; i=$((i + 1)); done"
+TINY_RING = ("--buffer-size", "4k", "--drain-interval", "1s")
+
+
+def test_strict_exits_3_when_the_command_exits_0_but_events_were_lost(tmp_path):
+    p, recs = record_cmd(tmp_path, "--strict", *TINY_RING, "--", "sh", "-c", FLOOD)
+    end = recs[-1]
+    assert end["type"] == "end" and end["reason"] == "exit"
+    assert end["lost"] > 0, end
+    assert sum(r["count"] for r in recs if r["type"] == "loss") == end["lost"]
+    assert p.returncode == 3, p.stderr
+    # without --strict, the loss is reported and the command's 0 stands
+    p, recs = record_cmd(tmp_path, *TINY_RING, "--", "sh", "-c", FLOOD)
+    assert recs[-1]["lost"] > 0 and p.returncode == 0, p.stderr
+    # a command that fails keeps its own status, loss or not
+    p, recs = record_cmd(tmp_path, "--strict", *TINY_RING, "--", "sh", "-c", FLOOD + "; exit 5")
+    assert recs[-1]["lost"] > 0 and p.returncode == 5, p.stderr
+
+
 def test_a_command_not_found_is_a_usage_error(tmp_path):
     p, recs = record_cmd(tmp_path, "--", "no-such-command-pstate")
     assert p.returncode == 2 and recs == []

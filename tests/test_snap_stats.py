@@ -338,3 +338,106 @@ def test_snapshots_grouped_by_service_and_role(by, names):
     if by == "container":
         leaky = trends[make_fixtures.DOCKER_ID[:12]]
         assert leaky["series"][-1]["threads"] > leaky["series"][0]["threads"]  # the leaky one's threads
+
+
+# --- heat DIR/ by service and role, and --by ppid ------------------------------------------
+
+def _heat(*args):
+    from click.testing import CliRunner
+
+    from pstate.main import cli
+
+    res = CliRunner().invoke(cli, ["heat", "series", "--width", "240", *args])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def _heat_rows(out: str) -> list[str]:
+    """The row labels of a heat map (the lines before its axis)."""
+    lines = out.splitlines()
+    axis = next(i for i, x in enumerate(lines) if x.lstrip().startswith("+-"))
+    width = lines[axis].index("+")  # the labels' column
+    return [x[:width].rstrip() for x in lines[1:axis]]  # (the title fits one line at this width)
+
+
+@pytest.mark.parametrize("by, names", [
+    ("unit", {"hog.service", "db.service", "cron.service", "session-1.scope",
+              "docker-" + make_fixtures.DOCKER_ID[:16] + "~"}),  # (a long label is cut)
+    ("container", {"host", make_fixtures.DOCKER_ID[:12]}),
+    ("title", {f"{c}: worker" for c in make_fixtures.CGROUPS}),
+])
+def test_heat_draws_snapshots_by_service_and_role(by, names):
+    code, out, err = _heat("--by", by)
+    assert code == 0, err
+    assert set(_heat_rows(out)) == names
+    assert f"per {by} and snapshot interval" in out
+
+
+def test_heat_snapshot_rows_hold_each_threads_time_in_its_service():
+    """The time a map row by unit holds is the time of the threads whose
+    rows name that unit's cgroup, snapshot by snapshot."""
+    from pstate.render import heatviews
+
+    snaps = snapdir.read_dir("series", snapdir.ReadStats())
+    by_unit, _ = heatviews.snapshot_values(snaps, ("running",), "unit")
+    by_tid, labels = heatviews.snapshot_values(snaps, ("running",), "tid")
+    unit_of_tid = {}
+    for s in snaps:
+        for r in s.rows:
+            unit_of_tid[r["tid"]] = snapdir.service_key("unit", r)
+    for (iv_u, vu), (iv_t, vt) in zip(by_unit, by_tid):
+        assert iv_u == iv_t
+        want: dict = {}
+        for tid, v in vt.items():
+            want[unit_of_tid[tid]] = want.get(unit_of_tid[tid], 0) + v
+        assert vu == want
+    assert any(v.get("hog.service") for _iv, v in by_unit)
+
+
+@pytest.mark.parametrize("args, rows", [
+    (["--cgroup", "/system.slice/db.service"], {"db.service"}),
+    (["--cgroup", "/system.slice", "--title", "job*"], {"cron.service"}),
+    (["--title", "hog: *"], {"hog.service"}),
+])
+def test_heat_snapshot_filters_read_the_rows_identity(args, rows):
+    code, out, err = _heat("--by", "unit", *args)
+    assert code == 0, err
+    assert set(_heat_rows(out)) == rows
+
+
+def test_heat_snapshots_say_which_event_filters_they_do_not_use():
+    code, out, err = _heat("--by", "unit", "--cpu", "1", "--state", "D", "--title", "hog: *")
+    assert code == 0
+    assert err == "pstate heat: warning: --state, --cpu not used with snapshots\n"
+    assert set(_heat_rows(out)) == {"hog.service"}
+
+
+def _with_ppid(tmp_path) -> Path:
+    """The series with a parent pid in each row (pid 1 for odd pids, 2 else)."""
+    for src in SERIES.iterdir():
+        recs = [orjson.loads(x) for x in src.read_bytes().splitlines()]
+        for r in recs:
+            if r["type"] == "task":
+                r["ppid"] = 1 if r["pid"] % 2 else 2
+        (tmp_path / src.name).write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    return tmp_path
+
+
+def test_snapshots_grouped_by_ppid(tmp_path):
+    path = _with_ppid(tmp_path)
+    code, out, err = run([path], by="ppid")
+    assert code == 0 and err == ""
+    rep = orjson.loads(out)
+    assert {r["comm"] for r in rep["trends"]} <= {"1", "2"} and len(rep["trends"]) == 2
+    code, out, err = run([SERIES], by="ppid")  # rows without a ppid: one group, "?"
+    assert code == 0 and {r["comm"] for r in orjson.loads(out)["trends"]} == {"?"}
+    code, out, err = _heat_dir(path, "--by", "ppid")
+    assert code == 0 and set(_heat_rows(out)) == {"1", "2"}
+
+
+def _heat_dir(path, *args):
+    from click.testing import CliRunner
+
+    from pstate.main import cli
+
+    res = CliRunner().invoke(cli, ["heat", str(path), "--width", "240", *args])
+    return res.exit_code, res.stdout, res.stderr

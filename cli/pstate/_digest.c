@@ -17,8 +17,12 @@
  * tuples, in the order each task and cell was first seen, and forgets them;
  * latency bucket counts are held longer, in one compact table, until
  * take(flush=True). Nothing here reads or writes a Python object's
- * attributes: state and comm ids come from the two callables given at
- * construction (the Aggregator's public state_id and comm_id).
+ * attributes: state and group ids come from the two callables given at
+ * construction (the Aggregator's public state_id, and comm_id or, by
+ * pid_group, for --by cgroup/unit/container/title/ppid, pid_group). With
+ * set_filter, only the records an event filter (stream.filters.Filter)
+ * passes are summed; what group_id(pid) and the filter's who(pid) said is
+ * cached per pid until forget() (a process or cgroup record came).
  *
  * parse_states(buf, pos, end, max_line, k, n, wide), the native row reader
  * of reader.StreamReader (heat, heat --live, export), uses the same reader and
@@ -109,12 +113,37 @@ typedef struct {
     uint32_t no;   /* its cell number + 1; 0: empty slot */
 } cell_no_slot;
 
+/* What is known of a pid (by pid_group, and a filter's who): a
+ * direct-mapped cache, emptied by forget() (gen). */
+#define PID_CACHE 4096 /* a power of two */
+
+typedef struct {
+    long long pid, gid;
+    unsigned gen;
+    signed char has_gid, who; /* who: -1 not known, 0 drop, 1 pass */
+} pid_entry;
+
+/* An event filter (set_filter): the rules of stream.filters.Filter.match_state. */
+typedef struct {
+    int on, include_idle;
+    long long *pids, *tids, *cpus;
+    Py_ssize_t npids, ntids, ncpus;
+    char **strs;     /* the comms, then the states (UTF-8) */
+    Py_ssize_t *lens;
+    Py_ssize_t ncomms, nstates;
+    long long min_dur;
+    PyObject *who; /* callable: pid -> bool (--cgroup, --title), or NULL */
+} filter_spec;
+
 typedef struct {
     PyObject_HEAD
     PyObject *state_id; /* callable: state name -> id (ids never change) */
-    PyObject *comm_id;  /* callable: comm -> group id (by comm) */
-    long long events;   /* records read since the last take() */
-    int by; /* 0 pid, 1 tid, 2 comm */
+    PyObject *comm_id;  /* callable: comm -> group id (by comm), pid -> group id (by pid_group) */
+    long long events;   /* records digested since the last take() */
+    int by; /* 0 pid, 1 tid, 2 comm, 3 pid_group */
+    pid_entry *pids;
+    unsigned pids_gen;
+    filter_spec filt;
     int n_names;
     name_entry names[NAME_CACHE];
     comm_entry *comms;
@@ -873,6 +902,179 @@ fail:
     return NULL;
 }
 
+
+/* --- groups and filters by pid --------------------------------------------- */
+
+/* The cache entry of pid, made fresh when it held another pid or an older generation. */
+static pid_entry *pid_entry_of(Digester *self, long long pid)
+{
+    pid_entry *pe = &self->pids[mix64((unsigned long long)pid) & (PID_CACHE - 1)];
+    if (pe->gen != self->pids_gen || pe->pid != pid) {
+        pe->pid = pid;
+        pe->gen = self->pids_gen;
+        pe->has_gid = 0;
+        pe->who = -1;
+    }
+    return pe;
+}
+
+/* By pid_group: the group of pid, through the cache in front of the group_id callable. */
+static int pid_group(Digester *self, long long pid, long long *g)
+{
+    pid_entry *pe = pid_entry_of(self, pid);
+    if (pe->has_gid) {
+        *g = pe->gid;
+        return 0;
+    }
+    PyObject *arg = PyLong_FromLongLong(pid);
+    PyObject *gid = arg ? PyObject_CallOneArg(self->comm_id, arg) : NULL;
+    Py_XDECREF(arg);
+    if (!gid)
+        return -1;
+    long long v = PyLong_AsLongLong(gid);
+    Py_DECREF(gid);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    pe = pid_entry_of(self, pid); /* (the callable may have run anything) */
+    pe->gid = v;
+    pe->has_gid = 1;
+    *g = v;
+    return 0;
+}
+
+static int in_ints(const long long *v, Py_ssize_t n, long long x)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (v[i] == x)
+            return 1;
+    return 0;
+}
+
+static int in_strs(char **strs, const Py_ssize_t *lens, Py_ssize_t n, const char *s, Py_ssize_t len)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (lens[i] == len && memcmp(strs[i], s, (size_t)len) == 0)
+            return 1;
+    return 0;
+}
+
+/* Whether a record passes the filter, in Filter.match_state's order: 1
+ * passes, 0 not, -1 error. */
+static int filter_passes(Digester *self, const state_rec *r)
+{
+    filter_spec *f = &self->filt;
+    if (!f->include_idle && r->tid == 0)
+        return 0;
+    if (f->npids && !in_ints(f->pids, f->npids, r->pid))
+        return 0;
+    if (f->ntids && !in_ints(f->tids, f->ntids, r->tid))
+        return 0;
+    if (f->ncomms && !(r->comm && in_strs(f->strs, f->lens, f->ncomms, r->comm, r->comm_n)))
+        return 0;
+    if (f->ncpus && !in_ints(f->cpus, f->ncpus, r->cpu))
+        return 0;
+    if (f->who) {
+        pid_entry *pe = pid_entry_of(self, r->pid);
+        if (pe->who < 0) {
+            PyObject *arg = PyLong_FromLongLong(r->pid);
+            PyObject *ok = arg ? PyObject_CallOneArg(f->who, arg) : NULL;
+            Py_XDECREF(arg);
+            if (!ok)
+                return -1;
+            int t = PyObject_IsTrue(ok);
+            Py_DECREF(ok);
+            if (t < 0)
+                return -1;
+            pe = pid_entry_of(self, r->pid);
+            pe->who = (signed char)t;
+        }
+        if (!pe->who)
+            return 0;
+    }
+    if (f->nstates && !in_strs(f->strs + f->ncomms, f->lens + f->ncomms, f->nstates, r->from, r->from_n) &&
+        !in_strs(f->strs + f->ncomms, f->lens + f->ncomms, f->nstates, r->to, r->to_n))
+        return 0;
+    return !f->min_dur || (r->has_dur && r->dur >= f->min_dur);
+}
+
+static void filter_free(filter_spec *f)
+{
+    PyMem_Free(f->pids);
+    PyMem_Free(f->tids);
+    PyMem_Free(f->cpus);
+    for (Py_ssize_t i = 0; f->strs && i < f->ncomms + f->nstates; i++)
+        PyMem_Free(f->strs[i]);
+    PyMem_Free(f->strs);
+    PyMem_Free(f->lens);
+    Py_CLEAR(f->who);
+    memset(f, 0, sizeof(*f));
+}
+
+/* The ints of a sequence into a new array; -1 on error. */
+static int ints_of(PyObject *seq, long long **out, Py_ssize_t *n)
+{
+    PyObject *fast = PySequence_Fast(seq, "a filter's values must be a sequence");
+    if (!fast)
+        return -1;
+    *n = PySequence_Fast_GET_SIZE(fast);
+    *out = PyMem_Calloc((size_t)*n + 1, sizeof(long long));
+    if (!*out) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        int overflow = 0;
+        (*out)[i] = PyLong_AsLongLongAndOverflow(PySequence_Fast_GET_ITEM(fast, i), &overflow);
+        if (overflow)
+            (*out)[i] = -1; /* no record has such a value: it matches nothing */
+        else if ((*out)[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* The strs of two sequences (comms, states) into f->strs; -1 on error. */
+static int strs_of(filter_spec *f, PyObject *comms, PyObject *states)
+{
+    PyObject *a = PySequence_Fast(comms, "comms must be a sequence");
+    PyObject *b = a ? PySequence_Fast(states, "states must be a sequence") : NULL;
+    int rc = -1;
+    if (!b)
+        goto out;
+    f->ncomms = PySequence_Fast_GET_SIZE(a);
+    f->nstates = PySequence_Fast_GET_SIZE(b);
+    Py_ssize_t n = f->ncomms + f->nstates;
+    f->strs = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+    f->lens = PyMem_Calloc((size_t)n + 1, sizeof(Py_ssize_t));
+    if (!f->strs || !f->lens) {
+        f->ncomms = f->nstates = 0;
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = i < f->ncomms ? PySequence_Fast_GET_ITEM(a, i) : PySequence_Fast_GET_ITEM(b, i - f->ncomms);
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+        if (!s)
+            goto out;
+        if (!(f->strs[i] = PyMem_Malloc((size_t)len + 1))) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        memcpy(f->strs[i], s, (size_t)len);
+        f->lens[i] = len;
+    }
+    rc = 0;
+out:
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return rc;
+}
+
 /* --- one record, and the write-back at the end of a call ------------------ */
 
 /* 0: digested; 1: leave the line to the careful path; -1: error. */
@@ -895,7 +1097,10 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
         g = r->pid;
     else if (self->by == 1)
         g = r->tid;
-    else if (comm_group(self, comm, ce, &g) < 0)
+    else if (self->by == 3) {
+        if (pid_group(self, r->pid, &g) < 0)
+            goto out;
+    } else if (comm_group(self, comm, ce, &g) < 0)
         goto out;
     if (g < 0 || g >= GROUP_LIMIT) {
         rc = 1;
@@ -1016,9 +1221,10 @@ static int Digester_init(Digester *self, PyObject *args, PyObject *kw)
     }
     if (!PyArg_ParseTuple(args, "sOO:Digester", &by, &state_id, &comm_id))
         return -1;
-    int b = strcmp(by, "pid") == 0 ? 0 : strcmp(by, "tid") == 0 ? 1 : strcmp(by, "comm") == 0 ? 2 : -1;
+    int b = strcmp(by, "pid") == 0 ? 0 : strcmp(by, "tid") == 0 ? 1 : strcmp(by, "comm") == 0 ? 2
+          : strcmp(by, "pid_group") == 0 ? 3 : -1;
     if (b < 0) {
-        PyErr_SetString(PyExc_ValueError, "by must be pid, tid or comm");
+        PyErr_SetString(PyExc_ValueError, "by must be pid, tid, comm or pid_group");
         return -1;
     }
     if (!PyCallable_Check(state_id) || !PyCallable_Check(comm_id)) {
@@ -1026,7 +1232,9 @@ static int Digester_init(Digester *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->comms = PyMem_Calloc(COMM_CACHE, sizeof(comm_entry));
-    if (!self->comms || acc_init(&self->tasks, sizeof(task_acc)) < 0 ||
+    self->pids = PyMem_Calloc(PID_CACHE, sizeof(pid_entry));
+    self->pids_gen = 1;
+    if (!self->comms || !self->pids || acc_init(&self->tasks, sizeof(task_acc)) < 0 ||
         acc_init(&self->cells, sizeof(cell_acc)) < 0) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
@@ -1046,6 +1254,8 @@ static void Digester_dealloc(Digester *self)
         tasks_release(&self->tasks);
     Digester_clear_caches(self);
     PyMem_Free(self->comms);
+    PyMem_Free(self->pids);
+    filter_free(&self->filt);
     acc_free(&self->tasks);
     acc_free(&self->cells);
     PyMem_Free(self->hist);
@@ -1062,8 +1272,8 @@ PyDoc_STRVAR(digest_doc,
 "while each is a plainly written state record of at most max_line bytes\n"
 "(and, with clip, the interval start, none has a dur_ns reaching back\n"
 "before clip), and sum them up here. stop: where the first other line\n"
-"starts, end + 1 when there was none; lines: the records read; due: call\n"
-"take(True) now (the bucket table is full).");
+"starts, end + 1 when there was none; lines: the records read (those the\n"
+"filter left out too); due: call take(True) now (the bucket table is full).");
 
 static PyObject *Digester_digest(Digester *self, PyObject *args)
 {
@@ -1077,7 +1287,7 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnn|O:digest", &view, &pos, &end, &max_line, &clip))
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t lines = 0;
+    Py_ssize_t lines = 0, digested = 0;
     long long clip_v = 0;
     if (pos < 0 || end > view.len || pos > end + 1) {
         PyErr_SetString(PyExc_ValueError, "bad range");
@@ -1104,19 +1314,30 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
         Py_ssize_t next;
         if (!next_state(buf, pos, end, max_line, &r, &next))
             break;
+        if (self->filt.on) {
+            int ok = filter_passes(self, &r);
+            if (ok < 0)
+                goto done;
+            if (!ok) { /* read, and left out as the careful path leaves it out */
+                lines++;
+                pos = next;
+                continue;
+            }
+        }
         int rc = digest_one(self, &r, clip_or_null, clip_v);
         if (rc < 0)
             goto done;
         if (rc > 0)
             break;
         lines++;
+        digested++;
         pos = next;
         if (self->nos_used >= MAX_CELL_NOS / 2)
             self->hist_flush_due = 1;
     }
     if (hist_settle(self) < 0)
         goto done;
-    self->events += lines;
+    self->events += digested;
     result = Py_BuildValue("nnO", pos, lines, self->hist_flush_due ? Py_True : Py_False);
 done:
     self->has_pending = 0; /* (only left set by an error) */
@@ -1163,9 +1384,81 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(forget_doc,
+"forget(pid=None)\n\n"
+"Forget what group_id (by pid_group) and the filter's who said of a pid\n"
+"(None: of every pid): call when a process record (of that pid) or a\n"
+"cgroup record (of any) may have changed it.");
+
+static PyObject *Digester_forget(Digester *self, PyObject *args)
+{
+    PyObject *pid = Py_None;
+    if (args && !PyArg_ParseTuple(args, "|O:forget", &pid))
+        return NULL;
+    if (pid != Py_None) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(pid, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (!overflow) {
+            pid_entry *pe = &self->pids[mix64((unsigned long long)v) & (PID_CACHE - 1)];
+            if (pe->pid == v)
+                pe->gen = self->pids_gen - 1; /* stale (gen 0 is never live) */
+        }
+        Py_RETURN_NONE;
+    }
+    if (++self->pids_gen == 0) {
+        memset(self->pids, 0, PID_CACHE * sizeof(pid_entry));
+        self->pids_gen = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(set_filter_doc,
+"set_filter(pids, tids, comms, states, cpus, min_dur_ns, include_idle, who)\n\n"
+"From now on, digest only the records stream.filters.Filter.match_state\n"
+"passes (the others are read and left out): pids, tids, cpus: ints; comms\n"
+"(at most 15 characters), states: strs; who: None, or a callable pid -> bool\n"
+"(--cgroup, --title: asked once per pid until forget()).");
+
+static PyObject *Digester_set_filter(Digester *self, PyObject *args)
+{
+    PyObject *pids, *tids, *comms, *states, *cpus, *who;
+    long long min_dur;
+    int idle;
+    if (!self->state_id) {
+        PyErr_SetString(PyExc_RuntimeError, "Digester not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOLpO:set_filter", &pids, &tids, &comms, &states, &cpus, &min_dur, &idle, &who))
+        return NULL;
+    if (who != Py_None && !PyCallable_Check(who)) {
+        PyErr_SetString(PyExc_TypeError, "who must be None or a callable");
+        return NULL;
+    }
+    filter_spec *f = &self->filt;
+    filter_free(f);
+    if (ints_of(pids, &f->pids, &f->npids) < 0 || ints_of(tids, &f->tids, &f->ntids) < 0 ||
+        ints_of(cpus, &f->cpus, &f->ncpus) < 0 || strs_of(f, comms, states) < 0) {
+        filter_free(f);
+        return NULL;
+    }
+    f->min_dur = min_dur;
+    f->include_idle = idle;
+    if (who != Py_None) {
+        Py_INCREF(who);
+        f->who = who;
+    }
+    f->on = 1;
+    Digester_forget(self, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Digester_methods[] = {
     {"digest", (PyCFunction)Digester_digest, METH_VARARGS, digest_doc},
     {"take", (PyCFunction)Digester_take, METH_VARARGS, take_doc},
+    {"forget", (PyCFunction)Digester_forget, METH_VARARGS, forget_doc},
+    {"set_filter", (PyCFunction)Digester_set_filter, METH_VARARGS, set_filter_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1174,7 +1467,8 @@ static PyTypeObject DigesterType = {
     .tp_name = "pstate._digest.Digester",
     .tp_basicsize = sizeof(Digester),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Digester(by, state_id, comm_id): the native reader and summer of plain state records\n"
+    .tp_doc = "Digester(by, state_id, group_id): the native reader and summer of plain state records\n"
+              "(by pid, tid, comm: group_id(comm) by comm; by pid_group: group_id(pid))\n"
               "(see pstate.analysis.timeinstate.Aggregator.add_digested)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Digester_init,

@@ -20,6 +20,8 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.reader import LineError, StreamReader
 from pstate.stream.streamio import MAX_LINE, ReadStats, note_damage, open_input
 
+IDENTITY = ("process", "cgroup")  # the records that say which group and filter a pid is in
+
 
 # --- from bytes to the Aggregator -----------------------------------------------
 
@@ -36,10 +38,14 @@ class LineDigester:
         self.agg = agg
         self.stats = stats
         self._take = None  # the native Digester's take, while it holds sums back
+        self._forget = None  # its forget: what it knows of pids may change with a process or cgroup record
         fast = None
-        if use_native and _digest is not None and not (filt is not None and filt.active) and \
-                agg.directory is None:  # (the native loop groups by pid, tid or comm)
-            dig = _digest.Digester(agg.digest_by, agg.state_id, agg.comm_id)
+        if use_native and _digest is not None:
+            dig = _digest.Digester(agg.digest_by, agg.state_id, agg.digest_group)
+            if filt is not None and filt.active:
+                dig.set_filter(*filt.native_spec())
+            if agg.directory is not None or (filt is not None and filt.needs_identities):
+                self._forget = dig.forget
             digest = dig.digest
             take = dig.take
 
@@ -56,7 +62,8 @@ class LineDigester:
                 return stop, n, n
 
             agg.flushers.append(lambda: settle(True))
-        self.reader = StreamReader(self, stats, strict=strict, max_line=max_line, fast=fast, filt=filt)
+        self.reader = StreamReader(self, stats, strict=strict, max_line=max_line, fast=fast, filt=filt,
+                                   fast_filters=True)
 
     def rows(self, rows: list) -> None:
         if self._take is not None:
@@ -68,6 +75,8 @@ class LineDigester:
             self._take()
         if rec["type"] == "meta":
             self.agg.begin_window(rec)
+        elif self._forget is not None and rec["type"] in IDENTITY:
+            self._forget(rec.get("pid") if rec["type"] == "process" and type(rec.get("pid")) is int else None)
         self.agg.add_record(rec)
 
     @property
@@ -108,9 +117,7 @@ def digest_files(sources, agg: Aggregator, stats: ReadStats, *, strict: bool = F
     events it passes (stream.filters.Filter)."""
     dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
     for src in sources:
-        # (a part on its own would not see the process records before it)
-        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src) and \
-                agg.directory is None:
+        if jobs > 1 and src != "-" and _size(src) >= PARALLEL_MIN_BYTES and not compressed(src):
             agg.begin_window(_first_meta(src))  # the parts after the first never see it
             digest_parallel(src, agg, stats, jobs=jobs, strict=strict, max_line=max_line, chunk=chunk,
                             use_native=use_native, filt=filt)
@@ -201,18 +208,17 @@ def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool,
     agg = Aggregator(by)
     agg.clip_ts = clip_ts
     stats = ReadStats()
-    dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
-    dig.begin(path, at_start=start == 0)
+    who = filt is not None and filt.needs_identities
     try:
-        with open(path, "rb", buffering=0) as f:
-            f.seek(start)
-            left = end - start
-            while left > 0:
-                data = f.read(min(chunk, left))
-                if not data:
-                    break
-                left -= len(data)
-                dig.feed(data)
+        if start > 0 and (agg.directory is not None or who):
+            # what the process and cgroup records before the part said
+            for rec in identities_before(path, start, max_line, chunk, use_native):
+                agg.add_record(rec)
+                if who:
+                    filt.note(rec)
+        dig = LineDigester(agg, stats, strict=strict, max_line=max_line, use_native=use_native, filt=filt)
+        dig.begin(path, at_start=start == 0)
+        feed_range(path, start, end, dig, chunk)
         if last:
             dig.end()
     except LineError as e:
@@ -222,6 +228,55 @@ def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool,
     except OSError as e:
         return ("error", f"cannot read {path}: {e.strerror}", int(ExitCode.NOINPUT))
     return ("ok", agg, stats)
+
+
+class _Identities:
+    """A reader's sink that keeps the process and cgroup records only."""
+
+    def __init__(self):
+        self.records: list = []
+
+    def rows(self, rows: list) -> None:
+        pass
+
+    def record(self, rec: dict, weight: int) -> None:
+        if rec["type"] in IDENTITY:
+            self.records.append(rec)
+
+
+def identities_before(path: str, start: int, max_line: int = MAX_LINE, chunk: int = 1 << 20,
+                      use_native: bool = True) -> list:
+    """The process and cgroup records of a file's bytes [0, start) (start:
+    a line's start), read as the one reader reads them, plain state records
+    passed over by the native plain_states: what a part of the file that
+    starts there must know of the pids before it (--by cgroup, unit, ...,
+    --cgroup, --title). Bad lines are the earlier parts' to report."""
+    sink = _Identities()
+    fast = None
+    if use_native and _digest is not None:
+        plain = _digest.plain_states
+
+        def fast(buf, pos, end, _n):
+            stop, n, _ts = plain(buf, pos, end, max_line)
+            return stop, n, n
+
+    rd = StreamReader(sink, ReadStats(), max_line=max_line, fast=fast)
+    rd.begin(path)
+    feed_range(path, 0, start, rd, chunk)
+    return sink.records
+
+
+def feed_range(path: str, start: int, end: int, dig, chunk: int) -> None:
+    """Bytes [start, end) of a file into a digester's feed, chunk at a time."""
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            data = f.read(min(chunk, left))
+            if not data:
+                break
+            left -= len(data)
+            dig.feed(data)
 
 
 def _part_in_child(args) -> tuple[int, int]:

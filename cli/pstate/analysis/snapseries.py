@@ -34,7 +34,6 @@ from typing import IO
 import orjson
 
 from pstate.analysis import snaplatency
-from pstate.kernel import identity
 from pstate.snapshots import snapdir
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode, PstateError
@@ -46,9 +45,9 @@ SPARK_WIDTH = 24
 TABLE_SPARK_WIDTH = 8  # keeps the trends table within 80 columns
 COMM_WIDTH = 15
 BY_CHOICES = {"pid": "process", "process": "process", "tid": "thread", "thread": "thread", "comm": "comm",
-              "cgroup": "cgroup", "unit": "unit", "container": "container", "title": "title"}
-# groups named by one text (the COMM column holds it), not by a pid
-NAMED = ("comm", "cgroup", "unit", "container", "title")
+              "cgroup": "cgroup", "unit": "unit", "container": "container", "title": "title", "ppid": "ppid"}
+# groups named by one value (the COMM column holds it), not by a pid
+NAMED = ("comm",) + snapdir.SERVICE_KEYS
 DEFAULT_TOP = 15
 LEAK_STATES = ("running", "runnable", "preempted", "sleeping", "uninterruptible", "stopped", "traced",
                "zombie", "parked", "idle")
@@ -116,10 +115,9 @@ def _group_of(t: snapdir.TaskInterval, by: str):
         return t.key, t.pid, t.tid, t.start_ts, t.key[0]
     if by == "comm":
         return ("comm", t.comm), 0, None, None, None
-    if by in NAMED:  # the title and cgroup rows carry (kernel.identity)
-        path = t.cgroup_path
-        name = {"title": t.title or f"[{t.comm}]", "cgroup": path or identity.UNKNOWN, "unit": identity.unit_of(path),
-                "container": identity.container_of(path)}[by]
+    if by in NAMED:  # the title, cgroup and parent rows carry
+        name = snapdir.service_key(by, {"title": t.title, "comm": t.comm, "cgroup_path": t.cgroup_path,
+                                        "ppid": t.ppid})
         return (by, name), 0, None, None, None
     return t.proc, t.pid, None, t.proc[2], t.proc[0]
 
@@ -132,7 +130,7 @@ def groups(ivs: list[snapdir.Interval], by: str) -> list[Group]:
             key, pid, tid, start, boot = _group_of(t, by)
             g = out.get(key)
             if g is None:
-                g = out[key] = Group(key, pid, tid, key[1] if by in NAMED else t.comm, start, boot)
+                g = out[key] = Group(key, pid, tid, str(key[1]) if by in NAMED else t.comm, start, boot)
             if by not in NAMED and (t.tid == t.pid or by == "thread"):
                 g.comm = t.comm  # the leader's name names the process
             p = here.get(key)
@@ -507,7 +505,7 @@ def run(paths: list[str], *, fmt: str, top: int | None, by: str, out, min_run: i
         raise PstateError(f"unknown output format {fmt!r} for snapshots (table, json or csv)", ExitCode.USAGE)
     group_by = BY_CHOICES.get(by)
     if group_by is None:
-        raise PstateError(f"snapshots can be grouped by pid, tid, comm, cgroup, unit, container or title, "
+        raise PstateError(f"snapshots can be grouped by pid, tid, comm, cgroup, unit, container, title or ppid, "
                           f"not {by!r}", ExitCode.USAGE)
     stats = ReadStats()
     problems: list[str] = []

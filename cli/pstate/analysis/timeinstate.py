@@ -258,8 +258,17 @@ class Aggregator:
     @property
     def digest_by(self) -> str:
         """The grouping the native Digester is told (by all: comm, whose
-        comm_id is always 0)."""
+        comm_id is always 0; by cgroup, unit, container, title, ppid:
+        pid_group, the group of the record's pid)."""
+        if self.directory is not None:
+            return "pid_group"
         return "comm" if self.by == ALL else self.by
+
+    @property
+    def digest_group(self):
+        """The group callable the native Digester is given with digest_by:
+        comm_id, or pid_group (a pid's group as the stream said so far)."""
+        return self.pid_group if self.directory is not None else self.comm_id
 
     def comm_id(self, comm) -> int:
         if self.by == ALL:
@@ -307,6 +316,8 @@ class Aggregator:
             pid = self.directory.note(rec)
             if pid is not None:
                 self.pid_groups.pop(pid, None)  # its key from now on
+            else:  # a cgroup's path: the key of any pid in it from now on
+                self.pid_groups.clear()
 
     def add_state(self, rec: dict) -> None:
         self.add_rows([state_row(rec)])
@@ -522,6 +533,9 @@ class Aggregator:
             self.cuts[k] = self.cuts.get(k, 0) + n
         self.life_last_ts = max(self.life_last_ts, later.life_last_ts)
         self.events += later.events
+        if self.directory is not None:  # what the stream said of each pid by the later part's end
+            self.directory = later.directory
+            self.pid_groups = {}
 
     # --- roll-up ----------------------------------------------------------
 

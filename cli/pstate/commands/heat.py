@@ -88,8 +88,8 @@ class MeasureChoice(Choice):
                    "For a snapshot directory: the measure drawn (default running).")
 @click.option("--by", type=click.Choice(["tid", "pid", "comm", *services.BY_KEYS]), default=None,
               help="One row per thread, process or command name, or per cgroup, unit, container, "
-                   "process title or parent, from the recording's process records "
-                   "[default: tid; pid for snapshots].")
+                   "process title or parent, from the recording's process records (a snapshot's "
+                   "rows) [default: tid; pid for snapshots].")
 @click.option("--top", type=click.IntRange(1, 10000), default=None, metavar="N",
               help="Show the N most active rows (busy time: all but sleeping, idle, parked) "
                    "[default: what fits the terminal, or 20].")
@@ -127,8 +127,11 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
     cell shows the state the task spent most of that bucket in (running,
     runnable, preempted, sleeping, D, ...). The latency map (--latency) shows
     how many waits of each log2 duration ended in each bucket. From a snapshot
-    directory (pstate snap --dir DIR) rows are processes and columns are
-    snapshots. Input: recordings, a stream on standard input, or a directory.
+    directory (pstate snap --dir DIR) rows are processes (or, with --by, what
+    each row says of its process: its title, cgroup, unit, container, and
+    its parent when rows carry ppid) and columns are snapshots; --cgroup and
+    --title match the rows' own cgroup and title. Input: recordings, a
+    stream on standard input, or a directory.
     """
     ctx = click.get_current_context()
     isatty = sys.stdout.isatty()
@@ -153,8 +156,6 @@ def cli(inputs, latency, shade, by, top, bucket, width, height, color, no_color,
         if latency:
             raise PstateError("snapshots hold time per state, not single waits: no latency map",
                               ExitCode.USAGE, hint="use --shade STATE (e.g. --shade runnable)")
-        if by in services.BY_KEYS:
-            raise PstateError(f"snapshots are drawn by pid, tid or comm, not by {by}", ExitCode.USAGE)
         stats = ReadStats()
         lines = snapshot_map(dirs[0], stats, strict, shade or "running", by or "pid", top, W,
                              H if fit_height else 0, filt, style)
@@ -346,6 +347,10 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     snaps = snapdir.read_dir(directory, stats, problems, strict=strict)
     for p in problems:
         click.echo(f"pstate heat: warning: {p}", err=True)
+    unused = [opt for opt, on in (("--state", filt.states), ("--cpu", filt.cpus), ("--min-dur", filt.min_dur_ns))
+              if on]
+    if unused:  # (a row is a thread's time per state, not its transitions)
+        click.echo(f"pstate heat: warning: {', '.join(unused)} not used with snapshots", err=True)
     if filt.active:
         for s in snaps:
             s.rows = [t for t in s.rows if _task_match(filt, t)]
@@ -366,7 +371,7 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
             totals[k] = totals.get(k, 0) + v
     order = sorted(set(totals) | set(comms), key=lambda k: (-totals.get(k, 0), str(k)))
     keys = order[:_rows_fit(top, H, DEFAULT_ROWS)]
-    labels = [str(k) if by == "comm" else f"{comms.get(k, '?')} {k}" for k in keys]
+    labels = [f"{comms.get(k, '?')} {k}" if by in ("pid", "tid") else str(k) for k in keys]
     lw = hr.label_width(labels, W)
     ncols = hr.map_columns(W, lw)
     cells, spans, per = heatviews.snapshot_view_cells(values, keys, ncols)
@@ -418,5 +423,4 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
 
 
 def _task_match(filt: Filter, t: dict) -> bool:
-    rec = {"type": "state", "pid": t["pid"], "tid": t["tid"], "comm": t.get("comm"), "cpu": 0}
-    return filt.match(rec)
+    return filt.match_row(t["pid"], t["tid"], t.get("comm"), t.get("title"), t.get("cgroup_path"))

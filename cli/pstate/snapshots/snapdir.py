@@ -31,6 +31,7 @@ from typing import Iterable
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
+from pstate.kernel import identity
 from pstate.snapshots import histograms
 from pstate.stream.streamio import ReadStats, open_input
 from pstate.stream.reader import read_records
@@ -99,6 +100,32 @@ SNAP_META_FIELDS = {
     "interval_ns": ("int", "snap: --interval"),
     "format": ("string", "snap: jsonl, csv or prom"),
 }
+
+
+# Groups of threads by who their process is (--by of stats and heat on snapshots)
+SERVICE_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+
+
+def service_key(by: str, row: dict):
+    """The group of a task row by one of SERVICE_KEYS, from its identity
+    fields, as the stream readers group by a process's records: the cgroup
+    path, its unit or container, the title ("[comm]" for a kernel thread),
+    the parent's pid; "?" when the row does not say."""
+    if by == "title":
+        title = row.get("title")
+        return title if type(title) is str and title else f"[{row.get('comm') or identity.UNKNOWN}]"
+    if by == "ppid":
+        ppid = row.get("ppid")
+        return ppid if type(ppid) is int else identity.UNKNOWN
+    path = row.get("cgroup_path")
+    path = path if type(path) is str else None
+    if by == "cgroup":
+        return path if path is not None else identity.UNKNOWN
+    if by == "unit":
+        return identity.unit_of(path)
+    if by == "container":
+        return identity.container_of(path)
+    raise ValueError(by)
 
 
 def snapshot_name(wall_ns: int, seq: int, ext: str) -> str:
@@ -426,6 +453,7 @@ class TaskInterval:
     alive: bool  # not exited at the end of the interval
     title: str | None = None  # its process's (IDENTITY_FIELDS; None in older snapshots)
     cgroup_path: str | None = None
+    ppid: int | None = None  # its process's parent, in rows that carry it
 
 
 @dataclass
@@ -517,6 +545,7 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
                 gone=exited and exit_ts is not None and start < exit_ts <= snap.end_ts,
                 alive=not exited, title=r.get("title") if type(r.get("title")) is str else None,
                 cgroup_path=r.get("cgroup_path") if type(r.get("cgroup_path")) is str else None,
+                ppid=r.get("ppid") if type(r.get("ppid")) is int else None,
             ))
         if snap.mode == "cumulative":
             last_of_run[(boot, run)] = (snap.end_ts, {(r["tid"], r["start_ts"]): r for r in snap.rows})

@@ -66,15 +66,36 @@ class Filter:
         ok = self._passes.get(pid)
         if ok is None:
             cgid, title = self._procs.get(pid, (None, None))
-            ok = True
-            if self.cgroups:
-                path = self._paths.get(cgid)
-                ok = type(path) is str and any(path == c or path.startswith(c.rstrip("/") + "/")
-                                               for c in self.cgroups)
-            if ok and self.titles:
-                ok = type(title) is str and any(fnmatch.fnmatchcase(title, pat) for pat in self.titles)
+            ok = self._who_ok(self._paths.get(cgid), title)
             self._passes[pid] = ok
         return ok
+
+    def _who_ok(self, path, title) -> bool:
+        """--cgroup and --title of a process with this cgroup path and title."""
+        ok = True
+        if self.cgroups:
+            ok = type(path) is str and any(path == c or path.startswith(c.rstrip("/") + "/") for c in self.cgroups)
+        if ok and self.titles:
+            ok = type(title) is str and any(fnmatch.fnmatchcase(title, pat) for pat in self.titles)
+        return ok
+
+    def match_row(self, pid, tid, comm, title, cgroup_path) -> bool:
+        """Whether a thread passes the task filters (--cpu aside) given who
+        its process is, as a snapshot row says (not the stream's records)."""
+        if not self.include_idle and tid == 0:
+            return False
+        if (self._pidset and pid not in self._pidset) or (self._tidset and tid not in self._tidset) or \
+                (self._commset and comm not in self._commset):
+            return False
+        return not self._who or self._who_ok(cgroup_path, title)
+
+    def native_spec(self) -> tuple:
+        """The filter as the native digester's set_filter takes it: pids,
+        tids, comms (as matched: 15 characters), states, cpus, min_dur_ns,
+        include_idle, and who (pid -> passes, for --cgroup and --title) or
+        None."""
+        return (tuple(self.pids), tuple(self.tids), tuple(sorted(self._commset)), tuple(self.states),
+                tuple(self.cpus), self.min_dur_ns, self.include_idle, self._who_passes if self._who else None)
 
     def options(self) -> list[str]:
         """The options in force, as meta.filters_in_force names them."""

@@ -24,7 +24,8 @@ everywhere:
 - with a filter (stream.filters.Filter, the options record takes), only
   the event records it passes come out (other records all do), and each
   meta record comes out with the read_filter_* fields of the filter; the
-  bulk reader is not used (every line takes the careful path).
+  bulk reader is used only when it applies the same filter (the native
+  Digester of stats), else every line takes the careful path.
 
 What comes out, in input order, goes to a sink with two methods:
 
@@ -147,16 +148,18 @@ class StreamReader:
     when built, handing its rows to sink.rows; wide: wide rows.
     careful_keys: lines holding one of these (bytes, e.g. b'"reason":')
     are left to the careful path by the bulk reader (stop_before): for a
-    sink that wants what a row lacks.
+    sink that wants what a row lacks. filt: only the events it passes;
+    the bulk reader fast is then used only when it applies the filter
+    itself (fast_filters: the native Digester's set_filter).
     """
 
     def __init__(self, sink, stats: ReadStats, *, strict: bool = False, max_line: int = MAX_LINE, fast=None,
                  dicts: bool = False, native_rows: bool = False, wide: bool = False, lines: bool = False,
-                 unknown: bool = False, careful_keys: tuple = (), filt=None):
+                 unknown: bool = False, careful_keys: tuple = (), filt=None, fast_filters: bool = False):
         self.sink = sink
         self.filt = filt if filt is not None and filt.active else None
-        if self.filt is not None:
-            fast, native_rows = None, False  # the bulk readers do not filter
+        if self.filt is not None and not fast_filters:
+            fast, native_rows = None, False  # the row readers do not filter
         self.dicts = dicts or lines  # state records to the sink as dicts too (read_records, replay)
         self.wide = wide
         self.lines = lines
