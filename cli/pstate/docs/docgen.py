@@ -539,7 +539,7 @@ def snapshot_task_fields() -> list[tuple[str, str]]:
             continue
         if name not in described:
             raise PstateError(f"snapshot field {name!r} has no description", ExitCode.SOFTWARE,
-                              hint="add it to EVENTS['snapshot_task'] in manprose.py")
+                              hint="add it to EVENTS['snapshot_task'] in formatprose.py")
         fields = ", ".join(f"{s}_ns" for s in snapdir.STATE_FIELDS)
         items.append((name, described[name].format(fields=fields)))
     return items

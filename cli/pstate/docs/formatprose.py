@@ -166,6 +166,8 @@ EVENTS = {
         "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; null "
                   "when not known.",
         "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
+        "ppid": "Its process's parent (pid), as /proc said at the snapshot; null when not known "
+                "(stats DIR/ --by ppid groups by it).",
     },
     "snapshot_hist": """
         After the task rows, a JSON-lines snapshot has one hist row per

@@ -127,7 +127,7 @@ def descendants(pid: int) -> list[int]:
 
 
 class RowIdentities:
-    """snap: the title and cgroup of each process of a snapshot, read from
+    """snap: the title, cgroup and parent of each process of a snapshot, read from
     /proc at each snapshot; a process gone since keeps what was read last."""
 
     def __init__(self, cgroups: CgroupPaths | None = None):
@@ -139,11 +139,12 @@ class RowIdentities:
         for pid in set(pids):
             info = read_process(pid) if pid else None
             if info is None:
-                now[pid] = self.last.get(pid, {"title": None, "cgroup": None, "cgroup_path": None})
+                now[pid] = self.last.get(pid, {"title": None, "cgroup": None, "cgroup_path": None, "ppid": None})
                 continue
             path = info["cgroup_path"]
             cgid = self.cgroups.id_of(path) if path is not None else None
-            now[pid] = {"title": info["title"], "cgroup": cgid, "cgroup_path": path if cgid is not None else None}
+            now[pid] = {"title": info["title"], "cgroup": cgid, "cgroup_path": path if cgid is not None else None,
+                        "ppid": info["ppid"]}
         self.last = now
         return now
 

@@ -35,7 +35,7 @@ from pstate.render import heatviews
 from pstate.stream import schema
 from pstate.render import heatdraw as hr
 from pstate.stream.durations import fmt_ns
-from pstate.exitcodes import ExitCode, PstateError
+from pstate.exitcodes import ExitCode
 from pstate.stream.filters import Filter
 from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats

@@ -55,7 +55,7 @@ START_SLACK_NS = 20_000_000  # two clock ticks at HZ=100
 STATE_FIELDS = ("running", "runnable", "preempted", "new", "sleeping", "uninterruptible", "stopped",
                 "traced", "zombie", "dead", "parked", "idle", "unknown")
 COUNT_FIELDS = ("nvcsw", "nivcsw", "wakeups")
-IDENTITY_FIELDS = ("title", "cgroup", "cgroup_path")  # who the thread's process is (kernel.identity)
+IDENTITY_FIELDS = ("title", "cgroup", "cgroup_path", "ppid")  # who the thread's process is (kernel.identity)
 ROW_FIELDS = ("type", "ts", "pid", "tid", "comm", "start_ts", "state", "state_since_ts", "exited", "exit_ts",
               *(f"{s}_ns" for s in STATE_FIELDS), *COUNT_FIELDS, *IDENTITY_FIELDS)
 WAIT_FIELDS = ("runnable_ns", "preempted_ns", "new_ns")
@@ -81,6 +81,7 @@ TASK_RECORD = (
         "title": ("string?", "its process's title (as ps shows it; null for a kernel thread or when not known)"),
         "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); null when not known"),
         "cgroup_path": ("string?", "that cgroup's path below the v2 mount (/system.slice/x.service)"),
+        "ppid": ("int?", "its process's parent (pid); null when not known"),
     },
 )
 SNAP_META_FIELDS = {

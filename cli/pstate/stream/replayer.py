@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import orjson
 

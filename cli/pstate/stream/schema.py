@@ -136,15 +136,12 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "replay_begin_ts": ("int?", "replay: start of the --begin/--end window, ns"),
             "replay_end_ts": ("int?", "replay: end of the window (exclusive), ns"),
             "window_begin_ts": ("int?", "a cut stream (a replay --begin window, a file record started anew "
-                                "on SIGHUP): where its window begins, ns; readers clip every "
+                                "on SIGHUP, a --flight dump): where its window begins, ns; readers clip every "
                                 "duration reaching back before it"),
-            "window_end_ts": ("int?", "a cut stream: where its window ends (exclusive), ns; no time "
-                              "counts past it"),
+            "window_end_ts": ("int?", "a cut stream (replay --end, a --flight dump): where its window ends "
+                              "(exclusive), ns; no time counts past it"),
             "replay_filter_*": ("list?", "replay: the filters replay applied (same names as filter_*)"),
             "replay_include_idle": ("bool?", "replay: --include-idle"),
-            "window_begin_ts": ("int?", "where the file's window begins, ns (a file started mid-run: record's SIGHUP, "
-                                "a --flight recording); durations begun before it are clipped to it"),
-            "window_end_ts": ("int?", "record --flight: where the file's window ends, ns"),
         },
     ),
     "state": (

@@ -44,7 +44,7 @@ def row(end, pid, tid, comm, start, state="sleeping", exited=False, exit_ts=None
     r.update(nvcsw=int(ns.get("nvcsw", 0)), nivcsw=int(ns.get("nivcsw", 0)), wakeups=int(ns.get("wakeups", 0)))
     path = CGROUPS.get(comm)
     r.update(title=f"{comm}: worker", cgroup=(sorted(set(CGROUPS.values())).index(path) + 10) if path else None,
-             cgroup_path=path)
+             cgroup_path=path, ppid=None)
     return r
 
 
