@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from conftest import bpf_prog_ids, clean_env, fdinfos, pstate_cmd
 from pstate.kernel import pins
 from pstate.snapshots import collector as resident
 from pstate.snapshots import snapdir
@@ -44,23 +44,7 @@ def holders_of_the_collector() -> list[int]:
         ids = {f"{'link' if n.startswith('link_') else 'map'}_id:\t{i}" for n, i in found.doc["pins"].items()}
     finally:
         found.close()
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) == os.getpid():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{p}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"/proc/{p}/fdinfo/{fd}") as f:
-                    if ids & set(f.read().splitlines()):
-                        out.append(int(p))
-                        break
-            except OSError:
-                continue
-    return out
+    return sorted({p for p, text in fdinfos() if p != os.getpid() and ids & set(text.splitlines())})
 
 
 @pytest.fixture
@@ -90,17 +74,23 @@ def assert_as_before(before) -> None:
     assert now[0] - before[0] == set()
 
 
-CHILDREN = """
-import os, sys
+BATCH = """
+import os, sys, time
+n, comm = int(sys.argv[1]), sys.argv[2].encode()
 kids = []
-for _ in range(200):
+for _ in range(n):
     pid = os.fork()
     if pid == 0:
+        with open("/proc/self/comm", "wb") as f:
+            f.write(comm)
+        time.sleep(0.01)
         os._exit(0)
-    os.waitpid(pid, 0)
     kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
 print(" ".join(map(str, kids)), flush=True)
 """
+
 
 SLEEPER = """
 import json, time
@@ -131,7 +121,7 @@ def test_cron_runs_read_the_collector_and_stop_leaves_nothing(tmp_path, machine)
     t_first = time.monotonic()
     assert holders_of_the_collector() == []  # counting goes on in the kernel alone
     t0 = time.monotonic_ns()
-    kids_p = subprocess.Popen([sys.executable, "-c", CHILDREN], stdout=subprocess.PIPE)
+    kids_p = subprocess.Popen([sys.executable, "-c", BATCH, "200", "pstkid"], stdout=subprocess.PIPE)
     sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
     try:
         kids = [int(x) for x in kids_p.stdout.readline().split()]
@@ -229,24 +219,6 @@ def test_without_a_collector_snap_collects_and_says_how_to_start_one(tmp_path, m
     assert said.decode().replace("\r\n", "\n") == note + "\n"
     r = snap("--dir", tmp_path / "cron", "-i", "0.2")
     assert r.returncode == 0 and r.stderr == "", r.stderr
-
-
-BATCH = """
-import os, sys, time
-n, comm = int(sys.argv[1]), sys.argv[2].encode()
-kids = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        with open("/proc/self/comm", "wb") as f:
-            f.write(comm)
-        time.sleep(0.01)
-        os._exit(0)
-    kids.append(pid)
-for pid in kids:
-    os.waitpid(pid, 0)
-print(" ".join(map(str, kids)), flush=True)
-"""
 
 
 def prom_values(path: Path) -> dict[str, float]:
