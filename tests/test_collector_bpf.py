@@ -5,6 +5,7 @@ running, and --stop leaves the kernel and bpffs as they were."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -314,3 +315,28 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
     # the collector kept counting through it all: pid 1's counters grew
     one = [{k: v for k, v in r.items() if k.endswith("_ns")} for s in (first, final) for r in s.rows if r["tid"] == 1]
     assert len(one) == 2 and sum(one[1].values()) - sum(one[0].values()) >= final.end_ts - first.end_ts - 10**7
+
+
+@pytest.mark.time_limit(400)
+def test_an_exit_burst_larger_than_the_maps_is_counted_never_silently_lost(tmp_path, machine):
+    assert snap("--start", "--max-tasks", 64).returncode == 0
+    d = tmp_path / "d"
+    assert snap("--dir", d).returncode == 0
+    t0 = time.monotonic_ns()
+    out = subprocess.run([sys.executable, "-c", BATCH, "2000", "pstburst"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    kids = {int(x) for x in out.split()}
+    r = snap("--dir", d)
+    assert r.returncode == 0, r.stderr
+    status = snap("--status")
+    assert status.returncode == 0, status.stderr
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    s1, s2 = sorted(snapdir.load([str(d)]), key=lambda s: s.meta["seq"])
+    shown = {r["tid"] for r in s2.rows if r["tid"] in kids and r["start_ts"] >= t0}
+    lost = s2.meta["map_full"] - s1.meta["map_full"]
+    assert len(kids) == 2000 and len(shown) < 2000  # the maps hold 64 rows each
+    assert s2.meta["truncated"] is True
+    assert len(shown) + lost >= 2000, (len(shown), lost)  # each child is shown, or counted as lost
+    assert re.search(r"lost: \d+ \(task map full\), [1-9]\d* \(freed-thread map full\)", status.stdout) or \
+        re.search(r"lost: [1-9]\d* \(task map full\)", status.stdout), status.stdout
