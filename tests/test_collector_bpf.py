@@ -340,3 +340,31 @@ def test_an_exit_burst_larger_than_the_maps_is_counted_never_silently_lost(tmp_p
     assert len(shown) + lost >= 2000, (len(shown), lost)  # each child is shown, or counted as lost
     assert re.search(r"lost: \d+ \(task map full\), [1-9]\d* \(freed-thread map full\)", status.stdout) or \
         re.search(r"lost: [1-9]\d* \(task map full\)", status.stdout), status.stdout
+
+
+@pytest.mark.time_limit(400)
+def test_starts_killed_at_random_moments_leave_nothing_after_stop(tmp_path, machine):
+    """Compiled (no program cache) or loaded from the cache, a start killed
+    anywhere leaves nothing --stop does not remove."""
+    import random
+
+    t = time.monotonic()
+    r = subprocess.run(pstate_cmd("snap", "--start"), capture_output=True, text=True, timeout=120,
+                       env={**clean_env(), "PSTATE_NO_CACHE": "1"})
+    start_s = time.monotonic() - t
+    assert r.returncode == 0 and "collector started" in r.stderr, r.stderr
+    assert snap("--dir", tmp_path / "d").returncode == 0
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    rng = random.Random(14)
+    for _ in range(8):
+        p = subprocess.Popen(pstate_cmd("snap", "--start"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=clean_env())
+        try:
+            time.sleep(rng.uniform(0.0, start_s))
+        finally:
+            p.kill()
+            p.wait()
+        r = snap("--stop")
+        assert r.returncode == 0, r.stderr
+        assert_as_before(machine)
