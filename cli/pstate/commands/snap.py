@@ -273,7 +273,8 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
     if explicit:
         found.close()
         raise click.UsageError(f"a collector is running: each snap run writes one snapshot of it at once, "
-                               f"so {', '.join(explicit)} do not apply (`pstate snap --stop` stops it)")
+                               f"so {', '.join(explicit)} {'does' if len(explicit) == 1 else 'do'} not apply "
+                               "(`pstate snap --stop` stops it)")
     doc = found.doc
     stopper = Stopper().install()
     out = reader = None
