@@ -111,6 +111,22 @@ def bpf_prog_ids() -> set[int]:
     return {p["id"] for p in json.loads(out or "[]")}
 
 
+def fdinfos(pid: int | str = "*"):
+    """(pid, fdinfo text) of every open fd of one process, or of all of them."""
+    pids = [str(pid)] if pid != "*" else [p for p in os.listdir("/proc") if p.isdigit()]
+    for p in pids:
+        try:
+            fds = os.listdir(f"/proc/{p}/fdinfo")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{p}/fdinfo/{fd}") as f:
+                    yield int(p), f.read()
+            except OSError:
+                continue
+
+
 @pytest.fixture
 def pstate():
     """Run `python -m pstate ARGS` and return the CompletedProcess."""

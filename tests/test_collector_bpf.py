@@ -5,6 +5,7 @@ running, and --stop leaves the kernel and bpffs as they were."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from conftest import bpf_prog_ids, clean_env, fdinfos, pstate_cmd
 from pstate.kernel import pins
 from pstate.snapshots import collector as resident
 from pstate.snapshots import snapdir
@@ -44,23 +45,7 @@ def holders_of_the_collector() -> list[int]:
         ids = {f"{'link' if n.startswith('link_') else 'map'}_id:\t{i}" for n, i in found.doc["pins"].items()}
     finally:
         found.close()
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) == os.getpid():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{p}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"/proc/{p}/fdinfo/{fd}") as f:
-                    if ids & set(f.read().splitlines()):
-                        out.append(int(p))
-                        break
-            except OSError:
-                continue
-    return out
+    return sorted({p for p, text in fdinfos() if p != os.getpid() and ids & set(text.splitlines())})
 
 
 @pytest.fixture
@@ -90,17 +75,23 @@ def assert_as_before(before) -> None:
     assert now[0] - before[0] == set()
 
 
-CHILDREN = """
-import os, sys
+BATCH = """
+import os, sys, time
+n, comm = int(sys.argv[1]), sys.argv[2].encode()
 kids = []
-for _ in range(200):
+for _ in range(n):
     pid = os.fork()
     if pid == 0:
+        with open("/proc/self/comm", "wb") as f:
+            f.write(comm)
+        time.sleep(0.01)
         os._exit(0)
-    os.waitpid(pid, 0)
     kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
 print(" ".join(map(str, kids)), flush=True)
 """
+
 
 SLEEPER = """
 import json, time
@@ -131,7 +122,7 @@ def test_cron_runs_read_the_collector_and_stop_leaves_nothing(tmp_path, machine)
     t_first = time.monotonic()
     assert holders_of_the_collector() == []  # counting goes on in the kernel alone
     t0 = time.monotonic_ns()
-    kids_p = subprocess.Popen([sys.executable, "-c", CHILDREN], stdout=subprocess.PIPE)
+    kids_p = subprocess.Popen([sys.executable, "-c", BATCH, "200", "pstkid"], stdout=subprocess.PIPE)
     sleeper = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)
     try:
         kids = [int(x) for x in kids_p.stdout.readline().split()]
@@ -239,24 +230,6 @@ import select
 while not select.select([sys.stdin], [], [], 0.02)[0]:
     pass
 """
-
-BATCH = """
-import os, sys, time
-n, comm = int(sys.argv[1]), sys.argv[2].encode()
-kids = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        with open("/proc/self/comm", "wb") as f:
-            f.write(comm)
-        time.sleep(0.01)
-        os._exit(0)
-    kids.append(pid)
-for pid in kids:
-    os.waitpid(pid, 0)
-print(" ".join(map(str, kids)), flush=True)
-"""
-
 
 def prom_values(path: Path) -> dict[str, float]:
     out = {}
@@ -369,3 +342,56 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
     # the collector kept counting through it all: pid 1's counters grew
     one = [{k: v for k, v in r.items() if k.endswith("_ns")} for s in (first, final) for r in s.rows if r["tid"] == 1]
     assert len(one) == 2 and sum(one[1].values()) - sum(one[0].values()) >= final.end_ts - first.end_ts - 10**7
+
+
+@pytest.mark.time_limit(400)
+def test_an_exit_burst_larger_than_the_maps_is_counted_never_silently_lost(tmp_path, machine):
+    assert snap("--start", "--max-tasks", 64).returncode == 0
+    d = tmp_path / "d"
+    assert snap("--dir", d).returncode == 0
+    t0 = time.monotonic_ns()
+    out = subprocess.run([sys.executable, "-c", BATCH, "2000", "pstburst"], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    kids = {int(x) for x in out.split()}
+    r = snap("--dir", d)
+    assert r.returncode == 0, r.stderr
+    status = snap("--status")
+    assert status.returncode == 0, status.stderr
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    s1, s2 = sorted(snapdir.load([str(d)]), key=lambda s: s.meta["seq"])
+    shown = {r["tid"] for r in s2.rows if r["tid"] in kids and r["start_ts"] >= t0}
+    lost = s2.meta["map_full"] - s1.meta["map_full"]
+    assert len(kids) == 2000 and len(shown) < 2000  # the maps hold 64 rows each
+    assert s2.meta["truncated"] is True
+    assert len(shown) + lost >= 2000, (len(shown), lost)  # each child is shown, or counted as lost
+    assert re.search(r"lost: \d+ \(task map full\), [1-9]\d* \(freed-thread map full\)", status.stdout) or \
+        re.search(r"lost: [1-9]\d* \(task map full\)", status.stdout), status.stdout
+
+
+@pytest.mark.time_limit(400)
+def test_starts_killed_at_random_moments_leave_nothing_after_stop(tmp_path, machine):
+    """Compiled (no program cache) or loaded from the cache, a start killed
+    anywhere leaves nothing --stop does not remove."""
+    import random
+
+    t = time.monotonic()
+    r = subprocess.run(pstate_cmd("snap", "--start"), capture_output=True, text=True, timeout=120,
+                       env={**clean_env(), "PSTATE_NO_CACHE": "1"})
+    start_s = time.monotonic() - t
+    assert r.returncode == 0 and "collector started" in r.stderr, r.stderr
+    assert snap("--dir", tmp_path / "d").returncode == 0
+    assert snap("--stop").returncode == 0
+    assert_as_before(machine)
+    rng = random.Random(14)
+    for _ in range(8):
+        p = subprocess.Popen(pstate_cmd("snap", "--start"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=clean_env())
+        try:
+            time.sleep(rng.uniform(0.0, start_s))
+        finally:
+            p.kill()
+            p.wait()
+        r = snap("--stop")
+        assert r.returncode == 0, r.stderr
+        assert_as_before(machine)

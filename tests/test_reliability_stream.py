@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import ROOT, bpf_prog_ids, clean_env, pstate_cmd
+from conftest import ROOT, bpf_prog_ids, clean_env, fdinfos, pstate_cmd
 
 pytestmark = pytest.mark.bpf
 
@@ -131,21 +131,10 @@ def wait_for_first_line(path: Path, proc: subprocess.Popen, timeout: float = 60)
 def prog_ids_held(pid: int | str = "*") -> set[int]:
     """IDs of BPF programs some process (or one process) holds an fd of."""
     held = set()
-    pids = [str(pid)] if pid != "*" else [p for p in os.listdir("/proc") if p.isdigit()]
-    for p in pids:
-        try:
-            fds = os.listdir(f"/proc/{p}/fdinfo")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                with open(f"/proc/{p}/fdinfo/{fd}") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                if line.startswith("prog_id:"):
-                    held.add(int(line.split()[1]))
+    for _p, text in fdinfos(pid):
+        for line in text.splitlines():
+            if line.startswith("prog_id:"):
+                held.add(int(line.split()[1]))
     return held
 
 

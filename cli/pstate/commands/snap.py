@@ -188,11 +188,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     out = prog = collector = None
     try:
         out = SnapDir(out_dir, gid=gid)
-        out.lock()
-        stale = out.clean_temps()
-        if stale and not quiet:
-            print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
-                  f"in {out_dir}", file=sys.stderr)
+        _lock(out, quiet)
         if stopper.stopped:
             sys.exit(stopper.exit_code())
         loaded_ts = time.monotonic_ns()
@@ -277,7 +273,8 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
     if explicit:
         found.close()
         raise click.UsageError(f"a collector is running: each snap run writes one snapshot of it at once, "
-                               f"so {', '.join(explicit)} do not apply (`pstate snap --stop` stops it)")
+                               f"so {', '.join(explicit)} {'does' if len(explicit) == 1 else 'do'} not apply "
+                               "(`pstate snap --stop` stops it)")
     doc = found.doc
     stopper = Stopper().install()
     out = reader = None
@@ -285,11 +282,7 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
     try:
         prog = resident.PinnedProgram(found)
         out = SnapDir(out_dir, gid=gid)
-        out.lock()
-        stale = out.clean_temps()
-        if stale and not quiet:
-            print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
-                  f"in {out_dir}", file=sys.stderr)
+        _lock(out, quiet)
         state = resident.load_state(out, doc)
         reader = resident.PinnedCollector(prog, ks, state)
         meta = meta_record("snap", ks)
@@ -318,6 +311,15 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
         stopper.restore()
     if code:
         sys.exit(code)
+
+
+def _lock(out: SnapDir, quiet: bool) -> None:
+    """Take DIR's lock, and remove the temp files killed runs left there."""
+    out.lock()
+    stale = out.clean_temps()
+    if stale and not quiet:
+        print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
+              f"in {out.path}", file=sys.stderr)
 
 
 def _status_failed(out: SnapDir, message: str) -> None:

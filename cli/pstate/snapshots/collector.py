@@ -180,12 +180,12 @@ def stop() -> tuple[dict | None, list[str]]:
     loader.check_privileges()
     left = remove_partial()
     found = find()
-    if found is None:
-        return None, left
-    doc = found.doc
-    left += [os.path.join(PIN_DIR, n) for n in found.remove()]
+    doc = None
+    if found is not None:
+        doc = found.doc
+        left += [os.path.join(PIN_DIR, n) for n in found.remove()]
     with contextlib.suppress(OSError):
-        os.rmdir(PIN_ROOT)  # only when empty: nothing else of pstate's is pinned
+        os.rmdir(PIN_ROOT)  # only when empty: nothing else of pstate's is pinned (a killed start made it)
     return doc, left
 
 

@@ -1,0 +1,145 @@
+"""The snap collector's user-space rules without BPF: which freed rows a
+reader shows and may delete (cursors), what a directory keeps between runs,
+and the command line around a running collector."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+from click.testing import CliRunner
+
+from pstate.commands import snap
+from pstate.main import cli
+from pstate.snapshots import collector as resident
+from pstate.snapshots.writer import PromExport, SnapDir
+
+
+class Key(ctypes.Structure):
+    _fields_ = [("tid", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("start_ts", ctypes.c_uint64)]
+
+
+def reader(rows, state=None):
+    """A PinnedCollector whose `gone` map holds rows: [(tid, start_ts, since)]."""
+    r = resident.PinnedCollector.__new__(resident.PinnedCollector)
+    r.cursor = (state or {}).get("ts")
+    r.late = {tuple(k) for k in (state or {}).get("late", [])}
+    r.new_late, r.read, r.last_ts = [], [], None
+    gone = [(Key(tid, 0, start), types.SimpleNamespace(start_ts=start, since=since)) for tid, start, since in rows]
+    removed = []
+    r.gone = types.SimpleNamespace(read_all=lambda delete=False: list(gone),
+                                   remove=lambda k: removed.append(k.tid) or True)
+    r.removed = removed
+    return r
+
+
+def shown(r, now):
+    import pstate.snapshots.collector as mod
+
+    saved = mod.read_hash
+    mod.read_hash = lambda table, delete=False: table.read_all(delete)
+    try:
+        return sorted(k.tid for k, _v in r._read_gone(now))
+    finally:
+        mod.read_hash = saved
+
+
+def test_a_reader_shows_each_freed_row_once():
+    rows = [(1, 10, 100), (2, 20, 250), (3, 30, 400)]
+    first = reader(rows)
+    assert shown(first, now=300) == [1, 2, 3]  # no cursor yet: all there is
+    assert first.new_late == [(3, 30)]  # freed while it read, after its snapshot's time
+    state = {"ts": 300, "late": first.new_late}
+    again = reader(rows + [(4, 40, 500)], state)
+    assert shown(again, now=600) == [4]  # 1 and 2 before the cursor, 3 shown late already
+    assert again.new_late == []
+
+
+def test_rows_go_once_every_registered_reader_passed_them():
+    r = reader([(1, 10, 100), (2, 20, 250)])
+    shown(r, now=300)
+    readers = {}
+    lib = types.SimpleNamespace()
+    r.last_ts = 300
+    r.prog = types.SimpleNamespace(table_raw=lambda name: 7)
+    # another reader's cursor at 200: only the row freed before 200 may go
+    other = b"o" * resident.READER_KEY
+    import pstate.snapshots.collector as mod
+
+    now = [10**12]
+    readers[other] = (200, now[0])
+
+    def update(fd, key, val, flags):
+        readers[key.raw] = tuple(int.from_bytes(val.raw[i:i + 8], "little") for i in (0, 8))
+        return 0
+
+    def next_key(fd, prev, nxt):
+        keys = sorted(readers)
+        i = 0 if prev is None else keys.index(prev.raw) + 1
+        if i >= len(keys):
+            return -2
+        ctypes.memmove(nxt, keys[i], resident.READER_KEY)
+        return 0
+
+    def lookup(fd, key, val):
+        cur, touched = readers[key.raw]
+        ctypes.memmove(val, cur.to_bytes(8, "little") + touched.to_bytes(8, "little"), 16)
+        return 0
+
+    lib.bpf_update_elem, lib.bpf_get_next_key, lib.bpf_lookup_elem = update, next_key, lookup
+    lib.bpf_delete_elem = lambda fd, key: readers.pop(key.raw) and 0
+    saved = (mod.bpfsys.lib, mod.time.monotonic_ns)
+    mod.bpfsys.lib, mod.time.monotonic_ns = lib, lambda: now[0]
+    try:
+        assert r.commit(b"m" * resident.READER_KEY) == 1
+        assert r.removed == [1]
+        # a reader silent for longer than the expiry holds nothing back
+        r2 = reader([(2, 20, 250)])
+        shown(r2, now=300)
+        r2.last_ts, r2.prog = 300, r.prog
+        now[0] += resident.READER_EXPIRY_NS + 1
+        readers[b"m" * resident.READER_KEY] = (300, now[0])
+        assert r2.commit(b"m" * resident.READER_KEY) == 1 and r2.removed == [2]
+        assert other not in readers
+    finally:
+        mod.bpfsys.lib, mod.time.monotonic_ns = saved
+
+
+def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
+    out = SnapDir(str(tmp_path / "d"))
+    out.lock()
+    doc = {"id": "c0ffee"}
+    snapper = types.SimpleNamespace(prev={(5, 50): {"tid": 5, "sleeping_ns": 7, "nvcsw": 2}}, prom=PromExport("comm"))
+    snapper.prom.totals = {("worker",): {"sleeping_ns": 9}}
+    snapper.prom.started, snapper.prom.exited = 3, 1
+    r = types.SimpleNamespace(last_ts=1234, new_late=[(6, 60)])
+    resident.save_state(out, doc, snapper, r)
+    state = resident.load_state(out, doc)
+    assert state["ts"] == 1234 and state["late"] == [[6, 60]]
+    assert resident.load_state(out, {"id": "another"}) == {}  # a cursor of another collector is no cursor
+    again = types.SimpleNamespace(prev={}, prom=PromExport("comm"))
+    resident.restore(state, again)
+    assert again.prev == {(5, 50): {"sleeping_ns": 7, "nvcsw": 2}}
+    assert again.prom.totals == {("worker",): {"sleeping_ns": 9}} and (again.prom.started, again.prom.exited) == (3, 1)
+    other = types.SimpleNamespace(prev={}, prom=PromExport("unit"))
+    resident.restore(state, other)  # totals per comm are no totals per unit
+    assert other.prom.totals == {}
+    out.close()
+
+
+def test_status_without_a_collector_exits_1(monkeypatch):
+    monkeypatch.setattr(resident, "find", lambda: None)
+    r = CliRunner().invoke(cli, ["snap", "--status"])
+    assert r.exit_code == 1
+    assert r.stderr == "pstate snap: no collector is running (`pstate snap --start` starts one)\n"
+
+
+def test_interval_options_do_not_apply_to_a_running_collector(monkeypatch, tmp_path):
+    closed = []
+    monkeypatch.setattr(snap.loader, "check_privileges", lambda: None)
+    monkeypatch.setattr(snap.loader, "kernel_states", lambda ebpf_only=False: None)
+    monkeypatch.setattr(snap, "running_collector", lambda: types.SimpleNamespace(close=lambda: closed.append(1)))
+    r = CliRunner().invoke(cli, ["snap", "--dir", str(tmp_path), "--every", "10s"])
+    assert r.exit_code == 2 and closed == [1]
+    assert "a collector is running: each snap run writes one snapshot of it at once, so --every does not apply" \
+        in r.stderr
