@@ -549,7 +549,15 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
     return 0;
 }
 
-// Interrupt context of this CPU (see struct irq_ctx).
+// Interrupt context of this CPU (see struct irq_ctx), kept by raw
+// tracepoints on both paths, which read no argument. Not classic ones: a
+// classic tracepoint's program runs only when no other classic one is running
+// on its CPU (the kernel's bpf_prog_active), and softirq handlers and soft
+// hrtimer callbacks run with interrupts on: an interrupt arriving during
+// softirq_entry's program lost the classic sched_waking or sched_wakeup it
+// ran (the IPI that queues a wake-up on its CPU, a timer's wake-up), which is
+// how a sleep ended without a wake-up on the classic path. Raw tracepoint
+// programs are skipped only when the same program is running already.
 static __always_inline void irq_mark(int which, u8 on) {
     u32 zero = 0;
     struct irq_ctx *ic = irq_state.lookup(&zero);
@@ -563,32 +571,32 @@ static __always_inline void irq_mark(int which, u8 on) {
         ic->soft = on;
 }
 
-TRACEPOINT_PROBE(irq, irq_handler_entry) {
+RAW_TRACEPOINT_PROBE(irq_handler_entry) {
     irq_mark(0, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, irq_handler_exit) {
+RAW_TRACEPOINT_PROBE(irq_handler_exit) {
     irq_mark(0, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(timer, hrtimer_expire_entry) {
+RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) {
     irq_mark(1, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(timer, hrtimer_expire_exit) {
+RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) {
     irq_mark(1, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, softirq_entry) {
+RAW_TRACEPOINT_PROBE(softirq_entry) {
     irq_mark(2, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, softirq_exit) {
+RAW_TRACEPOINT_PROBE(softirq_exit) {
     irq_mark(2, 0);
     return 0;
 }
