@@ -350,6 +350,50 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
         count_atomic(DROP_MAP_FULL);
 }
 
+// F_WAKER_IRQ or F_WAKER_SOFTIRQ when this CPU is in interrupt context now.
+static __always_inline u8 waker_context(void) {
+    u32 zero = 0;
+    struct irq_ctx *ic = irq_state.lookup(&zero);
+    if (!ic)
+        return 0;
+    if (ic->hard || (ic->timer && !ic->soft))
+        return F_WAKER_IRQ;
+    if (ic->soft)
+        return F_WAKER_SOFTIRQ;
+    return 0;
+}
+
+// The wake-up ending a blocked state: from -> runnable at `now`. In
+// interrupt context the waker is no task (whichever task was interrupted
+// is not it): waker 0 and the context in the flags.
+static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tgid, struct task_state *ts,
+                                  const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
+    u16 from = ST_UNKNOWN;
+    u64 dur = NO_DUR;
+    u32 stack = 0;
+    if (ts) {
+        from = ts->state;
+        if (ts->tgid)
+            tgid = ts->tgid;
+        stack = ts->stack;
+        ts->stack = 0;
+        ts->wake_flags = 0;
+        if (ts->since && from != ST_UNKNOWN) {
+            dur = elapsed(now, ts->since);
+            if (now < ts->since)
+                now = ts->since; // clamped: the wake-up is not before the state began
+        }
+    }
+    if (transition_match(cfg, from, ST_RUNNABLE, dur)) {
+        // kstate carries the CPU the task was queued on (waking: the one it last ran on).
+        if (ctx)
+            waker_pid = waker_tid = 0;
+        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
+                   target_cpu, waker_pid, waker_tid, stack);
+    }
+    set_state(tid, ts, tgid, ST_RUNNABLE, now);
+}
+
 // prev is the current task at sched_switch, so its tgid is known for sure;
 // it is read (a helper call on the tracepoint path) only when an event or an
 // unknown row needs it.
@@ -423,8 +467,11 @@ PSTATE_PROBE(sched, sched_switch) {
         // A thread's tgid never changes under its tid (exec moves the row
         // to the new tid): a row that has it keeps it.
         set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now);
-        if (ts)
+        if (ts) {
             ts->stack = stack;
+            if (!bits)
+                ts->wake_flags = 0; // still queued: a wake-up kept it running
+        }
     } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         SW_PREV_COMM(comm);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
@@ -433,6 +480,16 @@ PSTATE_PROBE(sched, sched_switch) {
 
     if (next != 0) {
         struct task_state *ts = task_row(next);
+        // Switched in from a blocked state with a waker still kept: the
+        // wake-up came before its switch-out was traced, and sched_switch
+        // reported the state it had read before (see sched_wakeup). It was
+        // queued from the switch-out on: the wake-up is reported there.
+        if (ts && (ts->wake_flags & WAKE_PENDING) && (ts->state & ST_KERNEL) && !(ts->state & DEAD_BITS)) {
+            u8 wf = ts->wake_flags;
+            SW_NEXT_COMM(comm);
+            woken(cfg, ts->since, next, 0, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
+                  wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ));
+        }
         u16 from = ST_UNKNOWN;
         u64 dur = NO_DUR;
         u32 tgid = 0;
@@ -456,49 +513,6 @@ PSTATE_PROBE(sched, sched_switch) {
                    SW_NEXT_PRIO, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
     }
     return 0;
-}
-
-// F_WAKER_IRQ or F_WAKER_SOFTIRQ when this CPU is in interrupt context now.
-static __always_inline u8 waker_context(void) {
-    u32 zero = 0;
-    struct irq_ctx *ic = irq_state.lookup(&zero);
-    if (!ic)
-        return 0;
-    if (ic->hard || (ic->timer && !ic->soft))
-        return F_WAKER_IRQ;
-    if (ic->soft)
-        return F_WAKER_SOFTIRQ;
-    return 0;
-}
-
-// The wake-up ending a blocked state: from -> runnable at `now`. In
-// interrupt context the waker is no task (whichever task was interrupted
-// is not it): waker 0 and the context in the flags.
-static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tgid, struct task_state *ts,
-                                  const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
-    u16 from = ST_UNKNOWN;
-    u64 dur = NO_DUR;
-    u32 stack = 0;
-    if (ts) {
-        from = ts->state;
-        if (ts->tgid)
-            tgid = ts->tgid;
-        stack = ts->stack;
-        ts->stack = 0;
-        if (ts->since && from != ST_UNKNOWN) {
-            dur = elapsed(now, ts->since);
-            if (now < ts->since)
-                now = ts->since; // clamped: the wake-up is not before the state began
-        }
-    }
-    if (transition_match(cfg, from, ST_RUNNABLE, dur)) {
-        // kstate carries the CPU the task was queued on (waking: the one it last ran on).
-        if (ctx)
-            waker_pid = waker_tid = 0;
-        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
-                   target_cpu, waker_pid, waker_tid, stack);
-    }
-    set_state(tid, ts, tgid, ST_RUNNABLE, now);
 }
 
 // Wake-ups are taken at sched_waking, which runs in the waker's context (so
@@ -542,12 +556,21 @@ PSTATE_PROBE(sched, sched_waking) {
 
 // After the switch-out of a task woken while its row said running: if it
 // blocked after all, this is the wake-up that ends the sleep (the task is
-// put on a run queue only now), with the waker kept at sched_waking.
+// put on a run queue only now), with the waker kept at sched_waking. A row
+// still running here was woken before its switch-out was traced: either the
+// wake-up kept it running, or it came while its CPU was inside __schedule,
+// after reading the state the task blocked in, with the run queue's lock
+// dropped to pull a task from another CPU (a task whose dequeue was delayed
+// is still queued, so the wake-up just takes it back): sched_switch then
+// reports it blocked though it is queued. The waker stays kept: a switch-out
+// that is a preemption drops it, a switch-in from a blocked state reports it.
 PSTATE_PROBE(sched, sched_wakeup) {
     u32 tid = WK_PID;
     struct task_state *ts = task_row(tid);
     if (!ts || !ts->wake_flags)
         return 0;
+    if (ts->state == ST_RUNNING)
+        return 0; // the waker stays kept for the switch-in (see sched_switch)
     u8 wf = ts->wake_flags;
     ts->wake_flags = 0;
     if (!(ts->state & ST_KERNEL) || (ts->state & DEAD_BITS))
@@ -569,7 +592,15 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
     return 0;
 }
 
-// Interrupt context of this CPU (see struct irq_ctx).
+// Interrupt context of this CPU (see struct irq_ctx), kept by raw
+// tracepoints on both paths, which read no argument. Not classic ones: a
+// classic tracepoint's program runs only when no other classic one is running
+// on its CPU (the kernel's bpf_prog_active), and softirq handlers and soft
+// hrtimer callbacks run with interrupts on: an interrupt arriving during
+// softirq_entry's program lost the classic sched_waking or sched_wakeup it
+// ran (the IPI that queues a wake-up on its CPU, a timer's wake-up), which is
+// how a sleep ended without a wake-up on the classic path. Raw tracepoint
+// programs are skipped only when the same program is running already.
 static __always_inline void irq_mark(int which, u8 on) {
     u32 zero = 0;
     struct irq_ctx *ic = irq_state.lookup(&zero);
@@ -583,32 +614,32 @@ static __always_inline void irq_mark(int which, u8 on) {
         ic->soft = on;
 }
 
-TRACEPOINT_PROBE(irq, irq_handler_entry) {
+RAW_TRACEPOINT_PROBE(irq_handler_entry) {
     irq_mark(0, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, irq_handler_exit) {
+RAW_TRACEPOINT_PROBE(irq_handler_exit) {
     irq_mark(0, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(timer, hrtimer_expire_entry) {
+RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) {
     irq_mark(1, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(timer, hrtimer_expire_exit) {
+RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) {
     irq_mark(1, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, softirq_entry) {
+RAW_TRACEPOINT_PROBE(softirq_entry) {
     irq_mark(2, 1);
     return 0;
 }
 
-TRACEPOINT_PROBE(irq, softirq_exit) {
+RAW_TRACEPOINT_PROBE(softirq_exit) {
     irq_mark(2, 0);
     return 0;
 }

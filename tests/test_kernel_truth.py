@@ -207,9 +207,12 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
     gaps, unwoken, wakes = check_stream(recs, tids)
     print(f"  untraced switches: {gaps}; blocked -> running without a wake-up: {unwoken} of {wakes + unwoken} "
           f"sleeps; CPU 1 in interrupts or stolen: {slack / 1e6:.0f} ms")
-    # Still seen now and then with the pipe ping-pong (one sleep in 700 to
-    # 3,000 on a loaded machine, not in every run): a wake-up ordering not
-    # handled yet. The bound keeps it from growing unnoticed.
+    # Still seen now and then: about one scenario run in 12 on either path
+    # has one (a 1 ms ticker or the direct writer, about one sleep in 25,000),
+    # since the interrupt trackers are raw tracepoints (a classic sched
+    # program is no longer skipped behind softirq_entry's) and a wake-up
+    # taken inside __schedule is reported. The bound keeps it from growing
+    # unnoticed.
     assert unwoken <= 0.005 * wakes, unwoken
     states = [r for r in recs if r["type"] == "state"]
     for name, t in truth.items():
