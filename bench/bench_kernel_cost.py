@@ -15,6 +15,9 @@ is bracketed by untraced ones), for:
   the same on the classic tracepoint path (keys ending in _tp), record
   --stacks (the storm is all S: what taking D stacks costs every other
   switch): the BPF C in bpf/;
+- a running collector (snap --start: the programs stay attached by pinned
+  links with no process; the contender holds the links open only so that
+  bpf_stats names them);
 - bpftrace's one-line sched_switch map count;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
   change is measured side by side with what it replaces (keys ending in
@@ -99,8 +102,8 @@ PSTATE_PROBE(sched, sched_waking) {
 }
 """
 # --only btf: the contenders of the tp_btf comparison, in table order
-BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "record_min_dur", "record_min_dur_tp", "record",
-           "record_tp", "bpftrace")
+BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "collector", "record_min_dur", "record_min_dur_tp",
+           "record", "record_tp", "bpftrace")
 READY = "bench-kernel-cost: attached"
 ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
     "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
@@ -193,6 +196,8 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
                 ct.Contender(f"snap{end}{suffix}", f"pstate snap ({label})", "snap",
                              _self("pstate", d, "snap", "--dir", "{dir}", "--interval", "60", "-v", *p),
                              ready="text:collecting into"),
+                ct.Contender(f"collector{end}{suffix}", f"pstate snap --start, a running collector ({label})",
+                             "floor", _self("collector", d, probes), ready=f"text:{READY}"),
                 ct.Contender(f"record_min_dur{end}{suffix}", f"pstate record --min-dur 1ms ({label})", "record",
                              _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms", *p),
                              ready="meta"),
@@ -340,7 +345,41 @@ def report(results: dict, labels: dict) -> str:
                                          "ns/run per program"], tablefmt="simple", disable_numparse=True)
 
 
+def collector_main(src_dir: str, probes: str) -> int:
+    """A running collector (snap --start, from src_dir's BPF C) as a
+    contender: start it, hold its links open (so bpf_stats and bpftool name
+    its programs as for a tracer process), wait for SIGTERM, stop it."""
+    import signal
+
+    from pstate.kernel import pins
+    from pstate.snapshots import collector as resident
+
+    def snap(*args: str, check: bool = True) -> None:
+        subprocess.run([sys.executable, os.path.abspath(__file__), "pstate", src_dir, "snap", *args], check=check,
+                       stdout=subprocess.DEVNULL)
+
+    snap("--stop", check=False)  # none may be left from an earlier run
+    snap("--start", "--quiet", "--probes", probes)
+    fds = []
+    try:
+        fds = [pins.get(os.path.join(resident.PIN_DIR, n)) for n in sorted(os.listdir(resident.PIN_DIR))
+               if n.startswith("link_")]
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+        print(READY, flush=True)
+        while not stop:
+            time.sleep(0.05)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        snap("--stop")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 3 and sys.argv[1] == "collector":
+        return collector_main(sys.argv[2], sys.argv[3])
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
         return floor_main()
     if len(sys.argv) > 1 and sys.argv[1] == "floor2":

@@ -49,6 +49,12 @@ def root_cache(tmp_path, monkeypatch):
     return d
 
 
+def cache_entries(directory) -> list[str]:
+    """The files in a program cache directory (its btf/ directory holds what
+    the cache keeps of the kernel's BTF, no program)."""
+    return sorted(n for n in os.listdir(directory) if os.path.isfile(os.path.join(directory, n)))
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("bpf") is not None:
         why = bpf_unavailable()

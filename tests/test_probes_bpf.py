@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from conftest import cache_entries
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import btf, tpbtf
 
@@ -71,7 +72,7 @@ def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
         assert sorted(cold.btf_progs.link_fds) == sorted(tpbtf.probes_in(loader.source(name)))
     finally:
         cold.close()
-    assert len(os.listdir(root_cache)) == 1
+    assert len(cache_entries(root_cache)) == 1
     warm = loader.Program(name, d, probes="tp_btf")
     try:
         assert (warm.origin, warm.plan.path) == ("cache", "tp_btf"), warm.cache_note
@@ -86,7 +87,7 @@ def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
         assert (other.origin, other.plan.path) == ("compiled", "tracepoint")
     finally:
         other.close()
-    assert len(os.listdir(root_cache)) == 2
+    assert len(cache_entries(root_cache)) == 2
 
 
 def test_no_btf_takes_the_tracepoint_path(tmp_path, monkeypatch):

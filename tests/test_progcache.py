@@ -12,6 +12,7 @@ import struct
 
 import pytest
 
+from conftest import cache_entries
 from pstate.kernel import bpfsys
 from pstate.kernel import progcache
 from pstate.kernel.progcache import CacheMiss, NotCacheable
@@ -229,7 +230,7 @@ def test_store_then_lookup(cachedir):
     path = progcache.store(e, cachedir, owner=ME)
     assert path == progcache.entry_path(cachedir, "record", e["key"])
     assert os.stat(path).st_mode & 0o777 == 0o644
-    assert [n for n in os.listdir(cachedir)] == [os.path.basename(path)]  # no temporary left behind
+    assert cache_entries(cachedir) == [os.path.basename(path)]  # no temporary left behind
     assert progcache.lookup(e["key"], "record", cachedir, owner=ME)["progs"] == e["progs"]
 
 
@@ -325,7 +326,7 @@ def test_prune_keeps_the_newest(cachedir):
         p = progcache.store(entry(key=str(i) * 64), cachedir, owner=ME)
         os.utime(p, ns=(i * 10**9, i * 10**9))
     progcache.prune(cachedir, owner=ME, keep=2)
-    assert sorted(os.listdir(cachedir)) == sorted(
+    assert cache_entries(cachedir) == sorted(
         os.path.basename(progcache.entry_path(cachedir, "record", str(i) * 64)) for i in (3, 4))
 
 
@@ -433,7 +434,7 @@ def test_warm_program_has_the_same_tables(root_cache):
     cold = loader.Program("record", d)
     try:
         assert cold.origin == "compiled" and cold.bpf is not None
-        assert len(os.listdir(root_cache)) == 1, cold.cache_note
+        assert len(cache_entries(root_cache)) == 1, cold.cache_note
         shapes = {n: (type(cold.table(n)).__name__, ct.sizeof(cold.table(n).Key), ct.sizeof(cold.table(n).Leaf))
                   for n in ("tasks", "events", "counters")}
     finally:
@@ -474,7 +475,7 @@ def test_refused_cached_program_falls_back_to_compiling(root_cache):
 
     d = _record_defines()
     loader.Program("record", d).close()
-    (name,) = os.listdir(root_cache)
+    (name,) = cache_entries(root_cache)
     path = os.path.join(root_cache, name)
     e = json.loads(open(path, "rb").read())
     # r0 is never set: the verifier refuses this
@@ -581,8 +582,11 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     monkeypatch.setattr(tpbtf, "read_facts", lambda path: parsed.append(path) or real(path))
     truth = btf.facts(btf.Btf.read())
     assert progcache.btf_facts() == truth and len(parsed) == 1
-    assert progcache.btf_facts() == truth and len(parsed) == 1
-    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith(progcache.BTF_FACTS)]
+    kept = progcache.btf_facts()
+    assert len(parsed) == 1  # and in the same order: the -D settings, and so the program's key, are the same
+    assert [list(kept[p].items()) for p in kept] == [list(truth[p].items()) for p in truth]
+    (entry,) = [p for p in (tmp_path / "btf").iterdir() if p.name.startswith(progcache.BTF_FACTS)]
+    assert not [p for p in tmp_path.iterdir() if p.is_file()]  # no program entry among the programs
     entry.write_bytes(entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"TASK_X":1,'))
     assert progcache.btf_facts() == truth and len(parsed) == 2
     monkeypatch.setattr(btf, "boot_identity", lambda path=btf.VMLINUX: "another boot")

@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import IN_CI, bpf_prog_ids, clean_env, pstate_cmd
+from conftest import IN_CI, bpf_prog_ids, cache_entries, clean_env, pstate_cmd
 from pstate.kernel import progcache
 from pstate.stream import schema
 from test_reliability_stream import leftover_programs, prog_ids_held
@@ -174,13 +174,13 @@ def test_headers_another_user_planted_are_never_compiled(sticky, cache, tmp_path
         assert not out.exists(), "a refused run left its output file"
     p = record("--kernel-headers", evil, "-d", "0.5", PSTATE_CACHE_DIR=cache)
     assert_refused(p, 77, "not safe to compile as root")
-    assert not cache.exists() or os.listdir(cache) == [], "something was compiled and cached"
+    assert not cache.exists() or cache_entries(cache) == [], "something was compiled and cached"
     assert tree_digests(evil) == before
     # a clean run afterwards compiles the real headers: the map has its real size
     sizes, done = running_record_maps(tmp_path / "clean.jsonl", PSTATE_CACHE_DIR=cache)
     assert done.returncode == 0, done.stderr
     assert sizes["tasks"] == TASKS, sizes
-    assert len(os.listdir(cache)) == 1
+    assert len(cache_entries(cache)) == 1
 
 
 # --- 2 and 5: the program cache ------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_cache_entries_another_user_could_write_are_never_loaded(cache, sticky, 
     # a genuine entry, from a trusted cache
     done = record("-d", "0.3", "-o", tmp_path / "warm.jsonl", PSTATE_CACHE_DIR=cache)
     assert done.returncode == 0, done.stderr
-    (genuine,) = [cache / n for n in os.listdir(cache)]
+    (genuine,) = [cache / n for n in cache_entries(cache)]
     # nobody's own cache directory, holding the rewritten entry
     as_nobody("mkdir -p theirs/programs", sticky)
     theirs = sticky / "theirs" / "programs"
@@ -245,7 +245,7 @@ def test_umask_000_first_run_creates_0755_directories_and_0600_output(tmp_path):
     assert p.returncode == 0, p.stderr
     for d in (base / "var", base / "var" / "cache", base / "var" / "cache" / "pstate", cache):
         assert stat.S_IMODE(d.stat().st_mode) == 0o755, d
-    (entry,) = list(cache.iterdir())
+    (entry,) = [cache / n for n in cache_entries(cache)]
     assert stat.S_IMODE(entry.stat().st_mode) == 0o644
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     snaps = tmp_path / "snaps"
@@ -320,7 +320,7 @@ def test_foreign_files_survive_retention_and_cache_pruning(tmp_path, cache):
     mine = sorted(f.name for f in snaps.glob("pstate-snap-*") if f not in foreign)
     assert [snapdir.parse_name(n)[1] for n in mine] == [3, 4], mine
     assert digests(foreign + junk) == before
-    assert len([n for n in os.listdir(cache) if n.startswith("snap-")]) == 1
+    assert len([n for n in cache_entries(cache) if n.startswith("snap-")]) == 1
 
 
 # --- 6: outputs that are not files ------------------------------------------------------------------

@@ -303,8 +303,10 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
 
 def facts(b: Btf) -> dict:
     """What the tp_btf path takes from a kernel's BTF: the task_struct
-    offsets (task_offsets) and the attach targets (check_tracepoints)."""
-    return {"offsets": task_offsets(b), "targets": check_tracepoints(b)}
+    offsets (task_offsets) and the attach targets (check_tracepoints), each
+    sorted by name: they become -D settings, whose order is part of the
+    program cache's key, and a copy kept as JSON must give the same key."""
+    return {"offsets": dict(sorted(task_offsets(b).items())), "targets": dict(sorted(check_tracepoints(b).items()))}
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

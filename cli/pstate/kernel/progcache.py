@@ -26,8 +26,8 @@ carry a checksum; any entry that is unreadable, stale or refused by the
 verifier is ignored and the program compiled again. PSTATE_NO_CACHE=1
 bypasses the cache.
 
-Beside the programs the cache keeps, per boot, what the tp_btf path reads
-from the kernel's BTF (btf_facts), so that a start-up on a cached program
+Beside the programs (in its btf/ directory) the cache keeps, per boot, what
+the tp_btf path reads from the kernel's BTF (btf_facts), so that a start-up on a cached program
 does not parse 100 000 BTF types again.
 """
 
@@ -340,13 +340,16 @@ def btf_facts(path: str = btf.VMLINUX) -> dict:
     if ident is None:
         return tpbtf.read_facts(path)
     key = _sha(json.dumps([FORMAT, __version__, ident]).encode())
+    directory = os.path.join(cache_dir(), "btf")  # apart from the programs: it is no program entry
     try:
-        entry = lookup(key, BTF_FACTS, validate=_validate_facts)
-        return {"offsets": entry["offsets"], "targets": entry["targets"]}
+        entry = lookup(key, BTF_FACTS, directory, validate=_validate_facts)
+        return {part: dict(sorted(entry[part].items())) for part in ("offsets", "targets")}
     except CacheMiss:
         pass
     got = tpbtf.read_facts(path)
-    store({"format": FORMAT, "name": BTF_FACTS, "key": key, **got})
+    # nothing is created in a cache directory root may not trust (another user's)
+    if not _untrusted_dir(cache_dir(), 0):
+        store({"format": FORMAT, "name": BTF_FACTS, "key": key, **got}, directory)
     return got
 
 
