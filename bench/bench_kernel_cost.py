@@ -134,8 +134,6 @@ def _patch_source(src_dir: str | None, text: str | None = None) -> None:
 def floor_main(text: str = FLOOR_C, probes: str = "tracepoint") -> int:
     """Attach the programs of `text` through pstate's loader on the path
     `probes`; wait for SIGTERM."""
-    import signal
-
     from pstate.kernel import loader
 
     def read(name: str) -> str:
@@ -148,14 +146,21 @@ def floor_main(text: str = FLOOR_C, probes: str = "tracepoint") -> int:
                           probes=probes)
     if prog.plan.path != probes:
         sys.exit(f"the floor took the {prog.plan.path} path: {prog.plan.reason}")
+    attached_until_stopped()
+    prog.close()
+    return 0
+
+
+def attached_until_stopped() -> None:
+    """Say the contender is attached; return on SIGTERM or SIGINT."""
+    import signal
+
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     print(READY, flush=True)
     while not stop:
         time.sleep(0.05)
-    prog.close()
-    return 0
 
 
 def pstate_main(src_dir: str, args: list[str]) -> int:
@@ -349,7 +354,6 @@ def collector_main(src_dir: str, probes: str) -> int:
     """A running collector (snap --start, from src_dir's BPF C) as a
     contender: start it, hold its links open (so bpf_stats and bpftool name
     its programs as for a tracer process), wait for SIGTERM, stop it."""
-    import signal
 
     from pstate.kernel import pins
     from pstate.snapshots import collector as resident
@@ -364,12 +368,7 @@ def collector_main(src_dir: str, probes: str) -> int:
     try:
         fds = [pins.get(os.path.join(resident.PIN_DIR, n)) for n in sorted(os.listdir(resident.PIN_DIR))
                if n.startswith("link_")]
-        stop = []
-        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-        signal.signal(signal.SIGINT, lambda *_: stop.append(1))
-        print(READY, flush=True)
-        while not stop:
-            time.sleep(0.05)
+        attached_until_stopped()
     finally:
         for fd in fds:
             os.close(fd)
