@@ -130,7 +130,8 @@ def test_snapshots_carry_the_cgroup_and_stats_dir_groups_by_it(tmp_path):
     from conftest import clean_env, pstate_cmd
 
     with V2Cgroups(SERVICE, SCOPE) as cg:
-        hog, sleeper = start(BUSY.format(secs=1.5)), start(SLEEPER.format(n=15, secs=0.1))
+        # the hog outlasts snap's start and interval on a slow machine (killed after)
+        hog, sleeper = start(BUSY.format(secs=5)), start(SLEEPER.format(n=15, secs=0.1))
         try:
             cg.move(hog.pid, cg.top + "/" + SERVICE)
             cg.move(sleeper.pid, cg.top + "/" + SCOPE)
@@ -147,7 +148,7 @@ def test_snapshots_carry_the_cgroup_and_stats_dir_groups_by_it(tmp_path):
     r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "unit", str(tmp_path)], prog_name="pstate")
     assert r.exit_code == 0, r.output
     trends = {t["comm"]: t for t in orjson.loads(r.stdout)["trends"]}
-    assert trends["pstate-test.service"]["cpu_share_avg"] > 0.5
+    assert trends["pstate-test.service"]["cpu_share_avg"] > 0.25  # a busy loop, on a CPU it may share
     assert trends[f"docker-{DOCKER_ID}.scope"]["cpu_share_avg"] < 0.1
     r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "container", str(tmp_path)], prog_name="pstate")
     trends = {t["comm"]: t for t in orjson.loads(r.stdout)["trends"]}
