@@ -100,7 +100,9 @@ def test_heat_draws_the_same_groups(hog_and_sleeper, by, keys):
 
 def test_titles_rewritten_after_start_are_told_apart(tmp_path):
     titles = ("pstate-test: backend", "pstate-test: walwriter", "pstate-test: checkpointer")
-    kids = [start_titled(t) for t in titles]
+    # alive well past record's second look (200 ms after the first), which a
+    # loaded machine may delay
+    kids = [start_titled(t, secs=2.5) for t in titles]
     recs, _rec = record_all(kids)
     for c, t in zip(kids, titles):
         procs = [r for r in recs if r["type"] == "process" and r["pid"] == c.pid]

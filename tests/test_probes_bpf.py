@@ -232,9 +232,13 @@ def test_both_paths_give_the_same_records():
             else:
                 assert abs(x["dur_ns"] - y["dur_ns"]) <= 1000 + abs(offset), (x, y, offset)
         transitions += len(a)
-    # the classic path's known miss (issue 15: about one sleep in 700 to 3,000
-    # ends blocked -> running with no wake-up), bounded as in test_kernel_truth
-    assert missed <= 0.005 * wakes, (missed, wakes)
+    # the classic path's known miss (issue 15), bounded as in test_kernel_truth
+    # but for one: the fork, exec, exit and free programs are classic
+    # tracepoints on both paths and run with interrupts on (free in softirq),
+    # and while one runs the kernel skips the classic sched_waking of an
+    # interrupt on that CPU (bpf_prog_active); this workload forks and reaps
+    # a lot and has only about a hundred wake-ups
+    assert missed <= 1 + 0.005 * wakes, (missed, wakes)
     kinds = {(x["from"], x["to"]) for rs in by_tid["tp_btf"].values() for x in rs}
     # what the workload was built to show: sleeps, a stop, preemption between the hogs, births
     assert {("running", "sleeping"), ("sleeping", "runnable"), ("running", "stopped"), ("stopped", "runnable"),

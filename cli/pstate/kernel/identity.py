@@ -172,8 +172,9 @@ def title_of(cmdline: bytes) -> str:
 
 def read_process(pid: int) -> dict | None:
     """comm, title, exe, ppid, cgroup path and namespace pid of a process,
-    read from /proc; None when it is gone. A kernel thread (empty cmdline)
-    has the title and exe None."""
+    read from /proc; None when it is gone (a zombie, or exiting: its title
+    went with its memory). A kernel thread (empty cmdline) has the title and
+    exe None."""
     base = f"/proc/{pid}"
     try:
         with open(base + "/cmdline", "rb") as f:
@@ -182,9 +183,11 @@ def read_process(pid: int) -> dict | None:
             status = f.read()
     except OSError:
         return None
-    ppid, nspid, tgid, comm = None, [], None, None
+    ppid, nspid, tgid, comm, state = None, [], None, None, b""
     for line in status.splitlines():
-        if line.startswith(b"Name:"):
+        if line.startswith(b"State:"):
+            state = line[6:].strip()[:1]
+        elif line.startswith(b"Name:"):
             comm = line[5:].strip().decode("utf-8", "replace")
         elif line.startswith(b"PPid:"):
             ppid = int(line.split()[1])
@@ -199,6 +202,10 @@ def read_process(pid: int) -> dict | None:
     except OSError:
         exe = None
     title = title_of(cmdline) or None
+    if title is None and (state in (b"Z", b"X") or ppid not in (0, 2)):
+        # no kernel thread (those are kthreadd's, pid 2, children): a process
+        # past its exit, whose memory (and so its title) is gone already
+        return None
     return {"comm": comm, "title": title, "exe": exe if title is not None else None, "ppid": ppid,
             "cgroup_path": process_cgroup(pid), "ns_pid": nspid[-1] if len(nspid) > 1 else None}
 
