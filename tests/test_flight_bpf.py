@@ -203,4 +203,6 @@ def test_memory_stays_under_the_cap_in_a_storm(tmp_path):
     print(f"\nflight storm: anonymous memory {base >> 20} MB at start, peak {peak >> 20} MB, cap {cap >> 20} MB; "
           f"window kept {(trig['ts'] - trig['window_begin_ts']) / 1e9:.2f} s")
     assert trig["shrunk"] is True and trig["ts"] - trig["window_begin_ts"] < 30_000 * MS
-    assert peak - base <= cap + (12 << 20)  # the ring, plus one batch and the interpreter's slack
+    # the ring, plus one batch being decoded (at most the kernel ring buffer's
+    # 16 MiB, drained at once when the machine is slow), and the interpreter's slack
+    assert peak - base <= cap + (16 << 20) + (12 << 20)
