@@ -90,7 +90,7 @@ def make_batch(n: int, n_threads: int, seed: int = 1) -> bytes:
             opid, otid = pid, tid + 1
             flags = rnd.randrange(8)
         out.append(struct.pack(ec.REC_FMT, ec.EVENT_SIZE, 0, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ,
-                               cause, prio, flags, comm, 0))
+                               cause, prio, flags, comm, 0, 0 if typ != ec.EV_STATE else 4000 + pid % 3))
     return b"".join(out)
 
 

@@ -74,17 +74,17 @@ def generate(path: str, n: int, seed: int = 8, log=print) -> None:
                 r = rnd.random()
                 to, kst, vol = (S_, 1, 1) if r < 0.6 else ((PREEMPTED, 0x100, 0) if r < 0.9 else (D_, 2, 1))
                 batch.append(pack(ec.EVENT_SIZE, 0, t, dur, pid, tid, 0, 0, kst, RUNNING if st else 0, to, cpu,
-                                  ec.EV_STATE, 1, 120, vol, comm, 0))
+                                  ec.EV_STATE, 1, 120, vol, comm, 0, 1))
                 th[3] = to
             elif st in (S_, D_):
                 waker = threads[rnd.randrange(len(threads))]
                 cpu = rnd.randrange(NCPU)
                 batch.append(pack(ec.EVENT_SIZE, 0, t, dur, pid, tid, waker[0], waker[1], cpu, st, RUNNABLE, cpu,
-                                  ec.EV_STATE, 3, -1, 0, comm, 0))
+                                  ec.EV_STATE, 3, -1, 0, comm, 0, 1))
                 th[3], th[5] = RUNNABLE, cpu
             else:  # runnable or preempted -> running
                 batch.append(pack(ec.EVENT_SIZE, 0, t, dur, pid, tid, 0, 0, 0, st, RUNNING, cpu, ec.EV_STATE, 2,
-                                  120, 0, comm, 0))
+                                  120, 0, comm, 0, 1))
                 th[3] = RUNNING
             th[4] = t
             i += 1

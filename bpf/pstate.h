@@ -92,7 +92,7 @@
 #define HK_UNINTERRUPTIBLE 3 // blocked in D, ended by a wake-up
 #define HIST_KINDS 4
 
-// record's ring buffer record: 72 bytes, little-endian, after the ring
+// record's ring buffer record: 80 bytes, little-endian, after the ring
 // buffer's own 8-byte header.
 struct event {
     u64 ts;
@@ -113,6 +113,7 @@ struct event {
     char comm[16];
     u32 stack; // wakeup: the stack map id + 1 of the blocked state's kernel stack (record --stacks); 0: none
     u32 pad2;
+    u64 cgroup; // state: the v2 cgroup id of the task (bpf_get_current_cgroup_id's); 0: not known
 };
 
 #endif

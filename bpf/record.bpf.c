@@ -295,10 +295,27 @@ static __always_inline void submit(struct event *e) {
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
+// Whose cgroup id an event carries (struct event cgroup), taken only once
+// it is emitted: the current task's (the helper), the task the probe was
+// given (bpf/tpargs.h task_cgroup_id: tp_btf only, 0 on the classic path),
+// or none (0).
+#define CG_NONE 0
+#define CG_CURRENT 1
+#define CG_TASK 2
+
+static __always_inline u64 cgroup_of(u8 cg, const char *task) {
+    if (cg == CG_CURRENT)
+        return bpf_get_current_cgroup_id();
+    if (cg == CG_TASK)
+        return task_cgroup_id(task);
+    return 0;
+}
+
 // One event of any type, through the task and CPU filters.
 static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
                                  const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on) {
+                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on, u8 cg,
+                                 const char *task) {
     if (!task_match(cfg, cpu, tgid, tid, comm))
         return;
     struct event *e = reserve(irqs_on);
@@ -322,6 +339,7 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
     __builtin_memcpy(e->comm, comm, 16);
     e->stack = stack;
     e->pad2 = 0;
+    e->cgroup = cgroup_of(cg, task);
     submit(e);
 }
 
@@ -329,9 +347,10 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
 // test, and the one that fails most often under --state or --min-dur
 static __always_inline void emit_state(struct settings *cfg, u64 now, u32 cpu, u32 tgid, u32 tid,
                                        const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                       u32 kstate, u32 other_pid, u32 other_tid, u32 stack) {
+                                       u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 cg,
+                                       const char *task) {
     emit(cfg, EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid,
-         other_tid, stack, 0);
+         other_tid, stack, 0, cg, task);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -366,8 +385,10 @@ static __always_inline u8 waker_context(void) {
 // The wake-up ending a blocked state: from -> runnable at `now`. In
 // interrupt context the waker is no task (whichever task was interrupted
 // is not it): waker 0 and the context in the flags.
+// task: the wakee (bpf/tpargs.h WK_TASK, SW_NEXT_TASK), for its cgroup id.
 static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tgid, struct task_state *ts,
-                                  const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx) {
+                                  const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx,
+                                  const char *task) {
     u16 from = ST_UNKNOWN;
     u64 dur = NO_DUR;
     u32 stack = 0;
@@ -389,7 +410,7 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         if (ctx)
             waker_pid = waker_tid = 0;
         emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
-                   target_cpu, waker_pid, waker_tid, stack);
+                   target_cpu, waker_pid, waker_tid, stack, CG_TASK, task);
     }
     set_state(tid, ts, tgid, ST_RUNNABLE, now);
 }
@@ -440,7 +461,7 @@ PSTATE_PROBE(sched, sched_switch) {
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
             SW_PREV_COMM(comm);
             emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
-                       SW_PREV_PRIO, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0);
+                       SW_PREV_PRIO, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0, CG_CURRENT, 0);
         }
         // The stack of a task blocking in a --stacks state; every other
         // switch pays one test of the settings row. Only a reported task's:
@@ -475,7 +496,7 @@ PSTATE_PROBE(sched, sched_switch) {
     } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         SW_PREV_COMM(comm);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
-                   SW_PREV_PRIO, 0, kstate, 0, next, 0);
+                   SW_PREV_PRIO, 0, kstate, 0, next, 0, CG_CURRENT, 0);
     }
 
     if (next != 0) {
@@ -488,7 +509,7 @@ PSTATE_PROBE(sched, sched_switch) {
             u8 wf = ts->wake_flags;
             SW_NEXT_COMM(comm);
             woken(cfg, ts->since, next, 0, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
-                  wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ));
+                  wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ), SW_NEXT_TASK);
         }
         u16 from = ST_UNKNOWN;
         u64 dur = NO_DUR;
@@ -504,13 +525,13 @@ PSTATE_PROBE(sched, sched_switch) {
         if (transition_match(cfg, from, ST_RUNNING, dur)) {
             SW_NEXT_COMM(comm);
             emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, SW_NEXT_PRIO,
-                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
+                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
         }
         set_state(next, ts, tgid, ST_RUNNING, now);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         SW_NEXT_COMM(comm);
         emit_state(cfg, now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
-                   SW_NEXT_PRIO, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0);
+                   SW_NEXT_PRIO, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
     }
     return 0;
 }
@@ -521,7 +542,8 @@ PSTATE_PROBE(sched, sched_switch) {
 // the waker. sched_wakeup is needed only for a wake-up that found the row
 // still running (see task_state.wake_flags).
 // tgid: the wakee's, where the path knows it (tp_btf), else 0
-static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause, u32 target_cpu) {
+static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause, u32 target_cpu,
+                                   const char *task) {
     struct settings *cfg = get_settings();
     if (!cfg)
         return;
@@ -544,13 +566,13 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
             return;
     }
     u64 id = bpf_get_current_pid_tgid();
-    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context());
+    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context(), task);
 }
 
 PSTATE_PROBE(sched, sched_waking) {
     char comm[16];
     WK_COMM(comm);
-    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP, WK_TARGET_CPU);
+    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
     return 0;
 }
 
@@ -581,14 +603,14 @@ PSTATE_PROBE(sched, sched_wakeup) {
     char comm[16];
     WK_COMM(comm);
     woken(cfg, bpf_ktime_get_ns(), tid, WK_TGID, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
-          wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ));
+          wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ), WK_TASK);
     return 0;
 }
 
 PSTATE_PROBE(sched, sched_wakeup_new) {
     char comm[16];
     WK_COMM(comm);
-    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP_NEW, WK_TARGET_CPU);
+    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP_NEW, WK_TARGET_CPU, WK_TASK);
     return 0;
 }
 
@@ -672,7 +694,7 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
     char comm[16];
     bpf_get_current_comm(comm, sizeof(comm));
     emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
-         other_pid, other_tid, 0, 1);
+         other_pid, other_tid, 0, 1, CG_NONE, 0);
 }
 
 TRACEPOINT_PROBE(sched, sched_process_fork) {
@@ -746,8 +768,9 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     if (transition_match(cfg, from, ST_REAPED, dur)) {
         char comm[16];
         TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
+        // cgroup: no task to read here (not the current one)
         emit(cfg, EV_STATE, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1,
-             0, 0, 0, 0, 0, 1); // in an RCU callback: interrupts on
+             0, 0, 0, 0, 0, 1, CG_NONE, 0); // in an RCU callback: interrupts on
     }
     // A followed process is gone with its main thread: its pid may come back
     // as another process's.

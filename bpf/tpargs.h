@@ -92,4 +92,28 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define WK_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
 
 #endif
+
+// --- the cgroup id (v2) of a task that is not the current one ---
+// The task a probe describes, for task_cgroup_id(): next at sched_switch
+// (SW_NEXT_TASK), the wakee (WK_TASK). On the tp_btf path the id is read as
+// bpf_get_current_cgroup_id() reads current's, task->cgroups->dfl_cgrp->kn->id,
+// with plain loads at the offsets of the kernel's BTF (TASK_CGROUPS
+// CSS_SET_DFL_CGRP CGROUP_KN KERNFS_NODE_ID; the verifier types each pointer
+// it loads, and a fault reads 0). The classic path has no task to read
+// (0: not known; no bpf_probe_read of kernel memory).
+#ifdef TP_BTF
+#define SW_NEXT_TASK TP_TASK(2)
+#define WK_TASK TP_TASK(0)
+#define TASK_PTR(t, off) (*(const char *const *)((t) + (off)))
+static __always_inline u64 task_cgroup_id(const char *t) {
+    const char *kn = TASK_PTR(TASK_PTR(TASK_PTR(t, TASK_CGROUPS), CSS_SET_DFL_CGRP), CGROUP_KN);
+    return *(const u64 *)(kn + KERNFS_NODE_ID);
+}
+#else
+#define SW_NEXT_TASK ((const char *)0)
+#define WK_TASK ((const char *)0)
+static __always_inline u64 task_cgroup_id(const char *t) {
+    return 0;
+}
+#endif
 #endif

@@ -175,8 +175,8 @@ def test_record_ebpf_filters():
 @pytest.mark.parametrize("command", ["record", "snap"])
 def test_ebpf_tp_btf_defines(command):
     """The tp_btf path's settings: the classic ones, then TP_BTF, every
-    task_struct offset from this kernel's BTF and the state bits the
-    kernel folds into prev_state."""
+    task_struct offset (and those of a task's cgroup id) from this kernel's
+    BTF and the state bits the kernel folds into prev_state."""
     if not os.path.exists(btf.VMLINUX):
         r = run(command, "--ebpf", "--probes", "tp_btf")
         assert r.exit_code == 69 and "--probes tp_btf:" in r.stderr
@@ -186,7 +186,7 @@ def test_ebpf_tp_btf_defines(command):
     assert r.exit_code == 0 and r.stderr == ""
     assert r.stdout.startswith(f"// pstate: bpf/{command}.bpf.c as compiled on the tp_btf path (--probes tp_btf), ")
     d = defines(r.stdout.split(f"// pstate {command}:")[0])
-    offsets = btf.task_offsets(btf.Btf.read())
+    offsets = btf.facts(btf.Btf.read())["offsets"]
     ks = kstates.read_kernel_states()
     assert d == {**classic, "TP_BTF": True, **{k: str(v) for k, v in offsets.items()},
                  **tpbtf.raw_state_defines(ks.report_mask)}

@@ -32,9 +32,10 @@ def running_kernel_states() -> KernelStates | None:
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=72, stack=0) -> bytes:
+        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=80, stack=0,
+        cgroup=0) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm, stack)
+                       prio, flags, comm, stack, cgroup)
 
 
 class Resolver:
@@ -59,6 +60,19 @@ class FakeStacks:
         return "" if kid % 4 == 3 else f',"stack_id":{kid // 2},"reason":"f\\u00e9{kid}é"'
 
 
+class CgroupsMet:
+    """A stand-in for the recorder's Identities: the cgroup ids it is told of."""
+
+    def __init__(self):
+        self.met = set()
+
+    def seen(self, pid, tid, comm):
+        pass
+
+    def cgroup_met(self, cgid):
+        self.met.add(cgid)
+
+
 def both(batches, ks=KS, stacks=False):
     """Encode the batches with a native and a pure Encoder; check all agrees.
 
@@ -69,6 +83,8 @@ def both(batches, ks=KS, stacks=False):
     if stacks:
         for e in (nat, pure, byt):
             e.stacks = FakeStacks()
+    for e in (nat, pure, byt):
+        e.identity = CgroupsMet()
     out = []
     for batch in batches:
         view = memoryview(batch)
@@ -80,6 +96,7 @@ def both(batches, ks=KS, stacks=False):
         assert (data, nlines, consumed) == ("".join(want).encode(), len(want), want_n)
         out.append(want)
     assert r_nat.calls == r_pure.calls == r_bytes.calls
+    assert nat.identity.met == pure.identity.met == byt.identity.met  # each cgroup id named told of
     if stacks:
         assert nat.stacks.calls == pure.stacks.calls == byt.stacks.calls
     return out
@@ -148,8 +165,8 @@ def test_odd_comms(comm):
 
 
 def test_busy_and_discarded_records():
-    batch = [rec(ts=1), rec(ts=2, hdr=72 | ec.DISCARD), rec(ts=3, hdr=72 | ec.DISCARD | 0x1234),
-             rec(ts=4), rec(ts=5, hdr=72 | ec.BUSY), rec(ts=6)]
+    batch = [rec(ts=1), rec(ts=2, hdr=80 | ec.DISCARD), rec(ts=3, hdr=80 | ec.DISCARD | 0x1234),
+             rec(ts=4), rec(ts=5, hdr=80 | ec.BUSY), rec(ts=6)]
     (lines,) = both([b"".join(batch)])
     assert len(lines) == 2
     both([rec(hdr=ec.BUSY | ec.DISCARD)])  # busy wins
@@ -292,8 +309,8 @@ def test_joined_lines_stay_intact_while_held():
 
 def test_cache_sizes_follow_the_records():
     enc = Encoder(KS, resolve_tgid=lambda tid: 0)
-    enc.encode(rec(tid=1) + rec(tid=2, to=K | 2) + rec(tid=1, kstate=1, flags=1), 3)
-    assert enc._native.cache_sizes() == {"prefixes": 2, "mids": 2, "tails": 2}
+    enc.encode(rec(tid=1) + rec(tid=2, to=K | 2, cgroup=5) + rec(tid=1, kstate=1, flags=1, cgroup=6), 3)
+    assert enc._native.cache_sizes() == {"prefixes": 2, "mids": 2, "tails": 2, "cgroups": 3}
 
 
 def test_record_uses_the_native_loop():
@@ -315,7 +332,8 @@ records = st.builds(
     pid=st.one_of(st.just(0), st.sampled_from([100, 200]), u32), tid=st.one_of(st.integers(0, 12), u32),
     opid=u32, otid=u32, kstate=kstates, frm=codes, to=codes, cpu=st.integers(0, 0xFFFF),
     prio=st.integers(-32768, 32767), flags=st.integers(0, 255), comm=comms,
-    hdr=st.sampled_from([72] * 12 + [72 | ec.DISCARD, 72 | ec.BUSY, 0, ec.DISCARD | 7]),
+    cgroup=st.one_of(st.sampled_from([0, 1, 4026531835]), st.integers(0, 2**64 - 1)),
+    hdr=st.sampled_from([80] * 12 + [80 | ec.DISCARD, 80 | ec.BUSY, 0, ec.DISCARD | 7]),
 )
 
 

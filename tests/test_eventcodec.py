@@ -21,9 +21,10 @@ SLEEPING, DISK, ZOMBIE = K | 1, K | 2, K | 0x20
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=72, stack=0) -> bytes:
+        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=80, stack=0,
+        cgroup=0) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm, stack)
+                       prio, flags, comm, stack, cgroup)
 
 
 @pytest.fixture(autouse=True, params=["native", "pure"])
@@ -47,13 +48,13 @@ def documented(rec: dict) -> set:
 
 
 def test_record_layout_matches_the_bpf_struct():
-    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 80  # one ring buffer slot, 8-aligned
+    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 88  # one ring buffer slot, 8-aligned
 
 
 def test_switch_out_voluntary():
-    (r,), n, lines = encode(rec(cause=1, kstate=1, flags=ec.F_VOLUNTARY, otid=7))
+    (r,), n, lines = encode(rec(cause=1, kstate=1, flags=ec.F_VOLUNTARY, otid=7, cgroup=4242))
     assert n == 1 and lines[0].endswith("\n") and lines[0].count("\n") == 1
-    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker",
+    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "cgroup": 4242,
                  "from": "running", "to": "sleeping", "dur_ns": 5000, "cause": "switch_out",
                  "voluntary": True, "kstate": "S", "prio": 120, "next_tid": 7}
 
@@ -65,7 +66,7 @@ def test_switch_out_preempted_with_plus_bit():
 
 def test_switch_in():
     (r,), _, _ = encode(rec(cause=2, frm=ec.CODES["runnable"], to=ec.CODES["running"], otid=9, dur=12))
-    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker",
+    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "cgroup": None,
                  "from": "runnable", "to": "running", "dur_ns": 12, "cause": "switch_in", "prio": 120,
                  "prev_tid": 9}
 
@@ -74,15 +75,37 @@ def test_switch_in():
 def test_wakeups(cause, name):
     frm = SLEEPING if cause == 3 else ec.CODES["new"]
     (r,), _, _ = encode(rec(cause=cause, frm=frm, to=ec.CODES["runnable"], opid=17, otid=18, kstate=3))
-    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker",
+    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "cgroup": None,
                  "from": "sleeping" if cause == 3 else "new", "to": "runnable", "dur_ns": 5000,
                  "cause": name, "waker_tid": 18, "waker_pid": 17, "target_cpu": 3}
 
 
 def test_reap():
     (r,), _, _ = encode(rec(cause=5, frm=ZOMBIE, to=ec.CODES["reaped"]))
-    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker",
+    assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "cgroup": None,
                  "from": "zombie", "to": "reaped", "dur_ns": 5000, "cause": "reap"}
+
+
+class Met:
+    """A stand-in for the recorder's Identities: the cgroup ids it is told of."""
+
+    def __init__(self):
+        self.met = []
+
+    def seen(self, pid, tid, comm):
+        pass
+
+    def cgroup_met(self, cgid):
+        self.met.append(cgid)
+
+
+def test_cgroup_ids_tell_the_identities_once_and_lifecycle_records_carry_none():
+    enc = Encoder(KS, resolve_tgid=lambda tid: 0)
+    enc.identity = Met()
+    recs, _, _ = encode(rec(cgroup=7), rec(tid=5, cgroup=7), rec(cgroup=2**64 - 1), rec(cgroup=0),
+                        rec(typ=ec.EV_EXIT, cgroup=9), enc=enc)
+    assert [r.get("cgroup", "-") for r in recs] == [7, 7, 2**64 - 1, None, "-"]
+    assert sorted(enc.identity.met) == [7, 2**64 - 1]
 
 
 def test_lifecycle_events():
@@ -116,13 +139,13 @@ def test_every_emitted_field_is_documented_and_every_record_valid():
 
 
 def test_busy_record_stops_the_batch():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=72 | ec.BUSY), rec(ts=4))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=80 | ec.BUSY), rec(ts=4))
     assert consumed == 2
     assert [r["ts"] for r in recs] == [1, 2]
 
 
 def test_discarded_records_are_consumed_but_not_written():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=72 | ec.DISCARD), rec(ts=3))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=80 | ec.DISCARD), rec(ts=3))
     assert consumed == 3
     assert [r["ts"] for r in recs] == [1, 3]
 

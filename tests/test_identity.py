@@ -121,3 +121,26 @@ def test_a_new_file_starts_over(tmp_path):
     ids.take(now=1)
     ids.forget()
     assert [r["type"] for r in ids.take(now=2)] == ["cgroup", "process"]
+
+
+def test_a_cgroup_a_state_record_names_is_written_once_and_again_in_a_new_file(tmp_path):
+    """A thread moved to another cgroup than its process record's: the id its
+    state records carry gets its cgroup record too, once (the process's own
+    cgroup, met both ways, once as well); a cgroup gone before the look is
+    said to be gone; a new file (SIGHUP) names them all again."""
+    procs, ids = _procs(tmp_path)
+    (tmp_path / "a.service" / "w").mkdir()
+    a, w = (os.stat(tmp_path / p).st_ino for p in ("a.service", "a.service/w"))
+    ids.seen(10, 10, "postgres")
+    ids.cgroup_met(w)
+    ids.cgroup_met(a)
+    ids.cgroup_met(w)
+    ids.cgroup_met(987654321)  # no cgroup has it
+    out = ids.take(now=1)
+    assert [(r["type"], r.get("cgroup"), r.get("path")) for r in out] == [
+        ("cgroup", w, "/a.service/w"), ("cgroup", a, "/a.service"), ("cgroup", 987654321, None), ("process", a, None)]
+    assert out[2]["gone"] is True
+    ids.cgroup_met(w)
+    assert ids.take(now=2) == []
+    ids.forget()
+    assert sorted(r["cgroup"] for r in ids.take(now=3) if r["type"] == "cgroup") == sorted([a, w, 987654321])

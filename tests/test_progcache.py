@@ -587,11 +587,17 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     assert [list(kept[p].items()) for p in kept] == [list(truth[p].items()) for p in truth]
     (entry,) = [p for p in (tmp_path / "btf").iterdir() if p.name.startswith(progcache.BTF_FACTS)]
     assert not [p for p in tmp_path.iterdir() if p.is_file()]  # no program entry among the programs
-    entry.write_bytes(entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"TASK_X":1,'))
+    # kept by a pstate that read fewer members (a well-formed entry): read again
+    fewer = {k: v for k, v in kept["offsets"].items() if k not in btf.CGROUP_MEMBERS}
+    key = json.loads(entry.read_bytes())["key"]
+    progcache.store({"format": progcache.FORMAT, "name": progcache.BTF_FACTS, "key": key, "offsets": fewer,
+                     "targets": kept["targets"]}, str(tmp_path / "btf"))
     assert progcache.btf_facts() == truth and len(parsed) == 2
-    monkeypatch.setattr(btf, "boot_identity", lambda path=btf.VMLINUX: "another boot")
+    entry.write_bytes(entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"TASK_X":1,'))
     assert progcache.btf_facts() == truth and len(parsed) == 3
+    monkeypatch.setattr(btf, "boot_identity", lambda path=btf.VMLINUX: "another boot")
+    assert progcache.btf_facts() == truth and len(parsed) == 4
     monkeypatch.setenv("PSTATE_NO_CACHE", "1")
-    assert progcache.btf_facts() == truth and progcache.btf_facts() == truth and len(parsed) == 5
+    assert progcache.btf_facts() == truth and progcache.btf_facts() == truth and len(parsed) == 6
     plan = tpbtf.plan("auto", 0x7f, facts=progcache.btf_facts)
     assert plan.path == tpbtf.TP_BTF and plan.targets == truth["targets"]

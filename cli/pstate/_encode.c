@@ -12,6 +12,8 @@
  *   owner.mid_text(from, to)           '"from":"..","to":"..","dur_ns":'
  *   owner.out_tail(kstate, voluntary)  switch_out fields up to "prio":
  *   owner.cause_name(cause)            a wake-up cause's name
+ *   owner.cgroup_text(cgroup)          a state record's ',"cgroup":..' (tells
+ *                                       the identities of an id met first)
  *   owner.stack_tail(stack)            a wake-up's ',"stack_id":..,"reason":".."'
  *                                       (record --stacks; asked every time)
  * The prefix cache is keyed by tid and checked against (comm, pid) and is
@@ -50,11 +52,11 @@ enum { O_TS = offsetof(struct event, ts), O_DUR = offsetof(struct event, dur), O
        O_TYPE = offsetof(struct event, type), O_CAUSE = offsetof(struct event, cause),
        O_PRIO = offsetof(struct event, prio), O_FLAGS = offsetof(struct event, flags),
        O_COMM = offsetof(struct event, comm), COMM_LEN = sizeof(((struct event *)0)->comm),
-       O_STACK = offsetof(struct event, stack) };
-_Static_assert(sizeof(struct event) == 72, "struct event is 72 bytes");
+       O_STACK = offsetof(struct event, stack), O_CGROUP = offsetof(struct event, cgroup) };
+_Static_assert(sizeof(struct event) == 80, "struct event is 80 bytes");
 
 static PyObject *struct_error;
-static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name, *s_stack_tail;
+static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name, *s_stack_tail, *s_cgroup_text;
 
 /* ---------- little-endian loads ---------- */
 
@@ -373,6 +375,7 @@ typedef struct {
     PTable prefixes;
     FTable mids;  /* from << 16 | to */
     FTable tails; /* kstate << 1 | voluntary */
+    FTable cgroups; /* cgroup id */
     Frag causes[256];
     Buf line; /* encode: one line at a time */
     ChunkObject *chunks[NCHUNKS]; /* encode_bytes: the batch */
@@ -388,7 +391,8 @@ static int enc_init(EncoderObject *self, PyObject *args, PyObject *kwds) {
     /* __init__ called again keeps the caches; after a failed one, makes the rest */
     if ((self->prefixes.slots == NULL && ptable_init(&self->prefixes, 1024) < 0) ||
         (self->mids.slots == NULL && ftable_init(&self->mids, 64) < 0) ||
-        (self->tails.slots == NULL && ftable_init(&self->tails, 64) < 0))
+        (self->tails.slots == NULL && ftable_init(&self->tails, 64) < 0) ||
+        (self->cgroups.slots == NULL && ftable_init(&self->cgroups, 64) < 0))
         return -1;
     if (self->line.p == NULL) {
         self->line.p = PyMem_Malloc(1 << 12);
@@ -405,6 +409,7 @@ static void enc_dealloc(EncoderObject *self) {
     ptable_free(&self->prefixes);
     ftable_free(&self->mids);
     ftable_free(&self->tails);
+    ftable_free(&self->cgroups);
     for (int i = 0; i < 256; i++)
         frag_free(&self->causes[i]);
     PyMem_Free(self->line.p);
@@ -487,6 +492,17 @@ static const Frag *tail_of(EncoderObject *self, PyObject *owner, uint32_t kst, i
     if (frag_from(&f, r, "out_tail") < 0)
         return NULL;
     return ftable_put(&self->tails, key, f); /* re-entry is refused: still absent */
+}
+
+static const Frag *cgroup_of(EncoderObject *self, PyObject *owner, uint64_t cgid) {
+    Frag *m = ftable_get(&self->cgroups, cgid);
+    if (m != NULL)
+        return m;
+    Frag f;
+    PyObject *r = call_owner(owner, s_cgroup_text, 1, PyLong_FromUnsignedLongLong(cgid), NULL, NULL);
+    if (frag_from(&f, r, "cgroup_text") < 0)
+        return NULL;
+    return ftable_put(&self->cgroups, cgid, f); /* re-entry is refused: still absent */
 }
 
 static const Frag *cause_of(EncoderObject *self, PyObject *owner, unsigned cause) {
@@ -639,6 +655,10 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                     frag_free(&st);
                 }
             }
+            const Frag *cg = cgroup_of(self, owner, ld64(e + O_CGROUP)); /* last: after the cause's fields */
+            if (cg == NULL)
+                goto error;
+            PIECE(cg);
         } else if (typ == EV_FORK) {
             PUT(w, ",\"child_pid\":");
             w = put_u64(w, opid);
@@ -746,8 +766,9 @@ static PyObject *enc_encode_bytes(EncoderObject *self, PyObject *args) {
 }
 
 static PyObject *enc_cache_sizes(EncoderObject *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_BuildValue("{snsnsn}", "prefixes", (Py_ssize_t)self->prefixes.count, "mids",
-                         (Py_ssize_t)self->mids.count, "tails", (Py_ssize_t)self->tails.count);
+    return Py_BuildValue("{snsnsnsn}", "prefixes", (Py_ssize_t)self->prefixes.count, "mids",
+                         (Py_ssize_t)self->mids.count, "tails", (Py_ssize_t)self->tails.count, "cgroups",
+                         (Py_ssize_t)self->cgroups.count);
 }
 
 static PyMethodDef enc_methods[] = {
@@ -821,7 +842,8 @@ PyMODINIT_FUNC PyInit__encode(void) {
     s_out_tail = PyUnicode_InternFromString("out_tail");
     s_cause_name = PyUnicode_InternFromString("cause_name");
     s_stack_tail = PyUnicode_InternFromString("stack_tail");
-    if (!s_prefix_text || !s_mid_text || !s_out_tail || !s_cause_name || !s_stack_tail)
+    s_cgroup_text = PyUnicode_InternFromString("cgroup_text");
+    if (!s_prefix_text || !s_mid_text || !s_out_tail || !s_cause_name || !s_stack_tail || !s_cgroup_text)
         return NULL;
     if (PyType_Ready(&EncoderType) < 0 || PyType_Ready(&ChunkType) < 0)
         return NULL;

@@ -92,11 +92,25 @@ EVENTS = {
         record and snap attach to sched_switch and the wake-ups in one of two
         ways (meta.probes; `--probes`): tp_btf, BTF-typed raw tracepoints that
         read the task itself, or the classic tracepoints. Both write the same
-        records, but for one field only the tp_btf path can always fill: the
-        pid (tgid) of a thread first seen as it is switched in or woken up,
-        which the tracepoint path reports as 0 until it sees the thread switch
-        out, fork or exec (in a snapshot, the task row's pid). Threads alive
-        when recording starts are known to both paths from /proc.
+        records, but for two fields only the tp_btf path can always fill:
+
+        The pid (tgid) of a thread first seen as it is switched in or woken
+        up, which the tracepoint path reports as 0 until it sees the thread
+        switch out, fork or exec (in a snapshot, the task row's pid). Threads
+        alive when recording starts are known to both paths from /proc.
+
+        The cgroup of a state record whose task is not the one running: the
+        switch_in and the wake-ups (wakeup, wakeup_new). The tp_btf path reads
+        that task's own cgroup; the tracepoint path has no task to read and
+        writes null (not known). A switch_out carries it on both paths (the
+        task leaving the CPU is the one running, whose cgroup the kernel
+        gives), a reap on neither (null). It is the cgroup the task is in at
+        that transition: a thread moved to another cgroup (cgroup.threads,
+        or its process by cgroup.procs) carries the new id from its first
+        transition after the move, while the process record says where the
+        process was when pstate read /proc. Each id is named by a cgroup
+        record before the first record that carries it (a --flight file has
+        no cgroup records).
         """,
     "states": """
         The to and from fields of state records, and the state field of

@@ -288,6 +288,30 @@ def task_offsets(b: Btf) -> dict[str, int]:
     return out
 
 
+# The v2 cgroup id of a task the program is not running as (next at
+# sched_switch, a wakee), as bpf_get_current_cgroup_id() reads current's:
+# task->cgroups->dfl_cgrp->kn->id (task_dfl_cgroup, cgroup_id). -D name ->
+# (struct, member, bytes): three pointers, then the 8-byte id.
+CGROUP_MEMBERS = {
+    "TASK_CGROUPS": ("task_struct", "cgroups", 8),
+    "CSS_SET_DFL_CGRP": ("css_set", "dfl_cgrp", 8),
+    "CGROUP_KN": ("cgroup", "kn", 8),
+    "KERNFS_NODE_ID": ("kernfs_node", "id", 8),
+}
+
+
+def cgroup_offsets(b: Btf) -> dict[str, int]:
+    """-D name -> byte offset of each member in CGROUP_MEMBERS; BtfError when
+    one is missing or not of the size the programs load."""
+    out = {}
+    for define, (struct_name, path, want) in CGROUP_MEMBERS.items():
+        off, size = b.member(struct_name, path)
+        if size != want:
+            raise BtfError(f"{struct_name}.{path} is {size} bytes in this kernel, the programs read {want}")
+        out[define] = off
+    return out
+
+
 def check_tracepoints(b: Btf) -> dict[str, int]:
     """event -> attach target id of every tracepoint in TRACEPOINT_ARGS; BtfError
     when one is missing or its arguments are not what the programs read."""
@@ -303,10 +327,17 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
 
 def facts(b: Btf) -> dict:
     """What the tp_btf path takes from a kernel's BTF: the task_struct
-    offsets (task_offsets) and the attach targets (check_tracepoints), each
+    offsets (task_offsets), those of the cgroup id's chain (cgroup_offsets)
+    and the attach targets (check_tracepoints), each
     sorted by name: they become -D settings, whose order is part of the
     program cache's key, and a copy kept as JSON must give the same key."""
-    return {"offsets": dict(sorted(task_offsets(b).items())), "targets": dict(sorted(check_tracepoints(b).items()))}
+    offsets = {**task_offsets(b), **cgroup_offsets(b)}
+    return {"offsets": dict(sorted(offsets.items())), "targets": dict(sorted(check_tracepoints(b).items()))}
+
+
+def offset_defines() -> frozenset:
+    """The -D names facts() gives offsets for (a kept copy lacking one is stale)."""
+    return frozenset(TASK_MEMBERS) | frozenset(CGROUP_MEMBERS)
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

@@ -1,6 +1,6 @@
 """Turn the BPF program's binary events into JSON lines, in batches.
 
-The kernel side (bpf/record.bpf.c, struct event) writes fixed 72-byte records.
+The kernel side (bpf/record.bpf.c, struct event) writes fixed 80-byte records.
 This is the hot loop of `pstate record`: one f-string per event, with
 per-batch struct.iter_unpack and caches for names, instead of building a dict
 and serialising it.
@@ -30,7 +30,7 @@ EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
 REC_FMT = "<II" + eventlayout.EVENT_FORMAT[1:]
 # encode_pure unpacks the fields (padding skipped) in this order
 _FIELD_ORDER = ("ts", "dur", "pid", "tid", "other_pid", "other_tid", "kstate", "from", "to", "cpu", "type",
-                "cause", "prio", "flags", "comm", "stack")
+                "cause", "prio", "flags", "comm", "stack", "cgroup")
 assert eventlayout.unpacked_names(eventlayout.EVENT_FIELDS) == _FIELD_ORDER, "bpf/pstate.h changed struct event"
 
 BUSY = 1 << 31
@@ -78,6 +78,7 @@ class Encoder:
         self._prefixes: dict[int, tuple] = {}
         self._mids: dict[int, str] = {}  # (from << 16 | to) -> '"from":..,"to":..,"dur_ns":'
         self._out_tails: dict[int, str] = {}  # prev_state << 1 | voluntary -> switch_out fields before prio
+        self._cgroups: dict[int, str] = {}  # cgroup id -> ',"cgroup":..'
         self.resolve_tgid = resolve_tgid or tgid_from_proc
         self._native = _encode.Encoder() if _encode is not None else None
         # record --stacks: pstate.kernel.stacks.StackTable, which turns a
@@ -132,6 +133,16 @@ class Encoder:
             self.identity.seen(pid, tid, comm.split(b"\0", 1)[0].decode("utf-8", "replace"))
         return f'"pid":{pid},"tid":{tid},"comm":{self.comm(comm)}'
 
+    def cgroup_text(self, cgid: int) -> str:
+        """',"cgroup":..' of a state record whose task is in cgroup cgid (0:
+        not known, null); the stream's identities are told of an id met for
+        the first time (its cgroup record goes before the batch's lines)."""
+        if not cgid:
+            return ',"cgroup":null'
+        if self.identity is not None:
+            self.identity.cgroup_met(cgid)
+        return f',"cgroup":{cgid}'
+
     def mid_text(self, frm: int, to: int) -> str:
         return f'"from":"{self.name(frm)}","to":"{self.name(to)}","dur_ns":'
 
@@ -185,9 +196,10 @@ class Encoder:
         prefixes = self._prefixes
         mids = self._mids
         out_tails = self._out_tails
+        cgroups = self._cgroups
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
-             comm, stack) in struct.iter_unpack(REC_FMT, view):
+             comm, stack, cgid) in struct.iter_unpack(REC_FMT, view):
             if hdr & BUSY:
                 break
             consumed += 1
@@ -203,6 +215,11 @@ class Encoder:
             ptc = pre[2]
             if typ == EV_STATE:
                 d = "null" if dur == NO_DUR else dur
+                cg = cgroups.get(cgid)
+                if cg is None:
+                    if len(cgroups) > 1 << 16:
+                        cgroups.clear()
+                    cg = cgroups[cgid] = self.cgroup_text(cgid)
                 # '"from":"..","to":"..","dur_ns":' for this pair of states
                 mid = mids.get((frm << 16) | to)
                 if mid is None:
@@ -213,19 +230,20 @@ class Encoder:
                     tail = out_tails.get(tk)
                     if tail is None:
                         tail = out_tails[tk] = self.out_tail(kst, flags & F_VOLUNTARY)
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},"next_tid":{otid}}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},'
+                           f'"next_tid":{otid}{cg}}}\n')
                 elif cause == CAUSE_SWITCH_IN:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
-                           f'"prio":{prio},"prev_tid":{otid}}}\n')
+                           f'"prio":{prio},"prev_tid":{otid}{cg}}}\n')
                 elif cause == CAUSE_REAP:
-                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"}}\n')
+                    append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"reap"{cg}}}\n')
                 else:
                     c = CAUSES.get(cause) or self.cause_name(cause)
                     ctx = ("" if not flags & (F_WAKER_IRQ | F_WAKER_SOFTIRQ) else
                            ',"waker":"irq"' if flags & F_WAKER_IRQ else ',"waker":"softirq"')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
                            f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}'
-                           f'{self.stack_tail(stack) if stack else ""}}}\n')
+                           f'{self.stack_tail(stack) if stack else ""}{cg}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

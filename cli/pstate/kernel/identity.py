@@ -10,7 +10,7 @@ in /proc/self/mountinfo (it is /sys/fs/cgroup on a unified host, often
 
 Identities (the recorder's) writes the records: the first time a stream
 meets a tgid, a `process` record, and before it, the first time it meets a
-cgroup, a `cgroup` record; then it reads the process again once, RECHECK_NS
+cgroup (a process's, or the one a state record names), a `cgroup` record; then it reads the process again once, RECHECK_NS
 later (programs such as PostgreSQL, nginx or gunicorn set their title after
 forking), and after a comm change of its main thread (an exec), and writes a
 new record only when something changed. A process gone before it could be
@@ -213,7 +213,8 @@ def read_process(pid: int) -> dict | None:
 class Identities:
     """First-seen process and cgroup records for one stream (see the module
     docstring). seen(pid, tid, comm) is called for every new (pid, tid,
-    comm) the encoder meets; take(now) gives the records due, in order."""
+    comm) the encoder meets, cgroup_met(cgid) for every cgroup id a state
+    record names; take(now) gives the records due, in order."""
 
     def __init__(self, cgroups: CgroupPaths | None = None, read=read_process, recheck_ns: int = RECHECK_NS):
         self.cgroups = cgroups if cgroups is not None else CgroupPaths()
@@ -224,6 +225,8 @@ class Identities:
         self.new: list[int] = []
         self.rechecks: list[tuple[int, int, str]] = []  # (due ns, pid, reason), in due order
         self.cgroups_written: set[int] = set()
+        self.met: set[int] = set()  # cgroup ids the state records named
+        self.new_cgroups: list[int] = []
 
     def seen(self, pid: int, tid: int, comm: str) -> None:
         if not pid:
@@ -237,16 +240,25 @@ class Identities:
             if known is not None:  # the main thread changed its name: an exec, mostly
                 self.rechecks.insert(0, (0, pid, "exec"))
 
+    def cgroup_met(self, cgid: int) -> None:
+        if cgid not in self.met:
+            self.met.add(cgid)
+            self.new_cgroups.append(cgid)
+
     def forget(self) -> None:
         """A new file (SIGHUP): its readers have seen none of them."""
         self.known.clear()
         self.cgroups_written.clear()
         self.new = list(self.comms)
+        self.new_cgroups = list(self.met)
         self.rechecks = []
 
     def take(self, now: int | None = None) -> list[dict]:
         now = time.monotonic_ns() if now is None else now
         out: list[dict] = []
+        cgroups, self.new_cgroups = self.new_cgroups, []
+        for cgid in cgroups:
+            self.cgroup_seen(cgid, now, out)
         new, self.new = self.new, []
         for pid in new:
             self._look(pid, now, "first", out)

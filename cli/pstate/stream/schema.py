@@ -148,6 +148,9 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "a state transition of one thread; dur_ns is the time spent in the state it left",
         {
             **TASK_FIELDS,
+            "cgroup": ("int?", "the id of the task's own cgroup (v2; see the cgroup record) at the transition; "
+                       "null when not known: on the tracepoint path for a task other than the running one "
+                       "(switch_in, wakeup, wakeup_new), and for reap on either path"),
             "from": ("string", "state left"),
             "to": ("string", "state entered"),
             "dur_ns": ("int?", "time spent in from, ns; null when pstate did not see it start"),
