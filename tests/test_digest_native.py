@@ -166,7 +166,7 @@ def test_the_digester_touches_no_python_object():
     assert seen == ["running", "sleeping", "runnable"]
     events, tasks, cells, buckets = dig.take()
     assert events == 2 and buckets == []
-    assert tasks == [(11, 10, "w", 2000, "runnable", 1000, False, 7, 500)]
+    assert tasks == [(11, 10, "w", 2000, "runnable", 1000, False, 7, 500, None)]
     assert cells == [((7 << 16) | 1, 1, 0, 500, 500, 500), ((7 << 16) | (1 << 8) | 2, 1, 1, 0, 0, 0)]
     assert dig.take(True) == (0, [], [], [((7 << 16) | 1, {bucket_index(500): 1})])
 
@@ -299,7 +299,8 @@ def test_filtered_lines_are_read_natively():
 def test_pid_groups_are_asked_once_per_pid_until_forget():
     asked = []
 
-    def group_id(pid):
+    def group_id(pid, cgroup):
+        assert cgroup is None
         asked.append(pid)
         return pid % 2
 
@@ -314,6 +315,14 @@ def test_pid_groups_are_asked_once_per_pid_until_forget():
     dig.forget(1 << 70)
     dig.digest(data, 0, len(data) - 1, 1 << 20)
     assert sorted(asked) == [10, 10, 11, 11, 11]
+    # a record's own cgroup is asked about with its pid, once per pid and cgroup in a row
+    asked = []
+    dig = NATIVE.Digester("pid_group", lambda name: 0, lambda pid, cg: asked.append((pid, cg)) or 0)
+    data = lines(rec(cgroup=5), rec(ts=2000, cgroup=5), rec(ts=3000, cgroup=None), rec(ts=4000, cgroup=5),
+                 rec(ts=5000, cgroup=6), rec(ts=6000))
+    dig.digest(data, 0, len(data) - 1, 1 << 20)
+    assert asked == [(10, 5), (10, None), (10, 6)]
+    assert dig.take()[1][0][-1] is None  # the task's last record carried none
     with pytest.raises(TypeError):
         dig.set_filter((), (), (), (), (), 0, False, "not callable")
     with pytest.raises(TypeError):
@@ -340,6 +349,9 @@ def who_line(draw) -> bytes:
                 cpu=draw(st.integers(0, 2)), comm=draw(st.sampled_from(["w", "x", None])),
                 dur_ns=draw(st.one_of(st.none(), st.integers(0, 50000))),
                 **{"from": draw(names), "to": draw(names)})
+        cg = draw(st.sampled_from(["absent", None, 1, 2, 3, 4, 9]))  # a state record's own cgroup
+        if cg != "absent":
+            r["cgroup"] = cg
     return orjson.dumps(r)
 
 

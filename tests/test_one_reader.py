@@ -138,7 +138,7 @@ def rows_through(data: bytes, *, native_rows: bool, wide: bool, chunk: int = 1 <
 def state_fields(rec: dict) -> dict:
     if rec.get("type") != "state":
         return rec
-    return {k: rec.get(k) for k in ("type", "ts", "cpu", "pid", "tid", "comm", "from", "to", "dur_ns")}
+    return {k: rec.get(k) for k in ("type", "ts", "cpu", "pid", "tid", "comm", "from", "to", "dur_ns", "cgroup")}
 
 
 @pytest.mark.skipif(NATIVE_ROWS is None, reason="pstate._digest not built or PSTATE_PURE set")

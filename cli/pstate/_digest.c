@@ -21,13 +21,16 @@
  * construction (the Aggregator's public state_id, and comm_id or, by
  * pid_group, for --by cgroup/unit/container/title/ppid, pid_group). With
  * set_filter, only the records an event filter (stream.filters.Filter)
- * passes are summed; what group_id(pid) and the filter's who(pid) said is
- * cached per pid until forget() (a process or cgroup record came).
+ * passes are summed. By pid_group and with a filter's who, the record's own
+ * cgroup (its cgroup field: an int, or None when null or absent) is asked
+ * about with its pid: group_id(pid, cgroup), who(pid, cgroup); what they
+ * said is cached per pid (for records without a cgroup and for the last
+ * cgroup one carried) until forget() (a process or cgroup record came).
  *
  * parse_states(buf, pos, end, max_line, k, n, wide), the native row reader
  * of reader.StreamReader (heat, heat --live, export), uses the same reader and
  * protocol but only returns the plain state records as tuples (sharing
- * interned strings and ints); wide rows carry the fields a trace export
+ * interned strings and ints; reader.ROW_FIELDS); wide rows carry the fields a trace export
  * needs of switches and wake-ups too (WIDE_FIELDS).
  */
 #define PY_SSIZE_T_CLEAN
@@ -74,7 +77,8 @@ typedef struct {
 typedef struct {
     acc_head h;
     int head_null;                        /* its first record's dur_ns was null */
-    long long pid, last_ts, first_ts, g_first;
+    int has_cg;                           /* its last record carried a cgroup: cg */
+    long long pid, last_ts, first_ts, g_first, cg;
     i128 known;                           /* dur_ns summed, less clipped parts */
     PyObject *comm, *to;                  /* strong references while live */
 } task_acc;
@@ -119,8 +123,10 @@ typedef struct {
 
 typedef struct {
     long long pid, gid;
+    long long cg, cg_gid; /* the last cgroup a record of pid carried, and what was said of it */
     unsigned gen;
-    signed char has_gid, who; /* who: -1 not known, 0 drop, 1 pass */
+    signed char has_gid, who; /* who: -1 not known, 0 drop, 1 pass; of records without a cgroup */
+    signed char has_cg, has_cg_gid, cg_who; /* the same for records carrying cg */
 } pid_entry;
 
 /* An event filter (set_filter): the rules of stream.filters.Filter.match_state. */
@@ -132,13 +138,13 @@ typedef struct {
     Py_ssize_t *lens;
     Py_ssize_t ncomms, nstates;
     long long min_dur;
-    PyObject *who; /* callable: pid -> bool (--cgroup, --title), or NULL */
+    PyObject *who; /* callable: (pid, cgroup or None) -> bool (--cgroup, --title), or NULL */
 } filter_spec;
 
 typedef struct {
     PyObject_HEAD
     PyObject *state_id; /* callable: state name -> id (ids never change) */
-    PyObject *comm_id;  /* callable: comm -> group id (by comm), pid -> group id (by pid_group) */
+    PyObject *comm_id;  /* callable: comm -> group id (by comm), (pid, cgroup) -> group id (by pid_group) */
     long long events;   /* records digested since the last take() */
     int by; /* 0 pid, 1 tid, 2 comm, 3 pid_group */
     pid_entry *pids;
@@ -270,8 +276,8 @@ static inline int skip_scalar(cursor *c)
 
 enum {
     K_TYPE = 1 << 0, K_TS = 1 << 1, K_CPU = 1 << 2, K_PID = 1 << 3, K_TID = 1 << 4,
-    K_COMM = 1 << 5, K_FROM = 1 << 6, K_TO = 1 << 7, K_DUR = 1 << 8,
-    K_EXTRA = 1 << 9, /* the first of N_EXTRA: K_EXTRA << i is extra field i */
+    K_COMM = 1 << 5, K_FROM = 1 << 6, K_TO = 1 << 7, K_DUR = 1 << 8, K_CGROUP = 1 << 9,
+    K_EXTRA = 1 << 10, /* the first of N_EXTRA: K_EXTRA << i is extra field i */
 };
 #define K_REQUIRED (K_TYPE | K_TS | K_CPU | K_PID | K_TID | K_FROM | K_TO)
 
@@ -293,8 +299,9 @@ typedef struct {
 } extras;
 
 typedef struct {
-    long long ts, cpu, pid, tid, dur;
-    int has_dur; /* dur_ns present and not null */
+    long long ts, cpu, pid, tid, dur, cgroup;
+    int has_dur;    /* dur_ns present and not null */
+    int has_cgroup; /* cgroup present and not null */
     const char *comm, *from, *to;
     Py_ssize_t comm_n, from_n, to_n; /* comm == NULL: null or absent */
 } state_rec;
@@ -317,7 +324,9 @@ static int key_of(const char *k, Py_ssize_t n)
         if (memcmp(k, "from", 4) == 0) return K_FROM;
         return 0;
     case 6:
-        return memcmp(k, "dur_ns", 6) == 0 ? K_DUR : 0;
+        if (memcmp(k, "dur_ns", 6) == 0) return K_DUR;
+        if (memcmp(k, "cgroup", 6) == 0) return K_CGROUP;
+        return 0;
     default:
         return 0;
     }
@@ -393,6 +402,12 @@ static inline int read_value(cursor *c, int k, state_rec *r, extras *x)
             return 1;
         }
         return (r->has_dur = read_uint63(c, &r->dur));
+    case K_CGROUP:
+        if (read_literal(c, "null", 4)) {
+            r->has_cgroup = 0;
+            return 1;
+        }
+        return (r->has_cgroup = read_uint63(c, &r->cgroup));
     default:
         if (x && k >= K_EXTRA)
             return read_extra(c, x, __builtin_ctz((unsigned)k) - __builtin_ctz(K_EXTRA));
@@ -905,39 +920,68 @@ fail:
 
 /* --- groups and filters by pid --------------------------------------------- */
 
-/* The cache entry of pid, made fresh when it held another pid or an older generation. */
-static pid_entry *pid_entry_of(Digester *self, long long pid)
+/* The cache entry of pid, made fresh when it held another pid or an older
+ * generation; for a record carrying a cgroup (r->has_cgroup), its cgroup
+ * part is made fresh when it held another cgroup. */
+static pid_entry *pid_entry_of(Digester *self, const state_rec *r)
 {
+    long long pid = r->pid;
     pid_entry *pe = &self->pids[mix64((unsigned long long)pid) & (PID_CACHE - 1)];
     if (pe->gen != self->pids_gen || pe->pid != pid) {
         pe->pid = pid;
         pe->gen = self->pids_gen;
         pe->has_gid = 0;
         pe->who = -1;
+        pe->has_cg = 0;
+    }
+    if (r->has_cgroup && (!pe->has_cg || pe->cg != r->cgroup)) {
+        pe->has_cg = 1;
+        pe->cg = r->cgroup;
+        pe->has_cg_gid = 0;
+        pe->cg_who = -1;
     }
     return pe;
 }
 
-/* By pid_group: the group of pid, through the cache in front of the group_id callable. */
-static int pid_group(Digester *self, long long pid, long long *g)
+/* callable(pid, cgroup or None): a new reference, or NULL. */
+static PyObject *ask_pid(PyObject *callable, const state_rec *r)
 {
-    pid_entry *pe = pid_entry_of(self, pid);
-    if (pe->has_gid) {
-        *g = pe->gid;
+    PyObject *pid = PyLong_FromLongLong(r->pid);
+    PyObject *cg = r->has_cgroup ? PyLong_FromLongLong(r->cgroup) : Py_NewRef(Py_None);
+    PyObject *out = NULL;
+    if (pid && cg) {
+        PyObject *argv[2] = {pid, cg};
+        out = PyObject_Vectorcall(callable, argv, 2, NULL);
+    }
+    Py_XDECREF(pid);
+    Py_XDECREF(cg);
+    return out;
+}
+
+/* By pid_group: the group of a record (its pid and cgroup), through the
+ * cache in front of the group_id callable. */
+static int pid_group(Digester *self, const state_rec *r, long long *g)
+{
+    pid_entry *pe = pid_entry_of(self, r);
+    if (r->has_cgroup ? pe->has_cg_gid : pe->has_gid) {
+        *g = r->has_cgroup ? pe->cg_gid : pe->gid;
         return 0;
     }
-    PyObject *arg = PyLong_FromLongLong(pid);
-    PyObject *gid = arg ? PyObject_CallOneArg(self->comm_id, arg) : NULL;
-    Py_XDECREF(arg);
+    PyObject *gid = ask_pid(self->comm_id, r);
     if (!gid)
         return -1;
     long long v = PyLong_AsLongLong(gid);
     Py_DECREF(gid);
     if (v == -1 && PyErr_Occurred())
         return -1;
-    pe = pid_entry_of(self, pid); /* (the callable may have run anything) */
-    pe->gid = v;
-    pe->has_gid = 1;
+    pe = pid_entry_of(self, r); /* (the callable may have run anything) */
+    if (r->has_cgroup) {
+        pe->cg_gid = v;
+        pe->has_cg_gid = 1;
+    } else {
+        pe->gid = v;
+        pe->has_gid = 1;
+    }
     *g = v;
     return 0;
 }
@@ -974,21 +1018,24 @@ static int filter_passes(Digester *self, const state_rec *r)
     if (f->ncpus && !in_ints(f->cpus, f->ncpus, r->cpu))
         return 0;
     if (f->who) {
-        pid_entry *pe = pid_entry_of(self, r->pid);
-        if (pe->who < 0) {
-            PyObject *arg = PyLong_FromLongLong(r->pid);
-            PyObject *ok = arg ? PyObject_CallOneArg(f->who, arg) : NULL;
-            Py_XDECREF(arg);
+        pid_entry *pe = pid_entry_of(self, r);
+        signed char who = r->has_cgroup ? pe->cg_who : pe->who;
+        if (who < 0) {
+            PyObject *ok = ask_pid(f->who, r);
             if (!ok)
                 return -1;
             int t = PyObject_IsTrue(ok);
             Py_DECREF(ok);
             if (t < 0)
                 return -1;
-            pe = pid_entry_of(self, r->pid);
-            pe->who = (signed char)t;
+            pe = pid_entry_of(self, r);
+            who = (signed char)t;
+            if (r->has_cgroup)
+                pe->cg_who = who;
+            else
+                pe->who = who;
         }
-        if (!pe->who)
+        if (!who)
             return 0;
     }
     if (f->nstates && !in_strs(f->strs + f->ncomms, f->lens + f->ncomms, f->nstates, r->from, r->from_n) &&
@@ -1098,7 +1145,7 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
     else if (self->by == 1)
         g = r->tid;
     else if (self->by == 3) {
-        if (pid_group(self, r->pid, &g) < 0)
+        if (pid_group(self, r, &g) < 0)
             goto out;
     } else if (comm_group(self, comm, ce, &g) < 0)
         goto out;
@@ -1117,6 +1164,8 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
     }
     ta->pid = r->pid;
     ta->last_ts = r->ts;
+    ta->has_cg = r->has_cgroup;
+    ta->cg = r->cgroup;
     Py_XSETREF(ta->comm, comm); /* the slot takes the references */
     Py_XSETREF(ta->to, to);
     comm = to = NULL;
@@ -1160,14 +1209,19 @@ out:
 }
 
 /* The tasks since the last take: (tid, pid, comm, last_ts, to, first_ts,
- * head_null, first_group, known). */
+ * head_null, first_group, known, the last record's cgroup or None). */
 static PyObject *task_row(acc_head *h)
 {
     task_acc *ta = (task_acc *)h;
     PyObject *known = long_from_i128(ta->known);
-    return known ? Py_BuildValue("(LLOLOLOLN)", ta->h.key, ta->pid, ta->comm, ta->last_ts, ta->to, ta->first_ts,
-                                 ta->head_null ? Py_True : Py_False, ta->g_first, known)
-                 : NULL;
+    PyObject *cg = ta->has_cg ? PyLong_FromLongLong(ta->cg) : Py_NewRef(Py_None);
+    if (!known || !cg) {
+        Py_XDECREF(known);
+        Py_XDECREF(cg);
+        return NULL;
+    }
+    return Py_BuildValue("(LLOLOLOLNN)", ta->h.key, ta->pid, ta->comm, ta->last_ts, ta->to, ta->first_ts,
+                         ta->head_null ? Py_True : Py_False, ta->g_first, known, cg);
 }
 
 /* A cell since the last take: (key, n, n_null, sum, max, min); max and min
@@ -1418,7 +1472,8 @@ PyDoc_STRVAR(set_filter_doc,
 "set_filter(pids, tids, comms, states, cpus, min_dur_ns, include_idle, who)\n\n"
 "From now on, digest only the records stream.filters.Filter.match_state\n"
 "passes (the others are read and left out): pids, tids, cpus: ints; comms\n"
-"(at most 15 characters), states: strs; who: None, or a callable pid -> bool\n"
+"(at most 15 characters), states: strs; who: None, or a callable\n"
+"(pid, the record's cgroup or None) -> bool\n"
 "(--cgroup, --title: asked once per pid until forget()).");
 
 static PyObject *Digester_set_filter(Digester *self, PyObject *args)
@@ -1468,7 +1523,7 @@ static PyTypeObject DigesterType = {
     .tp_basicsize = sizeof(Digester),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Digester(by, state_id, group_id): the native reader and summer of plain state records\n"
-              "(by pid, tid, comm: group_id(comm) by comm; by pid_group: group_id(pid))\n"
+              "(by pid, tid, comm: group_id(comm) by comm; by pid_group: group_id(pid, the record's cgroup or None))\n"
               "(see pstate.analysis.timeinstate.Aggregator.add_digested)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Digester_init,
@@ -1556,8 +1611,8 @@ PyDoc_STRVAR(parse_states_doc,
 "parse_states(buf, pos, end, max_line, k=1, n=0, wide=False) -> (stop, lines, rows)\n\n"
 "The plain state records among the lines of buf[pos:end] (as\n"
 "buf[pos:end].split(b'\\n') cuts them) as tuples\n"
-"(ts, pid, tid, comm, from, to, dur_ns, cpu, weight), comm and dur_ns None\n"
-"when null or absent, until a line needs the careful path (or is longer\n"
+"(ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup), comm, dur_ns\n"
+"and cgroup None when null or absent, until a line needs the careful path (or is longer\n"
 "than max_line). n: the number of the line before pos. With k > 1, a\n"
 "transition into running, runnable, sleeping or preempted (by its bytes)\n"
 "on a line whose number is not a multiple of k is passed over unparsed,\n"
@@ -1616,7 +1671,7 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         extras x;
         if (!parse_state(p, e, &r, wide ? &x : NULL))
             break;
-        Py_ssize_t size = wide ? 9 + N_EXTRA : 9;
+        Py_ssize_t size = wide ? 10 + N_EXTRA : 10;
         PyObject *t = PyTuple_New(size);
         if (!t)
             goto done;
@@ -1640,8 +1695,9 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         PyTuple_SET_ITEM(t, 7, live_int(r.cpu));
         Py_INCREF(weight);
         PyTuple_SET_ITEM(t, 8, weight);
+        PyTuple_SET_ITEM(t, 9, r.has_cgroup ? live_int(r.cgroup) : Py_NewRef(Py_None));
         for (int i = 0; wide && i < N_EXTRA; i++)
-            PyTuple_SET_ITEM(t, 9 + i, extra_value(&x, i));
+            PyTuple_SET_ITEM(t, 10 + i, extra_value(&x, i));
         int bad = 0;
         for (Py_ssize_t i = 0; i < size; i++)
             bad |= PyTuple_GET_ITEM(t, i) == NULL;

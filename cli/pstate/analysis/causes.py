@@ -179,7 +179,7 @@ class Causes:
     def add_rows(self, rows) -> None:
         """State rows (reader.ROW_FIELDS) of lines without record_keys()."""
         state = self._state
-        for ts, pid, tid, comm, frm, to, d, cpu, _w in rows:
+        for ts, pid, tid, comm, frm, to, d, cpu, _w, _cg in rows:
             state(ts, pid, tid, comm, frm, to, d, cpu, None)
 
     def _key(self, pid, tid, comm, rec):

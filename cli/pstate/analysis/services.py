@@ -17,9 +17,16 @@ and answers, for a pid, the key of its group at that point of the stream:
 - title: its process title (ps's COMMAND), "[comm]" for a kernel thread;
 - ppid: its parent's pid.
 
+By cgroup, unit and container, a state record that carries its task's own
+cgroup (every one on the tp_btf path, switch-outs on the tracepoint path) is
+in that cgroup's group, whatever its process record says; one without (null)
+in its process's. So the time of a thread moved to another cgroup goes, one
+interval at a time, to the group of the record that ends the interval: the
+cgroup the task was in at that transition (see Aggregator).
+
 A pid the stream has said nothing about (a recording without process
 records, or from before them) is in the group "?"; one that was gone before
-pstate could read it, "(gone)".
+pstate could read it, "(gone)"; a cgroup id no cgroup record named, "?".
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 from pstate.kernel.identity import UNKNOWN, container_of, unit_of
 
 BY_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+BY_CGROUP = ("cgroup", "unit", "container")  # the keys a state record's own cgroup decides
 GONE = "(gone)"
 
 class Directory:
@@ -46,7 +54,11 @@ class Directory:
             return rec["pid"]
         return None
 
-    def key(self, by: str, pid: int):
+    def key(self, by: str, pid: int, cgroup=None):
+        """The key of pid's group by `by`; cgroup: the cgroup id its record
+        carries (by cgroup, unit and container it decides), or None."""
+        if type(cgroup) is int and by in BY_CGROUP:
+            return self.cgroup_key(by, cgroup)
         rec = self.procs.get(pid)
         if rec is None:
             return UNKNOWN
@@ -61,7 +73,14 @@ class Directory:
             ppid = rec.get("ppid")
             return ppid if type(ppid) is int else UNKNOWN
         cgid = rec.get("cgroup")
-        path = self.paths.get(cgid) if type(cgid) is int else None
+        return self.cgroup_key(by, cgid) if type(cgid) is int else self.path_key(by, None)
+
+    def cgroup_key(self, by: str, cgid: int):
+        """The key by cgroup, unit or container of a cgroup id."""
+        return self.path_key(by, self.paths.get(cgid))
+
+    @staticmethod
+    def path_key(by: str, path):
         if by == "cgroup":
             return path if path is not None else UNKNOWN
         if by == "unit":

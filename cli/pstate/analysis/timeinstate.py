@@ -193,10 +193,11 @@ _OVERFLOW_STATE = "state_?"
 
 # A task is a list, for speed: the pid, comm, ts and state of its last
 # record, when its first record was, whether that record's dur_ns was null,
-# the group of that record, the interval it was first seen in, and the
-# dur_ns it has summed (less what was clipped at the interval start).
+# the group of that record, the interval it was first seen in, the dur_ns it
+# has summed (less what was clipped at the interval start), and the cgroup
+# its last record carried (None: none).
 (T_PID, T_COMM, T_LAST_TS, T_LAST_TO, T_FIRST_TS, T_HEAD_NULL, T_FIRST_G, T_SEEN_AT,
- T_KNOWN) = range(9)
+ T_KNOWN, T_CGROUP) = range(10)
 
 
 class Aggregator:
@@ -204,7 +205,10 @@ class Aggregator:
 
     Transitions count under the group (pid, tid or comm) of their own
     record; the time after a task's last record, under the group of that
-    record. clip_ts: in --interval mode, the start of the current interval.
+    record. By cgroup, unit and container a record's group is that of the
+    cgroup it carries, when it carries one (services.Directory.key), so a
+    thread moved to another cgroup counts each interval under the cgroup
+    of the record that ends it: where the task was at that transition. clip_ts: in --interval mode, the start of the current interval.
     The part of a transition's dur_ns before it was counted already (as the
     task's tail) in the previous interval, so only the rest is added to the
     time in state; latency histograms still get the whole dur_ns.
@@ -233,6 +237,8 @@ class Aggregator:
         # cgroup records, and pid -> group id as they said at this point
         self.directory = services.Directory() if by in services.BY_KEYS else None
         self.pid_groups: dict = {}
+        self.by_cgroup = by in services.BY_CGROUP  # a record's own cgroup decides its group
+        self.cgroup_groups: dict = {}  # cgroup id -> group id (by_cgroup)
 
     def sync(self) -> None:
         """Bring in what native digesters hold back (latency bucket counts,
@@ -259,7 +265,7 @@ class Aggregator:
     def digest_by(self) -> str:
         """The grouping the native Digester is told (by all: comm, whose
         comm_id is always 0; by cgroup, unit, container, title, ppid:
-        pid_group, the group of the record's pid)."""
+        pid_group, the group of the record's pid and cgroup)."""
         if self.directory is not None:
             return "pid_group"
         return "comm" if self.by == ALL else self.by
@@ -267,7 +273,8 @@ class Aggregator:
     @property
     def digest_group(self):
         """The group callable the native Digester is given with digest_by:
-        comm_id, or pid_group (a pid's group as the stream said so far)."""
+        comm_id, or pid_group (the group of a record's pid and cgroup, as
+        the stream said so far)."""
         return self.pid_group if self.directory is not None else self.comm_id
 
     def comm_id(self, comm) -> int:
@@ -279,13 +286,19 @@ class Aggregator:
             self.comm_names.append(comm)
         return cid
 
-    def group_of(self, pid: int, tid: int, comm) -> int:
+    def group_of(self, pid: int, tid: int, comm, cgroup=None) -> int:
         by = self.by
         if self.directory is not None:
-            return self.pid_group(pid)
+            return self.pid_group(pid, cgroup)
         return pid if by == "pid" else (tid if by == "tid" else self.comm_id(comm))
 
-    def pid_group(self, pid: int) -> int:
+    def pid_group(self, pid: int, cgroup=None) -> int:
+        """The group of a record of pid that carries cgroup (an id, or None)."""
+        if cgroup is not None and self.by_cgroup and type(cgroup) is int:
+            g = self.cgroup_groups.get(cgroup)
+            if g is None:
+                g = self.cgroup_groups[cgroup] = self.comm_id(self.directory.cgroup_key(self.by, cgroup))
+            return g
         g = self.pid_groups.get(pid)
         if g is None:
             g = self.pid_groups[pid] = self.comm_id(self.directory.key(self.by, pid))
@@ -318,6 +331,7 @@ class Aggregator:
                 self.pid_groups.pop(pid, None)  # its key from now on
             else:  # a cgroup's path: the key of any pid in it from now on
                 self.pid_groups.clear()
+                self.cgroup_groups.clear()
 
     def add_state(self, rec: dict) -> None:
         self.add_rows([state_row(rec)])
@@ -336,10 +350,12 @@ class Aggregator:
         by_tid = self.by == "tid"
         by_comm = self.by in ("comm", ALL)  # (by all: comm_id is always 0)
         pg_get = self.pid_groups.get
+        by_cgroup = self.by_cgroup
+        cg_get = self.cgroup_groups.get
         clip = self.clip_ts
         shift = SUB_BITS + 1
         n = 0
-        for ts, pid, tid, comm, frm, to, d, _cpu, _w in rows:
+        for ts, pid, tid, comm, frm, to, d, _cpu, _w, cg in rows:
             n += 1
             fi = sid_get(frm)
             if fi is None:
@@ -355,18 +371,23 @@ class Aggregator:
                 g = comm_get(comm)
                 if g is None:
                     g = self.comm_id(comm)
+            elif cg is not None and by_cgroup:
+                g = cg_get(cg)
+                if g is None:
+                    g = self.pid_group(pid, cg)
             else:
                 g = pg_get(pid)
                 if g is None:
                     g = self.pid_group(pid)
             task = tasks_get(tid)
             if task is None:
-                task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0]
+                task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0, cg]
             else:
                 task[T_PID] = pid
                 task[T_COMM] = comm
                 task[T_LAST_TS] = ts
                 task[T_LAST_TO] = to
+                task[T_CGROUP] = cg
                 if d:
                     task[T_KNOWN] += d
             key = (g << 16) | (fi << 8) | ti
@@ -399,22 +420,23 @@ class Aggregator:
     def add_digested(self, events: int, tasks: list, cells: list, buckets: list) -> None:
         """What a native Digester summed up over `events` plain state records
         (its take()): per task (tid, pid, comm, last_ts, to, first_ts,
-        head_null, first_group, known) and per cell (key, n, n_null, sum,
+        head_null, first_group, known, the last record's cgroup) and per cell (key, n, n_null, sum,
         max, min), each in the order first seen, and latency bucket counts
         per cell (key, {bucket: count}) of cells known by now. The same as
         add_rows of those records; the bucket counts may come later."""
         own = self.tasks
         own_get = own.get
         clip = self.clip_ts
-        for tid, pid, comm, last_ts, to, first_ts, head_null, g_first, known in tasks:
+        for tid, pid, comm, last_ts, to, first_ts, head_null, g_first, known, cg in tasks:
             task = own_get(tid)
             if task is None:
-                own[tid] = [pid, comm, last_ts, to, first_ts, head_null, g_first, clip, known]
+                own[tid] = [pid, comm, last_ts, to, first_ts, head_null, g_first, clip, known, cg]
             else:
                 task[T_PID] = pid
                 task[T_COMM] = comm
                 task[T_LAST_TS] = last_ts
                 task[T_LAST_TO] = to
+                task[T_CGROUP] = cg
                 task[T_KNOWN] += known
         own_cells = self.cells
         cells_get = own_cells.get
@@ -524,6 +546,7 @@ class Aggregator:
                 continue
             task[T_PID], task[T_COMM] = lt[T_PID], lt[T_COMM]
             task[T_LAST_TS], task[T_LAST_TO] = lt[T_LAST_TS], lt[T_LAST_TO]
+            task[T_CGROUP] = lt[T_CGROUP]
             task[T_KNOWN] += lt[T_KNOWN]
         for (g, typ), n in later.life.items():
             k = (regroup(g), typ)
@@ -536,6 +559,7 @@ class Aggregator:
         if self.directory is not None:  # what the stream said of each pid by the later part's end
             self.directory = later.directory
             self.pid_groups = {}
+            self.cgroup_groups = {}
 
     # --- roll-up ----------------------------------------------------------
 
@@ -604,7 +628,7 @@ class Aggregator:
         dev_task = None
         for tid, t in self.tasks.items():
             pid = t[T_PID]
-            grp = group(self.group_of(pid, tid, t[T_COMM]))
+            grp = group(self.group_of(pid, tid, t[T_COMM], t[T_CGROUP]))
             grp.tids.add(tid)
             grp.pids.add(pid)
             if not grp.comm or (by == "pid" and tid == pid):

@@ -86,6 +86,12 @@ execs moves to its new name). --by cgroup, unit, container, title and ppid
 group processes by what the recording's process and cgroup records (written
 by record) said of them at that point of the stream: a process whose title
 changes moves to its new title; one the stream says nothing of is in "?".
+By cgroup, unit and container a state record that carries its task's own
+cgroup counts under that cgroup, one without (null: the tracepoint path's
+switch-ins and wake-ups; older recordings) under its process's: a thread
+moved to another cgroup has each interval counted under the cgroup of the
+record that ends it (where the task was at that transition), and the time
+after its last record under that record's. --cgroup keeps records by the same rule.
 Units and containers come from the cgroup path (system.slice/x.service,
 docker-ID.scope, kubepods/.../podUID/ID). When --top hides groups, a row
 "(N more)" sums them up and a row "(total)" all the groups chosen. Memory grows with the number of tasks and

@@ -192,7 +192,7 @@ class Feeder:
             return
         if not filtered:
             match = filt.match_state
-            rows = [r for r in rows if match(r[1], r[2], r[3], r[7], r[4], r[5], r[6])]
+            rows = [r for r in rows if match(r[1], r[2], r[3], r[7], r[4], r[5], r[6], r[9])]
         model.states(rows, False)
 
     def record(self, rec: dict, weight: int) -> None:

@@ -252,9 +252,9 @@ class Tracker:
     def rows(self, rows: list) -> None:
         """State rows (reader.ROW_FIELDS), as feed() takes state records."""
         filt, skip_idle, state = self.filt, self.skip_idle, self.state
-        for ts, pid, tid, comm, frm, to, dur, cpu, weight in rows:
+        for ts, pid, tid, comm, frm, to, dur, cpu, weight, cg in rows:
             if filt is not None:
-                if not filt.match_state(pid, tid, comm, cpu, frm, to, dur):
+                if not filt.match_state(pid, tid, comm, cpu, frm, to, dur, cg):
                     continue
             elif skip_idle and tid == 0:
                 continue
@@ -427,7 +427,7 @@ class Window(Tracker):
         # Tracker.state for the live window: state maps go through states();
         # latency maps (measure_states) only count samples.
         if not self.measure_states:
-            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight),))
+            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight, None),))
             return
         self.n_events += 1
         lt = self.last_ts
@@ -453,13 +453,13 @@ class Window(Tracker):
 
     def states(self, rows, skip_idle: bool = False) -> None:
         """state() for every (ts, pid, tid, comm, from, to, dur_ns, cpu,
-        weight) of rows, with comm None or "" as "?" and, with skip_idle,
+        weight, cgroup) of rows, with comm None or "" as "?" and, with skip_idle,
         tid 0 left out. The one implementation of the state map's update:
         one call per batch, lookups hoisted, the window start recomputed
         only when the newest ts moves."""
         if self.measure_states:
             state = self.state
-            for ts, pid, tid, comm, frm, to, dur, _cpu, weight in rows:
+            for ts, pid, tid, comm, frm, to, dur, _cpu, weight, _cg in rows:
                 if tid == 0 and skip_idle:
                     continue
                 state(ts, pid, tid, comm or "?", frm, to, dur, weight)
@@ -488,7 +488,7 @@ class Window(Tracker):
         cc = None  # the column last added to, and its dict
         col = None
         n = 0
-        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight in rows:
+        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight, _cg in rows:
             if tid == 0 and skip_idle:
                 continue
             n += 1

@@ -35,11 +35,14 @@ class Filter:
         self._cpuset = frozenset(self.cpus)
         self.cgroups = tuple(cgroup_path(p) for p in self.cgroups)
         # --cgroup and --title in user space: what the stream's process and
-        # cgroup records said (note()), and pid -> passes, as of now
+        # cgroup records said (note()), and pid -> passes, as of now (a state
+        # record's own cgroup, where it has one, in place of its process's:
+        # (pid, cgroup id) -> passes)
         self._who = bool(self.cgroups or self.titles)
         self._paths: dict = {}  # cgroup id -> path
         self._procs: dict = {}  # pid -> (cgroup id, title)
         self._passes: dict = {}
+        self._passes_in: dict = {}  # pid -> {cgroup id: passes}
 
     @property
     def active(self) -> bool:
@@ -58,16 +61,27 @@ class Filter:
         if t == "cgroup" and type(rec.get("cgroup")) is int:
             self._paths[rec["cgroup"]] = rec.get("path")
             self._passes.clear()
+            self._passes_in.clear()
         elif t == "process" and type(rec.get("pid")) is int:
             self._procs[rec["pid"]] = (rec.get("cgroup"), rec.get("title"))
             self._passes.pop(rec["pid"], None)
+            self._passes_in.pop(rec["pid"], None)
 
-    def _who_passes(self, pid) -> bool:
-        ok = self._passes.get(pid)
+    def _who_passes(self, pid, cgroup=None) -> bool:
+        """--cgroup and --title of a pid's record: the cgroup the record
+        names (an int), else its process's; the title its process's."""
+        if type(cgroup) is not int:
+            ok = self._passes.get(pid)
+            if ok is None:
+                cgid, title = self._procs.get(pid, (None, None))
+                ok = self._passes[pid] = self._who_ok(self._paths.get(cgid), title)
+            return ok
+        own = self._passes_in.get(pid)
+        if own is None:
+            own = self._passes_in[pid] = {}
+        ok = own.get(cgroup)
         if ok is None:
-            cgid, title = self._procs.get(pid, (None, None))
-            ok = self._who_ok(self._paths.get(cgid), title)
-            self._passes[pid] = ok
+            ok = own[cgroup] = self._who_ok(self._paths.get(cgroup), self._procs.get(pid, (None, None))[1])
         return ok
 
     def _who_ok(self, path, title) -> bool:
@@ -92,8 +106,8 @@ class Filter:
     def native_spec(self) -> tuple:
         """The filter as the native digester's set_filter takes it: pids,
         tids, comms (as matched: 15 characters), states, cpus, min_dur_ns,
-        include_idle, and who (pid -> passes, for --cgroup and --title) or
-        None."""
+        include_idle, and who ((pid, the record's cgroup id or None) ->
+        passes, for --cgroup and --title) or None."""
         return (tuple(self.pids), tuple(self.tids), tuple(sorted(self._commset)), tuple(self.states),
                 tuple(self.cpus), self.min_dur_ns, self.include_idle, self._who_passes if self._who else None)
 
@@ -132,18 +146,18 @@ class Filter:
             return True  # meta, loss, end, rate are not events
         if t == "state":
             return self.match_state(rec.get("pid"), rec.get("tid"), rec.get("comm"), rec.get("cpu"),
-                                    rec.get("from"), rec.get("to"), rec.get("dur_ns"))
+                                    rec.get("from"), rec.get("to"), rec.get("dur_ns"), rec.get("cgroup"))
         return self._task_passes(rec.get("pid"), rec.get("tid"), rec.get("comm"), rec.get("cpu"))
 
-    def match_state(self, pid, tid, comm, cpu, frm, to, dur) -> bool:
+    def match_state(self, pid, tid, comm, cpu, frm, to, dur, cgroup=None) -> bool:
         """match() of a state record given by its fields (no dict to build)."""
-        if not self._task_passes(pid, tid, comm, cpu):
+        if not self._task_passes(pid, tid, comm, cpu, cgroup):
             return False
         if self._stateset and frm not in self._stateset and to not in self._stateset:
             return False
         return not self.min_dur_ns or (dur is not None and dur >= self.min_dur_ns)
 
-    def _task_passes(self, pid, tid, comm, cpu) -> bool:
+    def _task_passes(self, pid, tid, comm, cpu, cgroup=None) -> bool:
         if not self.include_idle and tid == 0:
             return False
         if self._pidset and pid not in self._pidset:
@@ -154,7 +168,7 @@ class Filter:
             return False
         if self._cpuset and cpu not in self._cpuset:
             return False
-        return not self._who or self._who_passes(pid)
+        return not self._who or self._who_passes(pid, cgroup)
 
 
 def cgroup_path(path: str) -> str:

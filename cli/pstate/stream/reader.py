@@ -30,8 +30,9 @@ everywhere:
 What comes out, in input order, goes to a sink with two methods:
 
 - sink.rows(rows): plain state records as state rows, tuples of ROW_FIELDS
-  (ts, pid, tid, comm, from, to, dur_ns, cpu, weight); comm and dur_ns are
-  None when null or absent, weight is 1 (k when sampling keeps 1 line in k);
+  (ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup); comm, dur_ns
+  and cgroup are None when null or absent, weight is 1 (k when sampling
+  keeps 1 line in k);
   wide rows (wide=True, for the trace export) go on with the fields of
   WIDE_FIELDS (cause, prio, next_tid, prev_tid, kstate, target_cpu, waker),
   each as orjson read it, None when null or absent;
@@ -68,7 +69,7 @@ from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, note_damage, open_i
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
-ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight")
+ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight", "cgroup")
 WIDE_FIELDS = ("cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu", "waker")
 # The native row reader (None when not built or PSTATE_PURE=1).
 _parse_states = getattr(native.load("_digest"), "parse_states", None)
@@ -93,9 +94,10 @@ def state_row(rec: dict, weight: int = 1, wide: bool = False) -> tuple:
     g = rec.get
     if wide:
         return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"],
-                weight, g("cause"), g("prio"), g("next_tid"), g("prev_tid"), g("kstate"), g("target_cpu"),
-                g("waker"))
-    return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"], weight)
+                weight, g("cgroup"), g("cause"), g("prio"), g("next_tid"), g("prev_tid"), g("kstate"),
+                g("target_cpu"), g("waker"))
+    return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"], weight,
+            g("cgroup"))
 
 
 def overlong(max_line: int) -> str:
@@ -343,7 +345,7 @@ class StreamReader:
         filt = self.filt
         if t == "state":
             if filt is not None and not filt.match_state(rec["pid"], rec["tid"], rec.get("comm"), rec["cpu"],
-                                                         rec["from"], rec["to"], rec.get("dur_ns")):
+                                                         rec["from"], rec["to"], rec.get("dur_ns"), rec.get("cgroup")):
                 return
             if not self.dicts:
                 self._rows.append(state_row(rec, weight, self.wide))
@@ -390,9 +392,9 @@ class RecordList:
 
     def rows(self, rows: list) -> None:
         add = self.out.append
-        for ts, pid, tid, comm, frm, to, dur, cpu, _w in rows:
+        for ts, pid, tid, comm, frm, to, dur, cpu, _w, cg in rows:
             add({"type": "state", "ts": ts, "cpu": cpu, "pid": pid, "tid": tid, "comm": comm, "from": frm,
-                 "to": to, "dur_ns": dur})
+                 "to": to, "dur_ns": dur, "cgroup": cg})
 
     def record(self, rec: dict, weight: int) -> None:
         self.out.append(rec)
