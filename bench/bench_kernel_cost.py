@@ -31,6 +31,9 @@ contender and repetition reads run_time_ns / run_cnt of each program.
     sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --rounds 8
     sudo .venv/bin/python bench/bench_kernel_cost.py --only floor,snap --stats-runs 3
     sudo .venv/bin/python bench/bench_kernel_cost.py --rounds 8 --only btf    the tp_btf comparison
+    sudo .venv/bin/python bench/bench_kernel_cost.py --against-dir /tmp/before --only record,record_before
+                       the BPF C in a directory (keys end in its name), e.g. an older revision's given
+                       this tree's struct event, so that this user space decodes its records
 
 Prints a table and writes bench/results/kernel_cost.json.
 """
@@ -395,6 +398,8 @@ def main() -> int:
     ap.add_argument("--loops", type=int, default=100_000, help="perf bench sched pipe loops (default 100000)")
     ap.add_argument("--stats-runs", type=int, default=2, help="bpf_stats storms per contender (default 2; 0: none)")
     ap.add_argument("--against", metavar="REV", help="also run bpf/*.bpf.c of this git revision")
+    ap.add_argument("--against-dir", metavar="DIR", help="also run the BPF C in DIR (keys end in _<its name>): "
+                    "a variant the user space of this tree decodes, e.g. a revision with this struct event")
     ap.add_argument("--src", default=os.path.join(ROOT, "bpf"), help="directory of the BPF C (default bpf/)")
     ap.add_argument("--only", help="comma-separated contender keys")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "kernel_cost.json"))
@@ -405,6 +410,10 @@ def main() -> int:
     try:
         tag = (a.against or "").replace("/", "_")[:12]
         against = git_tree(a.against, os.path.join(tmp, "against")) if a.against else None
+        if a.against_dir:
+            if a.against:
+                sys.exit("--against and --against-dir: one of them")
+            against, tag = os.path.abspath(a.against_dir), os.path.basename(os.path.abspath(a.against_dir))[:12]
         cs = make_contenders(os.path.abspath(a.src), against, tag)
         if a.only:
             want = BTF_SET if a.only == "btf" else a.only.split(",")
@@ -413,7 +422,7 @@ def main() -> int:
         results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                "kernel": platform.release(), "ncpu": os.cpu_count(),
                                "loadavg_start": storm.loadavg()},
-                   "rounds": a.rounds, "stats_runs": a.stats_runs, "against": a.against}
+                   "rounds": a.rounds, "stats_runs": a.stats_runs, "against": a.against or a.against_dir}
         runner = Runner(tmp)
         pipe = storm.pipe_storm(a.loops)
         log(f"storm: {pipe.label}, {a.rounds} rounds of {len(cs)} contenders")

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import time
 
+import orjson
 import pytest
+from click.testing import CliRunner
 
+from pstate.main import cli
 from workloads import SLEEPER, Recording, V2Cgroups, go, start
 
 pytestmark = pytest.mark.bpf
@@ -90,3 +93,29 @@ def test_each_cgroup_id_is_named_before_the_first_record_carrying_it(moved):
     for cg, i in first.items():
         assert cg in named and named[cg][0] < i, cg
     assert named[ids["a"]][1] == f"{top}/{BEFORE}" and named[ids["b"]][1] == f"{top}/{AFTER}"
+
+
+def test_stats_by_cgroup_splits_the_time_at_the_move(moved, tmp_path):
+    """tp_btf: the time up to the move goes to the old cgroup, the time after
+    it to the new one, within one interval of the move (the sleeper's longest,
+    as the kernel's timestamps give it); tracepoint: as documented, the new
+    cgroup gets the intervals its switch-outs end (on-CPU time), the rest
+    goes by the process record (the old one)."""
+    recs, ids, (t0, t1), pid, top = moved
+    path = tmp_path / "moved.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "cgroup", str(path)], prog_name="pstate")
+    assert r.exit_code == 0, r.output
+    groups = {g["key"]: {s: v["ns"] for s, v in g["states"].items()} for g in orjson.loads(r.stdout)["groups"]}
+    a, b = groups[f"{top}/{BEFORE}"], groups[f"{top}/{AFTER}"]
+    assert set(groups) == {f"{top}/{BEFORE}", f"{top}/{AFTER}"}
+    mine = [x for x in recs if x["type"] == "state" and x["pid"] == pid]
+    first, last = mine[0]["ts"] - (mine[0]["dur_ns"] or 0), mine[-1]["ts"]  # (the first interval's start)
+    margin = max(x["dur_ns"] or 0 for x in mine[1:]) + 1_000_000
+    if recs[0]["probes"] == "tp_btf":
+        assert abs(sum(a.values()) - (t0 - first)) <= margin + (t1 - t0), (a, t0 - first, margin)
+        assert abs(sum(b.values()) - (last - t1)) <= margin + (t1 - t0), (b, last - t1, margin)
+        assert b.get("sleeping", 0) > b.get("running", 0)  # a sleeper, wherever it is
+    else:
+        # (zombie: the time after its last switch-out, when its reap came after the recording)
+        assert set(b) <= {"running", "zombie", "dead"} and a.get("sleeping", 0) > 0.5 * (last - first), (a, b)
