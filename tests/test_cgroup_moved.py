@@ -59,3 +59,18 @@ def test_golden_by_cgroup():
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
     assert text == run("--by", "cgroup", reader="careful")
+
+
+def test_heat_draws_each_interval_in_the_row_of_the_record_that_ends_it():
+    """b's row: asleep from its move (ended by a wake-up in b), queued, on CPU
+    to 620 ms; nothing while the records that end the next intervals carry
+    no cgroup (a's); on CPU again from 740 ms and asleep to the end."""
+    r = CliRunner().invoke(cli, ["heat", str(DATA), "--by", "cgroup"], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    golden = HERE / "golden" / "heat" / "moved-cgroup.txt"
+    if os.environ.get("PSTATE_REGEN") == "1":
+        golden.write_text(r.stdout)
+    assert r.stdout == golden.read_text()
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("/app.slice/")}
+    b = rows[B][len(B) + 1:]
+    assert b.startswith("      ....") and "+###" in b and "  ####" in b and b.endswith("....")

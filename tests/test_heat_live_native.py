@@ -284,9 +284,9 @@ def test_window_states_equals_state_calls(by, measure, k):
     for skip_idle in (True, False):
         for i in range(0, len(rows), 37):
             a.states(rows[i:i + 37], skip_idle)
-        for ts, pid, tid, comm, frm, to, dur, _cpu, w, _cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, _cpu, w, cg in rows:
             if not (skip_idle and tid == 0):
-                b.state(ts, pid, tid, comm or "?", frm, to, dur, w)
+                b.state(ts, pid, tid, comm or "?", frm, to, dur, w, cg)
         assert model_state(a) == model_state(b)
 
 

@@ -89,7 +89,9 @@ class MeasureChoice(Choice):
 @click.option("--by", type=click.Choice(["tid", "pid", "comm", *services.BY_KEYS]), default=None,
               help="One row per thread, process or command name, or per cgroup, unit, container, "
                    "process title or parent, from the recording's process records (a snapshot's "
-                   "rows) [default: tid; pid for snapshots].")
+                   "rows; by cgroup, unit and container, a state record's own cgroup where it has one, "
+                   "so an interval is drawn in the row of the record that ends it) "
+                   "[default: tid; pid for snapshots].")
 @click.option("--top", type=click.IntRange(1, 10000), default=None, metavar="N",
               help="Show the N most active rows (busy time: all but sleeping, idle, parked) "
                    "[default: what fits the terminal, or 20].")

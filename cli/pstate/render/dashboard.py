@@ -107,7 +107,7 @@ class Reasons:
         reason = rec.get("reason")
         if not reason or rec["from"] != REASON_STATE or not isinstance(reason, str):
             return
-        key = self.keyf(rec["pid"], rec["tid"], rec.get("comm") or "?")
+        key = self.keyf(rec["pid"], rec["tid"], rec.get("comm") or "?", rec.get("cgroup"))
         q = self.seen.get(key)
         if q is None:
             q = self.seen[key] = deque(maxlen=256)

@@ -146,15 +146,17 @@ class Grid:
 
 
 def key_of(by: str, directory: services.Directory | None = None):
-    """The row key of a task: its tid, pid or comm, or (--by title and the
-    like) what the stream's process records said of its pid."""
+    """The row key of a task's record: its tid, pid or comm, or (--by title
+    and the like) what the stream's process records said of its pid (by
+    cgroup, unit and container, the cgroup the record carries when it
+    carries one: services.Directory.key)."""
     if by == "tid":
-        return lambda pid, tid, comm: tid
+        return lambda pid, tid, comm, cgroup=None: tid
     if by == "pid":
-        return lambda pid, tid, comm: pid or tid
+        return lambda pid, tid, comm, cgroup=None: pid or tid
     if directory is not None:
-        return lambda pid, tid, comm: directory.key(by, pid)
-    return lambda pid, tid, comm: comm
+        return lambda pid, tid, comm, cgroup=None: directory.key(by, pid, cgroup)
+    return lambda pid, tid, comm, cgroup=None: comm
 
 
 class Tracker:
@@ -211,7 +213,7 @@ class Tracker:
             elif self.skip_idle and rec["tid"] == 0:
                 return
             self.state(rec["ts"], rec["pid"], rec["tid"], rec.get("comm") or "?",
-                       rec["from"], rec["to"], rec.get("dur_ns"), weight)
+                       rec["from"], rec["to"], rec.get("dur_ns"), weight, rec.get("cgroup"))
         elif t in ("exec", "fork", "exit"):
             if self.filt is not None and not self.filt.match(rec):
                 return
@@ -258,7 +260,7 @@ class Tracker:
                     continue
             elif skip_idle and tid == 0:
                 continue
-            state(ts, pid, tid, comm or "?", frm, to, dur, weight)
+            state(ts, pid, tid, comm or "?", frm, to, dur, weight, cg)
 
     def record(self, rec: dict, weight: int) -> None:
         self.feed(rec, weight)
@@ -269,13 +271,13 @@ class Tracker:
         if self.last_ts is None or ts > self.last_ts:
             self.last_ts = ts
 
-    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1) -> None:
+    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1, cgroup=None) -> None:
         self.n_events += 1
         if self.last_ts is None or ts > self.last_ts:
             self.last_ts = ts
         if self.first_ts is None or ts < self.first_ts:
             self.first_ts = ts
-        key = self.keyf(pid, tid, comm)
+        key = self.keyf(pid, tid, comm, cgroup)
         if self.by != "pid" or tid == pid or key not in self.comm:
             self.comm[key] = comm
         self.events[key] = self.events.get(key, 0) + 1
@@ -423,11 +425,11 @@ class Window(Tracker):
     def _lo(self) -> int:
         return (self.last_ts or 0) // self.bucket - self.ncols + 1
 
-    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1) -> None:
+    def state(self, ts, pid, tid, comm, frm, to, dur, weight=1, cgroup=None) -> None:
         # Tracker.state for the live window: state maps go through states();
         # latency maps (measure_states) only count samples.
         if not self.measure_states:
-            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight, None),))
+            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight, cgroup),))
             return
         self.n_events += 1
         lt = self.last_ts
@@ -444,7 +446,7 @@ class Window(Tracker):
             if tid == pid or key not in self.comm:
                 self.comm[key] = comm
         else:
-            key = self.keyf(pid, tid, comm)
+            key = self.keyf(pid, tid, comm, cgroup)
         ev = self.events
         ev[key] = ev.get(key, 0) + 1
         if dur is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
@@ -459,10 +461,10 @@ class Window(Tracker):
         only when the newest ts moves."""
         if self.measure_states:
             state = self.state
-            for ts, pid, tid, comm, frm, to, dur, _cpu, weight, _cg in rows:
+            for ts, pid, tid, comm, frm, to, dur, _cpu, weight, cg in rows:
                 if tid == 0 and skip_idle:
                     continue
-                state(ts, pid, tid, comm or "?", frm, to, dur, weight)
+                state(ts, pid, tid, comm or "?", frm, to, dur, weight, cg)
             return
         b = self.bucket
         ncols = self.ncols
@@ -488,7 +490,7 @@ class Window(Tracker):
         cc = None  # the column last added to, and its dict
         col = None
         n = 0
-        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight, _cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight, cg in rows:
             if tid == 0 and skip_idle:
                 continue
             n += 1
@@ -512,7 +514,7 @@ class Window(Tracker):
             elif by_comm:
                 key = comm
             else:
-                key = keyf(pid, tid, comm)
+                key = keyf(pid, tid, comm, cg)
             events[key] = events_get(key, 0) + 1
             s = index(frm, OTHER)
             if gaps:
