@@ -74,3 +74,13 @@ def test_heat_draws_each_interval_in_the_row_of_the_record_that_ends_it():
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("/app.slice/")}
     b = rows[B][len(B) + 1:]
     assert b.startswith("      ....") and "+###" in b and "  ####" in b and b.endswith("....")
+
+
+def test_export_chrome_carries_each_slice_cgroup(tmp_path):
+    out = tmp_path / "moved.json"
+    r = CliRunner().invoke(cli, ["export", "-f", "chrome", "-o", str(out), str(DATA)], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    slices = [e for e in orjson.loads(out.read_bytes())["traceEvents"] if e.get("ph") == "X" and e["tid"] == 11]
+    assert [(e["name"], e["dur"] * 1000 // MS, e.get("args", {}).get("cgroup")) for e in slices] == [
+        ("running", 100, 100), ("sleeping", 200, 200), ("runnable", 10, 200), ("running", 300, 200),
+        ("sleeping", 100, None), ("runnable", 20, None), ("running", 60, 200), ("sleeping", 200, 200)]

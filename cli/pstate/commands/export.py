@@ -35,7 +35,8 @@ instead, and the export says so. Loss, sampling and end records appear as
 instants on a "pstate" track.
 
 --format chrome writes trace-event JSON: one slice per state interval of each
-thread (the time stats counts), thread and process names as metadata.
+thread (the time stats counts; in its args the cgroup of the record that ends
+it, where that record has one), thread and process names as metadata.
 
 The perfetto format needs the optional extra: pip install 'pstate[perfetto]'
 (make setup installs it). Exit status: 0 done, 2 bad usage, 65 bad input with

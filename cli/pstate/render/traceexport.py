@@ -483,7 +483,7 @@ class ChromeWriter:
         self.fp = fp
         self.first = True
         self.meta: dict | None = None
-        self.last: dict = {}  # tid -> [pid, ts, state] of its last transition
+        self.last: dict = {}  # tid -> [pid, ts, state, cgroup] of its last transition
         self.named: dict = {}  # tid -> comm written as thread_name
         self.pnamed: dict = {}  # pid -> comm written as process_name
         self.end_ts: int | None = None
@@ -506,9 +506,12 @@ class ChromeWriter:
             self.pnamed[pid] = comm
             self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": comm}})
 
-    def _slice(self, pid: int, tid: int, state: str, start: int, dur: int) -> None:
-        self._emit({"name": state, "cat": schema.state_category(state), "ph": "X", "ts": start / 1000,
-                    "dur": dur / 1000, "pid": pid, "tid": tid})
+    def _slice(self, pid: int, tid: int, state: str, start: int, dur: int, cgroup=None) -> None:
+        ev = {"name": state, "cat": schema.state_category(state), "ph": "X", "ts": start / 1000,
+              "dur": dur / 1000, "pid": pid, "tid": tid}
+        if cgroup is not None:  # the cgroup of the record that ends it (pstate's state record's)
+            ev["args"] = {"cgroup": cgroup}
+        self._emit(ev)
         self.slices += 1
 
     def add(self, rec: dict) -> None:
@@ -536,13 +539,14 @@ class ChromeWriter:
         max_ts = self.max_ts
         for row in rows:
             ts, pid, tid, comm, frm, to, d = row[:7]
+            cg = row[9]
             if max_ts is None or ts > max_ts:
                 max_ts = ts
             if named.get(tid, _UNSEEN) != comm or (tid == pid and pnamed.get(pid, _UNSEEN) != comm):
                 self._name(pid, tid, comm)
             if d is not None:
-                self._slice(pid, tid, frm, ts - d, d)
-            last[tid] = [pid, ts, to]
+                self._slice(pid, tid, frm, ts - d, d, cg)
+            last[tid] = [pid, ts, to, cg]
         self.max_ts = max_ts
 
     def close(self) -> None:
@@ -550,8 +554,8 @@ class ChromeWriter:
         ends = [x for x in (self.end_ts, self.max_ts) if x is not None]
         if ends:
             end = max(ends)
-            for tid, (pid, ts, state) in self.last.items():
+            for tid, (pid, ts, state, cg) in self.last.items():
                 if state != schema.REAPED and end > ts:
-                    self._slice(pid, tid, state, ts, end - ts)
+                    self._slice(pid, tid, state, ts, end - ts, cg)
         other = {k: v for k, v in (self.meta or {}).items() if not isinstance(v, (dict, list))}
         self.fp.write(b'\n],"displayTimeUnit":"ns","otherData":' + orjson.dumps(other) + b"}\n")
