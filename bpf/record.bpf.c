@@ -5,10 +5,13 @@
 // path only tracepoint arguments (BCC builds their layout from the running
 // kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
 // arguments of sched_switch and the wake-ups and task_struct fields at
-// offsets from the running kernel's BTF (bpf/tpargs.h). So it compiles
+// offsets from the running kernel's BTF (bpf/tpargs.h); the lifecycle
+// programs are tp_btf ones there, and on the tracepoint path raw tracepoints
+// (LIFE_RAW) that read task_struct with bpf_probe_read_kernel at those
+// offsets, classic tracepoints only without BTF. So it compiles
 // against any kernel header tree, even one of another kernel version: that
 // is what lets pstate run where no matching headers exist. Keep it so: no
-// struct from a header, no bpf_probe_read of kernel memory.
+// struct from a header, no kernel memory read but at offsets from the BTF.
 //
 // Compile-time settings (-D cflags, set by pstate/commands/record.py):
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
@@ -22,6 +25,8 @@
 //   STACK_ENTRIES  record --stacks: size of the stack-trace map (unset: no map,
 //                  no stacks; the program cache keeps no stack map)
 //   TP_BTF         the tp_btf path, with its offsets (bpf/tpargs.h)
+//   LIFE_RAW       the tracepoint path, lifecycle programs as raw tracepoints
+//                  (bpf/tpargs.h), with TASK_PID and TASK_COMM
 //
 // Filters are map values, written by user space before the first event
 // (pstate/filtermaps.py), so one compiled program serves every filter: the
@@ -120,9 +125,13 @@ BPF_PERCPU_ARRAY(sample_tick, u32, 1);
 // The sched programs run with interrupts off; the fork, exec, exit and free
 // programs run with them on (free in an RCU callback, in softirq), so an
 // interrupt's wake-up program can run on the same CPU between their load
-// and store of a counter, and its count would be lost. Those programs count
-// with an atomic add (a lock-prefixed instruction: kept off the hot path),
-// and so do the rare counts any program may take.
+// and store of a counter, and its count would be lost; so can free, in
+// softirq, within task_newtask, fork, exec or exit (tp_btf and raw
+// tracepoint programs, unlike classic ones, may interrupt one another:
+// bpf/tpargs.h). Those programs count with an atomic add (a lock-prefixed
+// instruction: kept off the hot path), and so do the rare counts any
+// program may take. The other per-CPU value they change, sample_tick, is
+// no count: an interrupted update only moves which event is kept.
 static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
@@ -669,14 +678,14 @@ RAW_TRACEPOINT_PROBE(softirq_exit) {
 // task_newtask runs in the parent's context and has the clone flags, so the
 // child's tgid is known without reading the task: the parent's for a thread,
 // the child's own pid for a process.
-TRACEPOINT_PROBE(task, task_newtask) {
+PSTATE_LIFE(task, task_newtask) {
     u64 now = bpf_ktime_get_ns();
-    u32 child = args->pid;
+    u32 child = LF_NEW_PID;
     u32 parent_tgid = bpf_get_current_pid_tgid() >> 32;
     struct task_state fresh = {};
     fresh.state = ST_NEW;
     fresh.since = now;
-    if (args->clone_flags & CLONE_THREAD_FLAG) {
+    if (LF_NEW_CLONE_FLAGS & CLONE_THREAD_FLAG) {
         fresh.tgid = parent_tgid;
         fresh.flags = F_THREAD;
     } else {
@@ -697,8 +706,8 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
          other_pid, other_tid, 0, 1, CG_NONE, 0);
 }
 
-TRACEPOINT_PROBE(sched, sched_process_fork) {
-    u32 child = args->child_pid;
+PSTATE_LIFE(sched, sched_process_fork) {
+    u32 child = LF_FORK_CHILD_PID;
     u32 child_tgid = child;
     u8 flags = 0;
     struct task_state *ts = tasks.lookup(&child);
@@ -718,13 +727,13 @@ TRACEPOINT_PROBE(sched, sched_process_fork) {
         if ((cfg->task_filters & TF_CGROUP) && cgroup_pids.lookup(&parent))
             cgroup_pids.update(&child_tgid, &one);
     }
-    emit_life(EV_FORK, bpf_get_current_pid_tgid() >> 32, args->parent_pid, child_tgid, child, flags);
+    emit_life(EV_FORK, bpf_get_current_pid_tgid() >> 32, LF_FORK_PARENT_PID, child_tgid, child, flags);
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_process_exec) {
-    u32 tid = args->pid;
-    u32 old = args->old_pid;
+PSTATE_LIFE(sched, sched_process_exec) {
+    u32 tid = LF_EXEC_PID;
+    u32 old = LF_EXEC_OLD_PID;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (old != tid) {
         // A non-leader thread exec'd and took over the leader's pid.
@@ -740,16 +749,16 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_process_exit) {
+PSTATE_LIFE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
-    emit_life(EV_EXIT, id >> 32, args->pid, 0, 0, args->group_dead ? F_GROUP_DEAD : 0);
+    emit_life(EV_EXIT, id >> 32, LF_EXIT_PID, 0, 0, LF_EXIT_GROUP_DEAD ? F_GROUP_DEAD : 0);
     return 0;
 }
 
 // The kernel frees the task (after its parent reaped the zombie, or at once
 // for a dead thread): close its last state and forget it.
-TRACEPOINT_PROBE(sched, sched_process_free) {
-    u32 tid = args->pid;
+PSTATE_LIFE(sched, sched_process_free) {
+    u32 tid = LF_FREE_PID;
     struct task_state *ts = task_row(tid);
     if (!ts)
         return 0;
@@ -767,10 +776,10 @@ TRACEPOINT_PROBE(sched, sched_process_free) {
     forget(tid, ts);
     if (transition_match(cfg, from, ST_REAPED, dur)) {
         char comm[16];
-        TP_DATA_LOC_READ_STR(comm, comm, sizeof(comm));
-        // cgroup: no task to read here (not the current one)
+        LF_FREE_COMM(comm);
+        // cgroup: the freed task's (on the tp_btf path; not known on the others)
         emit(cfg, EV_STATE, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1,
-             0, 0, 0, 0, 0, 1, CG_NONE, 0); // in an RCU callback: interrupts on
+             0, 0, 0, 0, 0, 1, CG_TASK, LF_FREE_TASK); // in an RCU callback: interrupts on
     }
     // A followed process is gone with its main thread: its pid may come back
     // as another process's.

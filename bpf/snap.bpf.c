@@ -5,10 +5,13 @@
 // path only tracepoint arguments (BCC builds their layout from the running
 // kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
 // arguments of sched_switch and the wake-ups and task_struct fields at
-// offsets from the running kernel's BTF (bpf/tpargs.h). So it compiles
+// offsets from the running kernel's BTF (bpf/tpargs.h); the lifecycle
+// programs are tp_btf ones there, and on the tracepoint path raw tracepoints
+// (LIFE_RAW) that read task_struct with bpf_probe_read_kernel at those
+// offsets, classic tracepoints only without BTF. So it compiles
 // against any kernel header tree, even one of another kernel version: that
 // is what lets pstate run where no matching headers exist. Keep it so: no
-// struct from a header, no bpf_probe_read of kernel memory.
+// struct from a header, no kernel memory read but at offsets from the BTF.
 //
 // Compile-time settings (-D cflags, set by pstate/commands/snap.py):
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
@@ -20,6 +23,8 @@
 //                 call, twice per context switch; a row whose `since` is 0 is
 //                 a thread not seen. Needs Linux 5.5 (mmap of an array)
 //   TP_BTF        the tp_btf path, with its offsets (bpf/tpargs.h)
+//   LIFE_RAW      the tracepoint path, lifecycle programs as raw tracepoints
+//                 (bpf/tpargs.h), with TASK_PID and TASK_COMM
 //
 // Layout: `tasks` holds one row per live thread, keyed by tid. When the
 // kernel frees a thread its final row moves to `gone`, keyed by (tid,
@@ -80,13 +85,23 @@ BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
 BPF_PERCPU_ARRAY(counters, u64, SNAP_NR_COUNTERS);
 // A row is larger than the BPF stack (512 bytes) since it holds histograms:
-// rows are built in a per-CPU scratch row. Slot SCRATCH_SCHED serves
-// sched_switch and the wake-ups, which run with interrupts off and so never
-// interrupt each other; SCRATCH_TASK the classic task and process programs,
-// which a wake-up may interrupt, but never one another (bpf_prog_active).
+// rows are built in a per-CPU scratch row, one slot per context that can
+// interrupt another on a CPU, so that no program's row is overwritten
+// halfway by one that interrupted it. SCRATCH_SCHED serves sched_switch and
+// the wake-ups, which run with interrupts off (a hard interrupt's wake-up
+// can interrupt any other program, but not these). SCRATCH_TASK serves
+// task_newtask and exec, in process context with interrupts on: neither
+// interrupts the other. SCRATCH_FREE serves sched_process_free, which runs
+// in an RCU callback, in softirq, and so can interrupt task_newtask or exec
+// on the same CPU: as a classic tracepoint it could not (the kernel ran no
+// classic program while another ran on the CPU: bpf_prog_active), as a
+// tp_btf or raw tracepoint program it can (only the same program is kept
+// from running twice on a CPU: free cannot interrupt free). (exit takes no
+// scratch row.)
 #define SCRATCH_SCHED 0
 #define SCRATCH_TASK 1
-BPF_PERCPU_ARRAY(scratch, struct snap_task, 2);
+#define SCRATCH_FREE 2
+BPF_PERCPU_ARRAY(scratch, struct snap_task, 3);
 
 // The scratch row of slot idx, zeroed; 0 only if the map lookup failed.
 static __always_inline struct snap_task *scratch_row(u32 idx) {
@@ -97,8 +112,9 @@ static __always_inline struct snap_task *scratch_row(u32 idx) {
 }
 
 // Only rare counts (a full map), some taken by programs that run with
-// interrupts on (task_newtask, exit, free), where an interrupt's wake-up
-// program could run between a load and a store: an atomic add.
+// interrupts on (task_newtask, exec, exit, free), where an interrupt's
+// wake-up program, or free in softirq, could run between a load and a store:
+// an atomic add.
 static __always_inline void count(u32 idx) {
     u64 *c = counters.lookup(&idx);
     if (c)
@@ -281,9 +297,10 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
     return 0;
 }
 
-// Move a thread's final row to `gone`, closing its last state at `now`.
-static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
-    struct snap_task *last = scratch_row(SCRATCH_TASK);
+// Move a thread's final row to `gone`, closing its last state at `now`;
+// built in scratch slot `idx`, the caller's (see SCRATCH_*).
+static __always_inline void finish(u32 tid, struct snap_task *t, u64 now, u32 idx) {
+    struct snap_task *last = scratch_row(idx);
     if (!last)
         return;
     *last = *t;
@@ -302,30 +319,30 @@ static __always_inline void finish(u32 tid, struct snap_task *t, u64 now) {
 // task_newtask runs in the parent's context with the clone flags: the child's
 // tgid is the parent's for a thread, its own pid for a process. Its time is
 // the child's birth: the identity (tid, start_ts) survives tid reuse.
-TRACEPOINT_PROBE(task, task_newtask) {
+PSTATE_LIFE(task, task_newtask) {
     u64 now = bpf_ktime_get_ns();
-    u32 child = args->pid;
+    u32 child = LF_NEW_PID;
     // The kernel frees a task (sched_process_free) an RCU grace period after
     // its pid was released, so the pid may already be in use again: a row
     // still under this tid is the previous owner's, and final.
     struct snap_task *slot = tasks.lookup(&child);
     if (known(slot))
-        finish(child, slot, now);
+        finish(child, slot, now, SCRATCH_TASK);
     struct snap_task *fresh = scratch_row(SCRATCH_TASK);
     if (!fresh)
         return 0;
     fresh->start_ts = now;
     fresh->since = now;
     fresh->state = SLOT_NEW;
-    fresh->tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
-    __builtin_memcpy(fresh->comm, args->comm, 16);
+    fresh->tgid = (LF_NEW_CLONE_FLAGS & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
+    LF_NEW_COMM(fresh->comm);
     put(child, slot, fresh, 0);
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_process_exec) {
-    u32 tid = args->pid;
-    u32 old = args->old_pid;
+PSTATE_LIFE(sched, sched_process_exec) {
+    u32 tid = LF_EXEC_PID;
+    u32 old = LF_EXEC_OLD_PID;
     if (old != tid) {
         // A non-leader thread exec'd and took over the leader's pid.
         struct snap_task *o = tasks.lookup(&old);
@@ -344,8 +361,8 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_process_exit) {
-    u32 tid = args->pid;
+PSTATE_LIFE(sched, sched_process_exit) {
+    u32 tid = LF_EXIT_PID;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t) {
         t->flags |= SNAP_F_EXITED;
@@ -358,10 +375,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
 // for a thread): close its last state and move the final row to `gone`. A
 // row that has not exited belongs to a new task that reuses the pid. (A
 // zombie seeded from /proc has had no event yet: this takes its seed.)
-TRACEPOINT_PROBE(sched, sched_process_free) {
-    u32 tid = args->pid;
+PSTATE_LIFE(sched, sched_process_free) {
+    u32 tid = LF_FREE_PID;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t && (t->flags & SNAP_F_EXITED))
-        finish(tid, t, bpf_ktime_get_ns());
+        finish(tid, t, bpf_ktime_get_ns(), SCRATCH_FREE);
     return 0;
 }

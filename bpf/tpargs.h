@@ -1,6 +1,8 @@
 // tpargs.h: the arguments of the hot sched tracepoints (sched_switch and the
-// wake-ups), read in one of two ways, so that each program has one source
-// for both. Included by bpf/record.bpf.c and bpf/snap.bpf.c.
+// wake-ups), read in one of two ways, and of the lifecycle ones (task_newtask,
+// sched_process_fork/exec/exit/free), read in one of three, so that each
+// program has one source for every path. Included by bpf/record.bpf.c and
+// bpf/snap.bpf.c.
 //
 // Classic tracepoint (the default): BCC builds `args` from the running
 // kernel's tracefs format file; the kernel has already copied the fields
@@ -116,4 +118,89 @@ static __always_inline u64 task_cgroup_id(const char *t) {
     return 0;
 }
 #endif
+
+// --- the lifecycle programs: PSTATE_LIFE(category, event), LF_* ---
+//
+// They run with interrupts on (sched_process_free in an RCU callback, in
+// softirq). A classic tracepoint's program runs only while no other classic
+// one runs on its CPU (the kernel's bpf_prog_active): an interrupt's classic
+// sched_waking or sched_wakeup that came while one of them ran was skipped,
+// and the sleep it ended had no wake-up. So wherever the kernel's BTF gives
+// the offsets they are no classic tracepoints:
+//
+// TP_BTF: tp_btf programs, like the hot ones (raw arguments in ctx[], task
+// fields by plain loads at TASK_* offsets).
+//
+// LIFE_RAW (the classic path on a kernel with BTF, set by
+// pstate.kernel.tpbtf): raw tracepoint programs (BPF_PROG_TYPE_RAW_TRACEPOINT),
+// raw arguments in ctx->args[], task fields read with bpf_probe_read_kernel
+// at the same TASK_* offsets (a raw tracepoint's pointer is no typed one).
+//
+// Neither (no usable BTF): classic tracepoints, which can still hide an
+// interrupt's wake-up as above (man pstate-record says so).
+//
+// Both others are skipped only when the same program already runs on the
+// CPU; they can interrupt one another (free in softirq interrupting
+// task_newtask or exec in process context): per-CPU scratch they share is
+// split by context in the programs (bpf/snap.bpf.c).
+//
+// The raw arguments (the kernel's TP_PROTOs): task_newtask(task,
+// clone_flags), sched_process_fork(parent, child), sched_process_exec(p,
+// old_pid, bprm), sched_process_exit(p, group_dead), sched_process_free(p);
+// exec's and exit's p is the current task, fork's parent too.
+
+#if defined(TP_BTF) || defined(LIFE_RAW)
+
+#ifdef TP_BTF
+#define PSTATE_LIFE(category, event) int tp_btf__##event(u64 *ctx)
+#define LF_ARG(i) ctx[i]
+#define LF_TASK_PID(i) TASK_U32(TP_TASK(i), TASK_PID)
+#define LF_TASK_COMM(i, dst) __builtin_memcpy(dst, TP_TASK(i) + TASK_COMM, 16)
+#else
+#define PSTATE_LIFE(category, event) RAW_TRACEPOINT_PROBE(event)
+#define LF_ARG(i) ctx->args[i]
+static __always_inline u32 lf_task_u32(u64 task, u32 off) {
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (const void *)(task + off));
+    return v;
+}
+#define LF_TASK_PID(i) lf_task_u32(ctx->args[i], TASK_PID)
+#define LF_TASK_COMM(i, dst) bpf_probe_read_kernel(dst, 16, (const void *)(ctx->args[i] + TASK_COMM))
+#endif
+
+#define LF_NEW_PID LF_TASK_PID(0)
+#define LF_NEW_CLONE_FLAGS ((u64)LF_ARG(1))
+#define LF_NEW_COMM(dst) LF_TASK_COMM(0, dst)
+#define LF_FORK_PARENT_PID ((u32)bpf_get_current_pid_tgid()) // parent is current
+#define LF_FORK_CHILD_PID LF_TASK_PID(1)
+#define LF_EXEC_PID ((u32)bpf_get_current_pid_tgid()) // p is current (its pid after de_thread)
+#define LF_EXEC_OLD_PID ((u32)LF_ARG(1))
+#define LF_EXIT_PID ((u32)bpf_get_current_pid_tgid()) // p is current
+#define LF_EXIT_GROUP_DEAD ((u8)LF_ARG(1))
+#define LF_FREE_PID LF_TASK_PID(0)
+#define LF_FREE_COMM(dst) LF_TASK_COMM(0, dst)
+#ifdef TP_BTF
+#define LF_FREE_TASK TP_TASK(0) // for task_cgroup_id()
+#else
+#define LF_FREE_TASK ((const char *)0)
+#endif
+
+#else // classic tracepoints: the trace record's fields
+
+#define PSTATE_LIFE(category, event) TRACEPOINT_PROBE(category, event)
+#define LF_NEW_PID ((u32)args->pid)
+#define LF_NEW_CLONE_FLAGS args->clone_flags
+#define LF_NEW_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
+#define LF_FORK_PARENT_PID ((u32)args->parent_pid)
+#define LF_FORK_CHILD_PID ((u32)args->child_pid)
+#define LF_EXEC_PID ((u32)args->pid)
+#define LF_EXEC_OLD_PID ((u32)args->old_pid)
+#define LF_EXIT_PID ((u32)args->pid)
+#define LF_EXIT_GROUP_DEAD args->group_dead
+#define LF_FREE_PID ((u32)args->pid)
+#define LF_FREE_COMM(dst) TP_DATA_LOC_READ_STR(dst, comm, 16)
+#define LF_FREE_TASK ((const char *)0)
+
+#endif
+
 #endif

@@ -121,6 +121,15 @@ def defines(text: str) -> dict:
     return out
 
 
+def life_raw() -> dict:
+    """The tracepoint path's settings for its raw tracepoint lifecycle
+    programs where the kernel has BTF (bpf/tpargs.h LIFE_RAW)."""
+    if not os.path.exists(btf.VMLINUX):
+        return {}
+    offsets = btf.task_offsets(btf.Btf.read())
+    return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}}
+
+
 @needs_tracefs
 def test_record_ebpf_defaults():
     r = run("record", "--ebpf", "--probes", "tracepoint")
@@ -133,7 +142,7 @@ def test_record_ebpf_defaults():
     # every tid fits in the default 65536 rows when pid_max allows: an array indexed by tid
     by_tid = {"TASKS_BY_TID": True} if int(Path("/proc/sys/kernel/pid_max").read_text()) <= 65536 else {}
     assert defines(r.stdout) == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}",
-                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **by_tid}
+                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **by_tid, **life_raw()}
     assert "struct event {" in r.stdout and "BPF_RINGBUF_OUTPUT(events, RB_PAGES);" in r.stdout
 
 
@@ -153,7 +162,7 @@ def test_snap_ebpf_defines(max_tasks):
     by_tid = {"TASKS_BY_TID": True, "TID_SLOTS": str(pid_max)} if pid_max <= rows and release >= (5, 5) else {}
     assert defines(settings) == {"REPORT_MASK": f"0x{ks.report_mask:x}",
                                  "NR_KBITS": str(max(1, ks.report_mask.bit_length())), "MAX_TASKS": str(rows),
-                                 **by_tid}
+                                 **by_tid, **life_raw()}
 
 
 @needs_tracefs
@@ -168,7 +177,7 @@ def test_record_ebpf_filters():
     d = defines(r.stdout)
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     assert d == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}", "MAX_TASKS": "2048", "RB_PAGES": "256",
-                 "SAMPLE": True}
+                 "SAMPLE": True, **life_raw()}
 
 
 @needs_tracefs
@@ -182,6 +191,7 @@ def test_ebpf_tp_btf_defines(command):
         assert r.exit_code == 69 and "--probes tp_btf:" in r.stderr
         return
     classic = defines(run(command, "--ebpf", "--probes", "tracepoint").stdout.split(f"// pstate {command}:")[0])
+    assert {k: classic.pop(k) for k in life_raw()} == life_raw()  # tp_btf has every offset, and no LIFE_RAW
     r = run(command, "--ebpf", "--probes", "tp_btf")
     assert r.exit_code == 0 and r.stderr == ""
     assert r.stdout.startswith(f"// pstate: bpf/{command}.bpf.c as compiled on the tp_btf path (--probes tp_btf), ")

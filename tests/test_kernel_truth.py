@@ -207,13 +207,17 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
     gaps, unwoken, wakes = check_stream(recs, tids)
     print(f"  untraced switches: {gaps}; blocked -> running without a wake-up: {unwoken} of {wakes + unwoken} "
           f"sleeps; CPU 1 in interrupts or stolen: {slack / 1e6:.0f} ms")
-    # Still seen now and then: about one scenario run in 12 on either path
-    # has one (a 1 ms ticker or the direct writer, about one sleep in 25,000),
-    # since the interrupt trackers are raw tracepoints (a classic sched
-    # program is no longer skipped behind softirq_entry's) and a wake-up
-    # taken inside __schedule is reported. The bound keeps it from growing
-    # unnoticed.
-    assert unwoken <= 0.005 * wakes, unwoken
+    # None in 20 scenario runs (10 per path) since the fork, exec, exit and
+    # free programs are raw tracepoints or tp_btf (a classic one running in
+    # softirq made the kernel skip an interrupt's classic sched_waking). A
+    # 60 s ping-pong with fork churn and 1 ms tickers still sees about 5.7
+    # sleeps in a million end unwoken on either path: each a timer wake-up
+    # whose hard interrupt came while a thread of this VM's agent was current
+    # (tokio-rt-worker, threads of PID 1 whose switch-outs the kernel never
+    # traces); a parallel ftrace instance has its sched_waking and
+    # sched_wakeup, pstate's programs recorded neither (no recursion miss
+    # counted). 0.013 per run here: one is allowed, a second is far outside it.
+    assert unwoken <= 1, (unwoken, wakes)
     states = [r for r in recs if r["type"] == "state"]
     for name, t in truth.items():
         a, b = t["first"], t["last"]

@@ -32,12 +32,17 @@ pytestmark = pytest.mark.bpf
 
 EVENT_TYPES = ("state", "fork", "exec", "exit")
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
-# Names the kernel gives pstate's programs: tracepoint__<category>__<event>.
-OUR_PROGRAMS = {
-    f"tracepoint__{cat}__{ev}"
-    for src in (ROOT / "bpf").glob("*.bpf.c")
-    for cat, ev in re.findall(r"TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", src.read_text())
-}
+# Names the kernel gives pstate's programs on any path (bpf/tpargs.h):
+# tracepoint__<category>__<event>, tp_btf__<event>, raw_tracepoint__<event>,
+# in full (bcc's BTF names them) and as the kernel's first 15 characters
+# (a program loaded from the program cache).
+_PROBES = [m for src in (ROOT / "bpf").glob("*.bpf.c")
+           for m in re.findall(r"\b(TRACEPOINT_PROBE|PSTATE_PROBE|PSTATE_LIFE|RAW_TRACEPOINT_PROBE)\("
+                               r"\s*(?:(\w+),\s*)?(\w+)\)", src.read_text())]
+_NAMES = {n for kind, cat, ev in _PROBES for n, on in (
+    (f"tracepoint__{cat}__{ev}", kind != "RAW_TRACEPOINT_PROBE"), (f"tp_btf__{ev}", kind.startswith("PSTATE")),
+    (f"raw_tracepoint__{ev}", kind in ("PSTATE_LIFE", "RAW_TRACEPOINT_PROBE"))) if on}
+OUR_PROGRAMS = _NAMES | {n[:15] for n in _NAMES}
 
 
 # --- helpers ----------------------------------------------------------------
@@ -214,15 +219,22 @@ def pinned_programs(ids: dict[str, int]):
 
 
 def programs_of(pid: int) -> dict[str, int]:
-    """tracepoint -> id of the BPF programs a process has attached.
+    """tracepoint -> id of the BPF programs a process has attached: classic
+    tracepoints' by its perf events, tp_btf and raw tracepoint programs'
+    (the lifecycle ones where the kernel has BTF) by its link fds.
 
     By attachment, not by name: a program compiled by bcc carries BTF with
     its full function name, one loaded from pstate's program cache only the
     kernel's 15-character name."""
     p = subprocess.run(["bpftool", "-j", "perf", "show"], capture_output=True, text=True)
     rows = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
-    return {r["tracepoint"]: r["prog_id"] for r in rows
-            if r.get("pid") == pid and r.get("fd_type") == "tracepoint" and "tracepoint" in r}
+    out = {r["tracepoint"]: r["prog_id"] for r in rows
+           if r.get("pid") == pid and r.get("fd_type") == "tracepoint" and "tracepoint" in r}
+    for _pid, info in fdinfos(pid):
+        fields = dict(line.split(":\t", 1) for line in info.splitlines() if ":\t" in line)
+        if fields.get("link_type") == "raw_tracepoint" and "tp_name" in fields:
+            out[fields["tp_name"]] = int(fields["prog_id"])
+    return out
 
 
 LIFE_PROGRAMS = {

@@ -325,5 +325,8 @@ def test_ebpf_prints_the_program(probes):
     assert f"compiled on the {probes} path" in r.stdout.splitlines()[0]
     assert "#define MAX_TASKS 1024" in r.stdout and "PSTATE_PROBE(sched, sched_switch)" in r.stdout
     assert ("#define TP_BTF\n" in r.stdout) == (probes == "tp_btf")
-    assert ("#define TASK_PID " in r.stdout) == (probes == "tp_btf")
+    assert ("#define TASK_TGID " in r.stdout) == (probes == "tp_btf")
+    # the tracepoint path's lifecycle programs are raw tracepoints reading the BTF's offsets
+    assert ("#define LIFE_RAW\n" in r.stdout) == (probes == "tracepoint")
+    assert "#define TASK_PID " in r.stdout and "PSTATE_LIFE(sched, sched_process_free)" in r.stdout
     assert "struct task_struct" not in r.stdout

@@ -204,10 +204,12 @@ def _probes(r: Report, ks):
         r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES, or set it to auto")
         return None
     if plan.path == "tp_btf":
-        r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch and the wake-ups, task_struct "
-              f"offsets from the kernel's BTF ({plan.reason})")
+        r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch, the wake-ups and the task "
+              f"lifecycle, task_struct offsets from the kernel's BTF ({plan.reason})")
     else:
-        r.add("probes", OK if plan.forced else WARN, f"tracepoint: classic tracepoints ({plan.reason})",
+        life = ("; fork, exec, exit and free as raw tracepoints, offsets from the kernel's BTF"
+                if plan.life == "raw_tracepoint" else "")
+        r.add("probes", OK if plan.forced else WARN, f"tracepoint: classic tracepoints ({plan.reason}){life}",
               "" if plan.forced else "a kernel with CONFIG_DEBUG_INFO_BTF=y (Linux 5.5+) gets the cheaper tp_btf path")
     return plan
 

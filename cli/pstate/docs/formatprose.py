@@ -100,11 +100,11 @@ EVENTS = {
         alive when recording starts are known to both paths from /proc.
 
         The cgroup of a state record whose task is not the one running: the
-        switch_in and the wake-ups (wakeup, wakeup_new). The tp_btf path reads
-        that task's own cgroup; the tracepoint path has no task to read and
-        writes null (not known). A switch_out carries it on both paths (the
-        task leaving the CPU is the one running, whose cgroup the kernel
-        gives), a reap on neither (null). It is the cgroup the task is in at
+        switch_in, the wake-ups (wakeup, wakeup_new) and the reap. The tp_btf
+        path reads that task's own cgroup (a reaped task's is the one it
+        exited in); the tracepoint path has no task to read and writes null
+        (not known). A switch_out carries it on both paths (the task leaving
+        the CPU is the one running, whose cgroup the kernel gives). It is the cgroup the task is in at
         that transition: a thread moved to another cgroup (cgroup.threads,
         or its process by cgroup.procs) carries the new id from its first
         transition after the move, while the process record says where the

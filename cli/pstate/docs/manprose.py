@@ -90,7 +90,12 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "The running kernel's BTF type information: with it (CONFIG_DEBUG_INFO_BTF, Linux 5.5 or later) "
         "record and snap take the tp_btf path, reading the offsets of the task_struct fields they load "
         "from it, never from a header tree; without it, or when the kernel refuses the programs, the "
-        "classic tracepoints (`pstate doctor` says which).")
+        "classic tracepoints (`pstate doctor` says which). On the tracepoint path the programs on fork, "
+        "exec, exit and the task's free are raw tracepoints reading the offsets from it; only without it "
+        "are they classic tracepoints, which run with interrupts on, and while one runs the kernel skips "
+        "any other classic tracepoint's program on its CPU: a wake-up an interrupt makes meanwhile is "
+        "lost, and the sleep it ends reads as running without a wake-up (rare, more often under fork "
+        "churn).")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,
     _BTF,

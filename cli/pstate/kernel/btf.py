@@ -247,9 +247,10 @@ _KIND_NAMES = {INT: "int", PTR: "pointer", ARRAY: "array", STRUCT: "struct", UNI
                TYPEDEF: "typedef", FUNC: "function", FUNC_PROTO: "prototype", ENUM64: "enum"}
 
 
-# What pstate's tp_btf programs read: -D name -> the task_struct member (the
-# first of the spellings this kernel has), and the raw arguments each
-# tracepoint must have (its ctx[0], ctx[1]...).
+# What pstate's tp_btf programs (and on the tracepoint path its raw lifecycle
+# ones, bpf/tpargs.h) read: -D name -> the task_struct member (the first of the
+# spellings this kernel has), and the raw arguments each tracepoint must have
+# (its ctx[0], ctx[1]...; a tuple of spellings where kernels differ).
 TASK_MEMBERS = {
     "TASK_PID": ("pid",),
     "TASK_TGID": ("tgid",),
@@ -264,6 +265,11 @@ TRACEPOINT_ARGS = {
     "sched_waking": (TASK,),
     "sched_wakeup": (TASK,),
     "sched_wakeup_new": (TASK,),
+    "task_newtask": (TASK, ("long long unsigned int", "long unsigned int")),  # clone_flags: u64, or unsigned long before
+    "sched_process_fork": (TASK, TASK),
+    "sched_process_exec": (TASK, "int"),
+    "sched_process_exit": (TASK, "_Bool"),  # group_dead
+    "sched_process_free": (TASK,),
 }
 
 
@@ -318,9 +324,10 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
     out = {}
     for event, want in TRACEPOINT_ARGS.items():
         tid, args = b.tracepoint(event)
-        if tuple(args[:len(want)]) != want:
+        spellings = [w if isinstance(w, tuple) else (w,) for w in want]
+        if len(args) < len(want) or any(a not in s for a, s in zip(args, spellings)):
             raise BtfError(f"tracepoint {event} has arguments ({', '.join(args)}), the programs read "
-                           f"({', '.join(want)})")
+                           f"({', '.join(s[0] for s in spellings)})")
         out[event] = tid
     return out
 
@@ -338,6 +345,12 @@ def facts(b: Btf) -> dict:
 def offset_defines() -> frozenset:
     """The -D names facts() gives offsets for (a kept copy lacking one is stale)."""
     return frozenset(TASK_MEMBERS) | frozenset(CGROUP_MEMBERS)
+
+
+def wanted() -> str:
+    """What facts() looks for, as text: facts kept from a BTF (the program
+    cache's) are those of this text only."""
+    return repr((sorted(TASK_MEMBERS.items()), sorted(CGROUP_MEMBERS.items()), sorted(TRACEPOINT_ARGS.items())))
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

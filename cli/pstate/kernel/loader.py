@@ -243,7 +243,7 @@ class Program:
                                       hint="--probes tracepoint uses the classic tracepoints") from None
                 self.plan = tpbtf.fallback(self.plan, str(e))
         if self.plan.path == tpbtf.TRACEPOINT:
-            self._load(name, text, defines)
+            self._load(name, text, {**defines, **self.plan.defines})  # LIFE_RAW where the BTF gives offsets
         if os.environ.get("PSTATE_CACHE_DEBUG"):
             note = f" ({self.cache_note})" if self.cache_note else ""
             print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}"
@@ -346,9 +346,10 @@ class Program:
     def take_links(self) -> dict[str, int]:
         """Make every attachment a BPF link, which can be pinned: target ->
         link fd, now the caller's (close() no longer detaches them). A
-        tp_btf attachment is a link already; a classic tracepoint's perf
-        event is detached first, then the same program linked to a new one
-        (the gap is a few microseconds, before any row was seeded)."""
+        tp_btf or raw tracepoint attachment is a link already; a classic
+        tracepoint's perf event is detached first, then the same program
+        linked to a new one (the gap is a few microseconds, before any row
+        was seeded)."""
         links: dict[str, int] = {}
         if self.cached is not None:
             links.update(self.cached.raw_fds)
@@ -360,6 +361,9 @@ class Program:
             if self.btf_progs is not None:
                 links.update(self.btf_progs.link_fds)
                 self.btf_progs.link_fds = {}
+            raw = self.bpf.raw_tracepoint_fds  # taken out, so that bcc's cleanup leaves them open
+            for tp in list(raw):
+                links[tp.decode() if isinstance(tp, bytes) else tp] = raw.pop(tp)
             classic = {}
             for tp in list(self.bpf.tracepoint_fds):
                 t = tp.decode() if isinstance(tp, bytes) else tp

@@ -59,8 +59,9 @@ DEFAULT_DIR = "/var/cache/pstate/programs"
 KEEP_ENTRIES = 64  # per directory; the oldest go first
 MAX_ENTRY_BYTES = 16 << 20
 
-# PSTATE_PROBE (bpf/tpargs.h) is a TRACEPOINT_PROBE on the tracepoint path
-_TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT|PSTATE)_PROBE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# PSTATE_PROBE and PSTATE_LIFE (bpf/tpargs.h) are TRACEPOINT_PROBEs on the
+# tracepoint path (PSTATE_LIFE without the kernel's BTF)
+_TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE|PSTATE_LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # BCC features whose maps or attachments this cache cannot reproduce
 # (a stack-trace map is refused by its type once compiled: record declares
 # one only under #ifdef STACK_ENTRIES, so the text alone cannot tell)
@@ -341,7 +342,7 @@ def btf_facts(path: str = btf.VMLINUX) -> dict:
     ident = btf.boot_identity(path) if enabled() and path == btf.VMLINUX else None
     if ident is None:
         return tpbtf.read_facts(path)
-    key = _sha(json.dumps([FORMAT, __version__, ident]).encode())
+    key = _sha(json.dumps([FORMAT, __version__, ident, btf.wanted()]).encode())
     directory = os.path.join(cache_dir(), "btf")  # apart from the programs: it is no program entry
     try:
         entry = lookup(key, BTF_FACTS, directory, validate=_validate_facts)

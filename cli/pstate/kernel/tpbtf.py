@@ -15,6 +15,14 @@ Two paths, one C source each (bpf/tpargs.h has the argument accessors):
   tracefs format files. The fallback: no BTF, a kernel before 5.5, or
   programs the verifier refuses.
 
+The lifecycle programs (task_newtask, sched_process_fork/exec/exit/free:
+PSTATE_LIFE in bpf/tpargs.h) are tp_btf programs on the tp_btf path; on the
+tracepoint path they are raw tracepoints (LIFE_RAW: task fields read with
+bpf_probe_read_kernel at the BTF's offsets) when the kernel's BTF has what
+they read, and classic tracepoints only without it. A classic lifecycle
+program, which runs with interrupts on, makes the kernel skip every classic
+sched program an interrupt runs on its CPU meanwhile (bpf_prog_active).
+
 `--probes auto|tp_btf|tracepoint` (or PSTATE_PROBES when the option is not
 given) chooses; auto takes tp_btf when the kernel has what it needs, and
 falls back to tracepoint, keeping the reason, when the kernel refuses it.
@@ -44,7 +52,9 @@ TASK_NOLOAD = 0x0400
 TASK_RTLOCK_WAIT = 0x1000
 TASK_FROZEN = 0x8000
 
-_PROBE = re.compile(r"^PSTATE_PROBE\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.M)
+_PROBE = re.compile(r"^PSTATE_(?:PROBE|LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.M)
+# the offsets LIFE_RAW's programs read (bpf/tpargs.h LF_*)
+LIFE_OFFSETS = ("TASK_PID", "TASK_COMM")
 
 
 class Refused(Exception):
@@ -60,6 +70,13 @@ class Plan:
     forced: bool = False  # asked for by name: no fallback
     defines: dict = field(default_factory=dict)  # the path's -D settings
     targets: dict = field(default_factory=dict)  # event -> BTF id of btf_trace_<event>
+
+    @property
+    def life(self) -> str:
+        """How the lifecycle programs attach: tp_btf, raw_tracepoint or tracepoint."""
+        if self.path == TP_BTF:
+            return TP_BTF
+        return "raw_tracepoint" if self.defines.get("LIFE_RAW") else TRACEPOINT
 
 
 def choice_of(option: str | None) -> str:
@@ -95,8 +112,6 @@ def plan(option: str | None, report_mask: int, path: str = btf.VMLINUX, facts=re
     and a --probes tp_btf run stops with what is missing. facts(path) gives
     what the programs take from the BTF (btf.facts), or raises BtfError."""
     choice = choice_of(option)
-    if choice == TRACEPOINT:
-        return Plan(TRACEPOINT, "--probes tracepoint", forced=True)
     try:
         got = facts(path)
         offsets, targets = got["offsets"], got["targets"]
@@ -105,19 +120,32 @@ def plan(option: str | None, report_mask: int, path: str = btf.VMLINUX, facts=re
             raise PstateError(f"--probes tp_btf: {e}", ExitCode.UNAVAILABLE,
                               hint="the kernel needs CONFIG_DEBUG_INFO_BTF=y (Linux 5.5 or later); "
                                    "--probes tracepoint works without it") from None
+        if choice == TRACEPOINT:
+            return Plan(TRACEPOINT, f"--probes tracepoint; no usable kernel BTF ({e}): classic lifecycle "
+                                    "programs", forced=True)
         return Plan(TRACEPOINT, f"no usable kernel BTF ({e})")
+    if choice == TRACEPOINT:
+        return Plan(TRACEPOINT, "--probes tracepoint", forced=True, defines=life_raw_defines(offsets))
     defines = {"TP_BTF": True, **offsets, **raw_state_defines(report_mask)}
     why = "--probes tp_btf" if choice == TP_BTF else f"the kernel has BTF ({path})"
     return Plan(TP_BTF, why, forced=choice == TP_BTF, defines=defines, targets=targets)
 
 
+def life_raw_defines(offsets: dict) -> dict:
+    """The -D settings of raw tracepoint lifecycle programs on the
+    tracepoint path (LIFE_RAW, bpf/tpargs.h), from btf.facts' offsets."""
+    return {"LIFE_RAW": True, **{k: offsets[k] for k in LIFE_OFFSETS}}
+
+
 def fallback(p: Plan, why: str) -> Plan:
-    """The tracepoint plan after the kernel refused the tp_btf one."""
+    """The tracepoint plan after the kernel refused the tp_btf one: every
+    program a classic tracepoint (a kernel that refuses tp_btf programs may
+    have a BTF that pstate does not read right)."""
     return Plan(TRACEPOINT, f"the kernel refused the tp_btf programs: {why}")
 
 
 def probes_in(text: str) -> list[str]:
-    """The events a source attaches through PSTATE_PROBE (tp_btf on that path)."""
+    """The events a source attaches through PSTATE_PROBE or PSTATE_LIFE (tp_btf on that path)."""
     return [event for _cat, event in _PROBE.findall(text)]
 
 
