@@ -226,11 +226,13 @@ KIDS = {
     "stopped": ("for _ in range(50):\n    time.sleep(0.01)\n", None),  # SIGSTOP for 200 ms from outside
     "hog_a": ("end = time.monotonic() + 0.6\nwhile time.monotonic() < end:\n    pass\n", 1),
     "hog_b": ("end = time.monotonic() + 0.6\nwhile time.monotonic() < end:\n    pass\n", 1),
-    # reaps each child a while after its exit: a reap during the child's last
-    # switch-out turns its exit state from zombie to dead between the two
-    # recorders' reads of it (each path reads the task as its program runs)
+    # reaps each child a while after it became a zombie (waitid WNOWAIT): a
+    # reap during the child's last switch-out turns its exit state from
+    # zombie to dead between the two recorders' reads of it (each path reads
+    # the task as its program runs)
     "forker": ("for _ in range(40):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
-               "    time.sleep(0.002)\n    os.waitpid(pid, 0)\n", None),
+               "    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)\n    time.sleep(0.01)\n"
+               "    os.waitpid(pid, 0)\n", None),
 }
 SAME = ("pid", "comm", "from", "to", "cause", "kstate", "voluntary", "prio", "cpu", "target_cpu", "waker_tid",
         "waker_pid", "prev_tid", "next_tid")
@@ -301,7 +303,7 @@ def _aligned(a: list, b: list, tid: int):
         nxt = a[i + 1] if i + 1 < len(a) else None
         assert (x["cause"] == "wakeup" and x["to"] == "runnable" and y["cause"] == "switch_in"
                 and y["from"] == x["from"] and nxt is not None and nxt["cause"] == "switch_in"
-                and nxt["to"] == y["to"]), (tid, i, x, y)
+                and nxt["to"] == y["to"]), (tid, i, {k: (x.get(k), y.get(k)) for k in SAME if x.get(k) != y.get(k)})
         missed += 1
         prev = (None, None)  # no pair of durations to compare across the miss
         i, j = i + 2, j + 1
