@@ -14,7 +14,11 @@ is bracketed by untraced ones), for:
 - snap, record --min-dur 1ms, record (all events) on the tp_btf path, and
   the same on the classic tracepoint path (keys ending in _tp), record
   --stacks (the storm is all S: what taking D stacks costs every other
-  switch): the BPF C in bpf/;
+  switch): the BPF C in bpf/; snap_nohist (and snap_nohist_tp), snap
+  compiled with SNAP_NO_HIST: the same program without its latency
+  histograms' observations (bpf/snaphist.h), so that what they cost per
+  switch is measured in the sitting of every change (a revision from before
+  SNAP_NO_HIST compiles as snap);
 - a running collector (snap --start: the programs stay attached by pinned
   links with no process; the contender holds the links open only so that
   bpf_stats names them);
@@ -34,6 +38,8 @@ contender and repetition reads run_time_ns / run_cnt of each program.
     sudo .venv/bin/python bench/bench_kernel_cost.py --against-dir /tmp/before --only record,record_before
                        the BPF C in a directory (keys end in its name), e.g. an older revision's given
                        this tree's struct event, so that this user space decodes its records
+    sudo .venv/bin/python bench/bench_kernel_cost.py --only snap,snap_nohist --rounds 6 --stats-runs 8
+                                                                   what the histograms cost
 
 Prints a table and writes bench/results/kernel_cost.json.
 """
@@ -104,6 +110,8 @@ PSTATE_PROBE(sched, sched_waking) {
     return 0;
 }
 """
+# snap_nohist: snap without its latency histograms (bpf/snaphist.h)
+NO_HIST = "#define SNAP_NO_HIST 1\n"
 # --only btf: the contenders of the tp_btf comparison, in table order
 BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "collector", "record_min_dur", "record_min_dur_tp",
            "record", "record_tp", "bpftrace")
@@ -118,8 +126,9 @@ def log(msg: str) -> None:
 
 # --- helper modes (run as the traced process) ------------------------------------
 
-def _patch_source(src_dir: str | None, text: str | None = None) -> None:
-    """Make pstate's loader compile BPF C from src_dir (or `text`)."""
+def _patch_source(src_dir: str | None, text: str | None = None, prefix: str = "") -> None:
+    """Make pstate's loader compile BPF C from src_dir (or `text`), each
+    program's text after `prefix`."""
     from pstate.kernel import loader
 
     def read(name: str) -> str:
@@ -129,7 +138,7 @@ def _patch_source(src_dir: str | None, text: str | None = None) -> None:
     def source(name: str) -> str:
         if text is not None:
             return text
-        return loader.with_headers(read(f"{name}.bpf.c"), read)
+        return prefix + loader.with_headers(read(f"{name}.bpf.c"), read)
 
     loader.source = source
 
@@ -166,9 +175,9 @@ def attached_until_stopped() -> None:
         time.sleep(0.05)
 
 
-def pstate_main(src_dir: str, args: list[str]) -> int:
-    """pstate with its BPF C taken from src_dir."""
-    _patch_source(src_dir)
+def pstate_main(src_dir: str, args: list[str], prefix: str = "") -> int:
+    """pstate with its BPF C taken from src_dir (after `prefix`)."""
+    _patch_source(src_dir, prefix=prefix)
     from pstate.main import main
 
     sys.argv = ["pstate"] + args
@@ -203,6 +212,9 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
             cs += [
                 ct.Contender(f"snap{end}{suffix}", f"pstate snap ({label})", "snap",
                              _self("pstate", d, "snap", "--dir", "{dir}", "--interval", "60", "-v", *p),
+                             ready="text:collecting into"),
+                ct.Contender(f"snap_nohist{end}{suffix}", f"pstate snap without its histograms ({label})", "snap",
+                             _self("pstate-nohist", d, "snap", "--dir", "{dir}", "--interval", "60", "-v", *p),
                              ready="text:collecting into"),
                 ct.Contender(f"collector{end}{suffix}", f"pstate snap --start, a running collector ({label})",
                              "floor", _self("collector", d, probes), ready=f"text:{READY}"),
@@ -392,6 +404,8 @@ def main() -> int:
         return floor_main(ACCT_BTF_C, "tp_btf")
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
         return pstate_main(sys.argv[2], sys.argv[3:])
+    if len(sys.argv) > 2 and sys.argv[1] == "pstate-nohist":
+        return pstate_main(sys.argv[2], sys.argv[3:], NO_HIST)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds (default 6)")
