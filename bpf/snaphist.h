@@ -29,9 +29,12 @@ struct snap_hist {
 
 // bit_length(v >> HIST_SHIFT), at most HIST_BUCKETS - 1. Without branches
 // on the value (BPF has no conditional set: (C - d) >> 63 is d > C, for
-// d < 2^63), so durations that vary cost no mispredicted jumps.
+// d < 2^63), so durations that vary cost no mispredicted jumps. The empty
+// asm hides d's range from the compiler, which would otherwise see that
+// d < 2^54 and turn each (C - d) >> 63 back into a compare and a jump.
 static __always_inline u32 hist_bucket(u64 v) {
     u64 d = v >> HIST_SHIFT;
+    asm volatile("" : "+r"(d));
     u64 b = ((0xffffULL - d) >> 63) << 4;
     d >>= b;
     u64 s = ((0xffULL - d) >> 63) << 3;
