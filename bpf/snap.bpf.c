@@ -59,6 +59,7 @@ struct snap_task {
     u8 flags;
     u16 pad;
     char comm[16];
+    u64 cgroup; // v2 cgroup id: the parent's at task_newtask, the task's own at exit; 0 = not known
     struct snap_hist hist; // last: the fields above are those every event touches
 };
 
@@ -318,6 +319,7 @@ TRACEPOINT_PROBE(task, task_newtask) {
     fresh->since = now;
     fresh->state = SLOT_NEW;
     fresh->tgid = (args->clone_flags & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
+    fresh->cgroup = bpf_get_current_cgroup_id(); // the parent's (current): the child's at fork
     __builtin_memcpy(fresh->comm, args->comm, 16);
     put(child, slot, fresh, 0);
     return 0;
@@ -350,6 +352,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     if (t) {
         t->flags |= SNAP_F_EXITED;
         t->exit_ts = bpf_ktime_get_ns();
+        t->cgroup = bpf_get_current_cgroup_id(); // the exiting task is current: exact
     }
     return 0;
 }

@@ -163,8 +163,9 @@ EVENTS = {
         "wakeups": "Times the thread was woken.",
         "title": "Its process's title (/proc/PID/cmdline as ps shows it); null for a kernel thread "
                  "or when it was never read.",
-        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; null "
-                  "when not known.",
+        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; for a "
+                  "thread that exited, the cgroup it exited in (the kernel's, exact even when /proc has "
+                  "nothing left of it); null when not known.",
         "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
         "ppid": "Its process's parent (pid), as /proc said at the snapshot; null when not known "
                 "(stats DIR/ --by ppid groups by it).",

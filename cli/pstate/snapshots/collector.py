@@ -38,7 +38,7 @@ from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.taskmaps import F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
-LAYOUT = 1  # the version of what the manifest holds; with the source's hash, the layout
+LAYOUT = 2  # the version of what the manifest holds; with the source's hash, the layout
 PIN_ROOT = os.path.join(pins.BPFFS, "pstate")
 PIN_DIR = os.path.join(PIN_ROOT, "snap")
 _PARTIAL = re.compile(r"^snap_new_(\d+)$")  # a start in progress (or killed): its pid

@@ -79,7 +79,8 @@ TASK_RECORD = (
         "nivcsw": ("int", "involuntary switches off the CPU (preempted)"),
         "wakeups": ("int", "wake-ups from a blocked state"),
         "title": ("string?", "its process's title (as ps shows it; null for a kernel thread or when not known)"),
-        "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); null when not known"),
+        "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); of a thread that "
+                           "exited, the one it exited in; null when not known"),
         "cgroup_path": ("string?", "that cgroup's path below the v2 mount (/system.slice/x.service)"),
         "ppid": ("int?", "its process's parent (pid); null when not known"),
     },

@@ -287,6 +287,8 @@ class BpfCollector:
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
             # (a program built from an older bpf/ has none: told by the row itself)
             "hist": histograms.from_row(v.hist) if hasattr(v, "hist") else None,
+            # the kernel's cgroup id (Snapper: a freed row's, where /proc has none)
+            "kernel_cgroup": getattr(v, "cgroup", 0) or None,
         }
 
     def _read_gone(self, now: int) -> list:

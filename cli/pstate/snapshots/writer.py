@@ -649,7 +649,8 @@ class Snapper:
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
-            row = {"type": "task", "ts": ts, **r, **who[r["pid"]]}
+            ident = self.identities.exact_cgroup(who[r["pid"]], r.pop("kernel_cgroup", None), r["exited"])
+            row = {"type": "task", "ts": ts, **r, **ident}
             hists.append(histograms.delta(row.pop("hist", None), prev and prev.get("hist")))
             if self.plan.clear:
                 row.update(d)
