@@ -35,7 +35,9 @@ class PromExport:
         self.exited = 0
 
     def update(self, rows: list[dict], deltas: list[dict], new: list[bool], run_start_ts: int,
-               hist_deltas: list | None = None) -> None:
+               hist_deltas: list | None = None, folds: list | None = None) -> None:
+        """Add the rows' growth (deltas) to their groups; folds: (group,
+        growth, histogram growth) of the folded groups (snapshots/folds.py)."""
         keys = histograms.group_keys(self.by, rows)
         threads: dict[tuple, int] = {}
         for r, d, is_new, key in zip(rows, deltas, new, keys):
@@ -49,12 +51,21 @@ class PromExport:
                 self.started += 1
             if r["state"] == "reaped":
                 self.exited += 1
+        hist_deltas = list(hist_deltas or ())
+        for key, d, hd in folds or ():
+            acc = self.totals.setdefault(key, {})
+            for k, v in d.items():
+                acc[k] = acc.get(k, 0) + v
+            threads.setdefault(key, 0)
+            self.exited += d.get("folded", 0)
+            keys.append(key)
+            hist_deltas.append(hd)
         if self.by not in self.STAYING:
             # A process or thread is shown once more after it is freed (with
             # 0 threads); then its series ends.
             for key in [k for k in self.totals if k not in threads]:
                 del self.totals[key]
-        self.hist.update(rows, hist_deltas or (), keys)
+        self.hist.update(rows, hist_deltas, keys)
         self.threads = threads
 
     def render(self, meta: dict) -> bytes:
@@ -83,6 +94,11 @@ class PromExport:
         family("pstate_wakeups_total", "counter", "Wake-ups from a blocked state.")
         for key in keys:
             out.append(f"pstate_wakeups_total{labels(key)} {self.totals[key].get('wakeups', 0)}\n")
+        family("pstate_threads_folded_total", "counter",
+               "Threads freed when the kernel's map of final rows was full, added up into their group.")
+        for key in keys:
+            if self.totals[key].get("folded"):
+                out.append(f"pstate_threads_folded_total{labels(key)} {self.totals[key]['folded']}\n")
         out.append(self.hist.prom(labels))
         family("pstate_threads", "gauge", "Live threads at the snapshot.")
         for key in keys:
@@ -100,5 +116,11 @@ class PromExport:
         out.append(f"pstate_snapshot_truncated {int(meta['truncated'])}\n")
         family("pstate_map_full_total", "counter", "Task map updates that failed because the map was full.")
         out.append(f"pstate_map_full_total {meta['map_full']}\n")
+        for name, field, help_text in (
+                ("pstate_gone_full_total", "gone_full", "Final rows of freed threads the kernel's map had no room for."),
+                ("pstate_rows_folded_total", "folded", "Of those, rows folded into their group's row."),
+                ("pstate_rows_lost_total", "fold_lost", "Of those, rows lost: the map of groups was full too.")):
+            family(name, "counter", help_text)
+            out.append(f"{name} {meta.get(field, 0)}\n")
         out.append("# EOF\n")
         return "".join(out).encode()

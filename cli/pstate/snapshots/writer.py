@@ -38,13 +38,13 @@ import signal
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import orjson
 
 from pstate.kernel import identity
-from pstate.snapshots import histograms, snapdir
+from pstate.snapshots import folds as foldrows, histograms, snapdir
 from pstate.snapshots.promexport import PromExport
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.meta import clock_anchor, rfc3339
@@ -473,6 +473,8 @@ class Sample:
     rows: list  # dicts with the task fields except type and ts; freed threads appear once
     map_full: int  # failed map updates since the run began
     read_ns: int = 0  # how long reading took: rows may hold events up to ts + read_ns
+    folds: list = field(default_factory=list)  # group rows of folded final rows (cumulative), taskmaps._fold
+    counts: dict = field(default_factory=dict)  # the kernel's counters by name (taskmaps.COUNTERS)
 
 
 class Collector(Protocol):
@@ -508,6 +510,7 @@ class Snapper:
         self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
         self.hists = histograms.HistTotals(plan.prom_by)  # jsonl's hist rows
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
+        self.folds = foldrows.Folds()  # the folded groups read last, and this directory's totals of them
         self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
 
@@ -546,24 +549,33 @@ class Snapper:
             "mode": "delta" if self.plan.clear else "cumulative",
             "truncated": sample.map_full > 0, "map_full": sample.map_full, "read_ns": sample.read_ns,
             "run_id": self.run_id, "run_start_ts": run_start,
+            **{k: sample.counts.get(k, 0) for k in ("gone_full", "folded", "fold_lost")},
         })
         rows, deltas, new, hists = [], [], [], []
         who = self.identities.of(r["pid"] for r in sample.rows)
+        leader = {r["pid"]: r["comm"] for r in sample.rows if r["tid"] == r["pid"]}
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
             ident = self.identities.exact_cgroup(who[r["pid"]], r.pop("kernel_cgroup", None), r["exited"])
             row = {"type": "task", "ts": ts, **r, **ident}
+            r["fold"] = foldrows.key(ident["cgroup"], leader.get(r["pid"], r["comm"]))  # its group if folded
             hists.append(histograms.delta(row.pop("hist", None), prev and prev.get("hist")))
             if self.plan.clear:
                 row.update(d)
             rows.append(row)
             deltas.append(d)
             new.append(prev is None)
+        here = {(r["tid"], r["start_ts"]) for r in sample.rows}
+        vanished = [p for k, p in self.prev.items() if k not in here]  # folded (or lost) since
+        folded = self.folds.step(sample.folds, vanished, self.identities.cgroups, ts, self.plan.clear)
+        fold_keys = foldrows.group_keys(self.plan.prom_by, [f[0] for f in folded])
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
-        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"]}
+        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"],
+               "folded": meta["folded"], "fold_lost": meta["fold_lost"]}
         if self.plan.fmt == "prom":
-            self.prom.update(rows, deltas, new, run_start, hists)
+            self.prom.update(rows, deltas, new, run_start, hists,
+                             [(k, growth, h) for k, (_rec, growth, h) in zip(fold_keys, folded)])
             self.out.seq += 1
             meta["seq"] = self.out.seq
             self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True)
@@ -571,9 +583,11 @@ class Snapper:
         render = render_csv if self.plan.fmt == "csv" else render_jsonl
         if self.plan.fmt == "jsonl":  # + a hist row per group and kind (CSV holds task rows only)
             self.hists = histograms.HistTotals(self.plan.prom_by) if self.plan.clear else self.hists
-            self.hists.update(rows, hists)
+            self.hists.update(rows, hists + [h for _r, _g, h in folded],
+                              histograms.group_keys(self.hists.by, rows) + fold_keys)
             more = self.hists.records(ts)
-            rows, end["hists"] = rows + more, len(more)
+            # + a fold row per group of folded threads
+            rows, end["hists"], end["folds"] = rows + [f[0] for f in folded] + more, len(more), len(folded)
 
         def with_seq(seq: int) -> bytes:
             meta["seq"] = seq
