@@ -88,11 +88,14 @@ def kid_totals(iv: snapdir.Interval, path: str, kids: set[int]) -> dict:
     """The children's counters in one interval: their task rows and the
     fold rows of their group (cgroup and name)."""
     rows = [t for t in iv.tasks if t.pid in kids]
-    folds = [t for t in iv.tasks if t.folded or (t.pid == 0 and t.tid == 0 and t.comm == COMM)]
-    folds = [t for t in folds if t.cgroup_path == path and t.comm == COMM]
-    # (a child exited but not yet freed at a snapshot is in the next one again)
+    folds = [t for t in iv.tasks if t.key[1] == "fold" and t.cgroup_path == path and t.comm == COMM]
+    # A child exited but not yet freed at a snapshot is in the next one again,
+    # as freed, or folded: then its fold row counts it (and only the counters
+    # its task rows did not)
     shown = {t.key for t in rows}
-    out = {"tasks": len(shown) + sum(t.folded for t in folds), "shown": shown, "folded": sum(t.folded for t in folds)}
+    freed = {t.key for t in rows if t.state == "reaped"}
+    folded = sum(t.folded for t in folds)
+    out = {"tasks": len(freed) + folded, "shown": shown, "freed": freed, "folded": folded}
     for k in ("running_ns", "runnable_ns", "preempted_ns", "nvcsw", "nivcsw"):
         out[k] = sum(t.values.get(k, 0) for t in rows + folds)
     return out
@@ -220,9 +223,10 @@ def test_an_interval_run_folds_the_same(tmp_path):
     ivs = snapdir.intervals(snaps)
     pids = {k["pid"] for k in kids}
     totals = [kid_totals(iv, path, pids) for iv in ivs]
-    got = {k: sum(t[k] for t in totals) for k in totals[0] if k not in ("tasks", "shown")}
-    got["shown"] = set().union(*(t["shown"] for t in totals))
-    got["tasks"] = len(got["shown"]) + got["folded"]
+    got = {k: sum(t[k] for t in totals) for k in totals[0] if k not in ("tasks", "shown", "freed")}
+    for k in ("shown", "freed"):
+        got[k] = set().union(*(t[k] for t in totals))
+    got["tasks"] = len(got["freed"]) + got["folded"]
     last = snaps[-1].meta
     assert got["folded"] >= 1 and last["folded"] >= got["folded"] and last["fold_lost"] == 0, (got, last)
     assert last["map_full"] == 0
