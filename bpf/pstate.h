@@ -62,8 +62,10 @@
 
 // --- snap: the counters per-CPU array ---
 #define SNAP_CNT_TASKS_FULL 0 // a row could not be created: tasks map full
-#define SNAP_CNT_GONE_FULL 1  // a final row could not be kept: gone map full
-#define SNAP_NR_COUNTERS 2
+#define SNAP_CNT_GONE_FULL 1  // a final row found the gone map full: it was folded or lost
+#define SNAP_CNT_FOLDED 2     // final rows folded into their group's row (folds map)
+#define SNAP_CNT_FOLD_LOST 3  // final rows lost: gone full, and the folds map too
+#define SNAP_NR_COUNTERS 4
 
 // --- snap: row state slots and flags ---
 #define SLOT_UNKNOWN 0

@@ -17,6 +17,7 @@
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
 //   NR_KBITS      number of those bits that get a counter (highest bit + 1)
 //   MAX_TASKS     size of the live-thread hash, and of the map of freed threads
+//   MAX_FOLDS     size of the map of folded groups (`folds`)
 //   TASKS_BY_TID  every tid fits (pid_max <= MAX_TASKS): `tasks` is an array
 //                 of TID_SLOTS (= pid_max) rows indexed by tid. The verifier
 //                 inlines an array lookup, where a hash lookup is a function
@@ -31,7 +32,10 @@
 // start_ts) so a reused tid cannot overwrite it; user space drains `gone` at
 // each snapshot. A task that lives and dies between two snapshots is thus
 // still in the next one. Each row also holds its thread's latency
-// histograms (bpf/snaphist.h).
+// histograms (bpf/snaphist.h). When `gone` has no room (an exit burst
+// larger than the map, or readers that lag), the final row is folded: its
+// counters and histograms are added to its group's row in `folds`, kept
+// since the program was loaded (see fold()).
 //
 // Seeding: at the start user space writes a row for every live thread, from
 // /proc, but only where none exists (the program may have created one since
@@ -64,7 +68,28 @@ struct snap_task {
     u8 flags;
     u16 pad;
     char comm[16];
+    u64 cgroup; // v2 cgroup id: the parent's at task_newtask, the task's own at exit; 0 = not known
     struct snap_hist hist; // last: the fields above are those every event touches
+};
+
+// A group of folded final rows: the v2 cgroup the task exited in and the
+// name of its process (the main thread's comm, as user space groups a
+// process's threads). From those two, user space derives every group
+// --prom-by has that outlives its processes: the cgroup, its unit, the
+// comm (and a title cannot be read for a task gone: "[comm]"). A pid or
+// tid in the key would make it as large as the rows it replaces.
+struct fold_key {
+    u64 cgroup;
+    char comm[16];
+};
+
+struct snap_fold {
+    u64 tasks; // final rows folded into it
+    u64 nvcsw;
+    u64 nivcsw;
+    u64 wakeups;
+    u64 ns[NR_SLOTS];
+    struct snap_hist hist;
 };
 
 struct gone_key {
@@ -83,6 +108,10 @@ BPF_HASH(seeds, u32, struct snap_task, TID_SLOTS);
 BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 #endif
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
+BPF_HASH(folds, struct fold_key, struct snap_fold, MAX_FOLDS);
+// one all-zero group row, never written: what a new group starts from (it
+// does not fit the stack)
+BPF_ARRAY(fold_zero, struct snap_fold, 1);
 BPF_PERCPU_ARRAY(counters, u64, SNAP_NR_COUNTERS);
 // A row is larger than the BPF stack (512 bytes) since it holds histograms:
 // rows are built in a per-CPU scratch row, one slot per context that can
@@ -297,8 +326,60 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
     return 0;
 }
 
+// The group row of a final row, created when missing; 0 when the map is full.
+static __always_inline struct snap_fold *fold_group(struct snap_task *last) {
+    struct fold_key key = {};
+    key.cgroup = last->cgroup;
+    __builtin_memcpy(key.comm, last->comm, 16);
+    // a thread goes by its process's name: the main thread's row, while it
+    // has one (it is freed last)
+    u32 leader = last->tgid;
+    if (leader) {
+        struct snap_task *l = tasks.lookup(&leader);
+        if (known(l))
+            __builtin_memcpy(key.comm, l->comm, 16);
+    }
+    struct snap_fold *f = folds.lookup(&key);
+    if (f)
+        return f;
+    u32 zero = 0;
+    struct snap_fold *empty = fold_zero.lookup(&zero);
+    if (!empty)
+        return 0;
+    folds.insert(&key, empty); // (fails when another CPU created it meanwhile)
+    return folds.lookup(&key);
+}
+
+// Add a final row to its group. Frees of two CPUs may fold into one group
+// at once, and an interrupt's free may come between a load and a store on
+// this one: every add is atomic. Rare (gone is full), so never on the hot path.
+static __always_inline void fold(struct snap_task *last) {
+    struct snap_fold *f = fold_group(last);
+    if (!f) {
+        count(SNAP_CNT_FOLD_LOST);
+        return;
+    }
+    __sync_fetch_and_add(&f->tasks, 1);
+    __sync_fetch_and_add(&f->nvcsw, last->nvcsw);
+    __sync_fetch_and_add(&f->nivcsw, last->nivcsw);
+    __sync_fetch_and_add(&f->wakeups, last->wakeups);
+#pragma unroll
+    for (int i = 0; i < NR_SLOTS; i++)
+        __sync_fetch_and_add(&f->ns[i], last->ns[i]);
+#pragma unroll
+    for (int k = 0; k < HIST_KINDS; k++) {
+        __sync_fetch_and_add(&f->hist.k[k].sum, last->hist.k[k].sum);
+#pragma unroll
+        for (int b = 0; b < HIST_BUCKETS; b++)
+            if (last->hist.k[k].n[b])
+                __sync_fetch_and_add(&f->hist.k[k].n[b], last->hist.k[k].n[b]);
+    }
+    count(SNAP_CNT_FOLDED);
+}
+
 // Move a thread's final row to `gone`, closing its last state at `now`;
-// built in scratch slot `idx`, the caller's (see SCRATCH_*).
+// with no room there, fold it into its group. Built in scratch slot `idx`,
+// the caller's (see SCRATCH_*).
 static __always_inline void finish(u32 tid, struct snap_task *t, u64 now, u32 idx) {
     struct snap_task *last = scratch_row(idx);
     if (!last)
@@ -311,8 +392,10 @@ static __always_inline void finish(u32 tid, struct snap_task *t, u64 now, u32 id
     struct gone_key key = {};
     key.tid = tid;
     key.start_ts = last->start_ts;
-    if (gone.update(&key, last) != 0)
+    if (gone.update(&key, last) != 0) {
         count(SNAP_CNT_GONE_FULL);
+        fold(last);
+    }
     forget(tid, t);
 }
 
@@ -335,6 +418,7 @@ PSTATE_LIFE(task, task_newtask) {
     fresh->since = now;
     fresh->state = SLOT_NEW;
     fresh->tgid = (LF_NEW_CLONE_FLAGS & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
+    fresh->cgroup = bpf_get_current_cgroup_id(); // the parent's (current): the child's at fork
     LF_NEW_COMM(fresh->comm);
     put(child, slot, fresh, 0);
     return 0;
@@ -367,6 +451,7 @@ PSTATE_LIFE(sched, sched_process_exit) {
     if (t) {
         t->flags |= SNAP_F_EXITED;
         t->exit_ts = bpf_ktime_get_ns();
+        t->cgroup = bpf_get_current_cgroup_id(); // the exiting task is current: exact
     }
     return 0;
 }

@@ -162,7 +162,7 @@ def test_snap_ebpf_defines(max_tasks):
     by_tid = {"TASKS_BY_TID": True, "TID_SLOTS": str(pid_max)} if pid_max <= rows and release >= (5, 5) else {}
     assert defines(settings) == {"REPORT_MASK": f"0x{ks.report_mask:x}",
                                  "NR_KBITS": str(max(1, ks.report_mask.bit_length())), "MAX_TASKS": str(rows),
-                                 **by_tid, **life_raw()}
+                                 "MAX_FOLDS": str(max(64, min(4096, rows // 4))), **by_tid, **life_raw()}
 
 
 @needs_tracefs

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from pstate.commands import snap
 from pstate.main import cli
 from pstate.snapshots import collector as resident
+from pstate.snapshots.folds import Folds
 from pstate.snapshots.writer import PromExport, SnapDir
 
 
@@ -109,7 +110,10 @@ def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
     out = SnapDir(str(tmp_path / "d"))
     out.lock()
     doc = {"id": "c0ffee"}
-    snapper = types.SimpleNamespace(prev={(5, 50): {"tid": 5, "sleeping_ns": 7, "nvcsw": 2}}, prom=PromExport("comm"))
+    snapper = types.SimpleNamespace(prev={(5, 50): {"tid": 5, "sleeping_ns": 7, "nvcsw": 2, "fold": (42, "worker")}},
+                                    prom=PromExport("comm"), folds=Folds())
+    snapper.folds.seen = {(42, "worker"): {"folded": 4, "running_ns": 8, "hist": None}}
+    snapper.folds.totals = {(42, "worker"): {"folded": 3, "running_ns": 6}}
     snapper.prom.totals = {("worker",): {"sleeping_ns": 9}}
     snapper.prom.started, snapper.prom.exited = 3, 1
     r = types.SimpleNamespace(last_ts=1234, new_late=[(6, 60)])
@@ -117,11 +121,13 @@ def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
     state = resident.load_state(out, doc)
     assert state["ts"] == 1234 and state["late"] == [[6, 60]]
     assert resident.load_state(out, {"id": "another"}) == {}  # a cursor of another collector is no cursor
-    again = types.SimpleNamespace(prev={}, prom=PromExport("comm"))
+    again = types.SimpleNamespace(prev={}, prom=PromExport("comm"), folds=Folds())
     resident.restore(state, again)
-    assert again.prev == {(5, 50): {"sleeping_ns": 7, "nvcsw": 2}}
+    assert again.prev == {(5, 50): {"sleeping_ns": 7, "nvcsw": 2, "fold": [42, "worker"]}}
+    # the folded groups read last and the directory's totals of them go on
+    assert (again.folds.seen, again.folds.totals) == (snapper.folds.seen, snapper.folds.totals)
     assert again.prom.totals == {("worker",): {"sleeping_ns": 9}} and (again.prom.started, again.prom.exited) == (3, 1)
-    other = types.SimpleNamespace(prev={}, prom=PromExport("unit"))
+    other = types.SimpleNamespace(prev={}, prom=PromExport("unit"), folds=Folds())
     resident.restore(state, other)  # totals per comm are no totals per unit
     assert other.prom.totals == {}
     out.close()

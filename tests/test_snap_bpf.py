@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from workloads import V2Cgroups
 from pstate.snapshots import snapdir
 from pstate.analysis import snapseries
 
@@ -114,21 +115,25 @@ print(" ".join(map(str, pids)), flush=True)
 
 
 def test_short_lived_children_appear_as_churn(tmp_path):
-    parent = py(CHURN)
-    snap = snap_start("--dir", tmp_path, "-i", "3")
-    try:
-        wait_collecting(snap)
-        t0 = time.monotonic_ns()
-        parent.stdin.write(b"g")
-        parent.stdin.flush()
-        kids = [int(x) for x in parent.stdout.readline().split()]
-        t1 = time.monotonic_ns()
-        assert snap.wait(timeout=30) == 0
-    finally:
-        for p in (parent, snap):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+    with V2Cgroups("churn") as cg:
+        path = cg.paths[0]
+        cgid = cg.id_of(path)
+        parent = py(CHURN)
+        cg.move(parent.pid, path)
+        snap = snap_start("--dir", tmp_path, "-i", "3")
+        try:
+            wait_collecting(snap)
+            t0 = time.monotonic_ns()
+            parent.stdin.write(b"g")
+            parent.stdin.flush()
+            kids = [int(x) for x in parent.stdout.readline().split()]
+            t1 = time.monotonic_ns()
+            assert snap.wait(timeout=30) == 0
+        finally:
+            for p in (parent, snap):
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
     assert len(kids) == 100
     (s,) = read_dir(tmp_path)
     # (a busy machine may reuse a pid later on: the time of birth tells them apart)
@@ -140,6 +145,8 @@ def test_short_lived_children_appear_as_churn(tmp_path):
                for r in rows.values()), \
         [r for r in rows.values() if r["state"] != "reaped"]
     assert all(s.start_ts < r["start_ts"] <= r["exit_ts"] <= s.end_ts for r in rows.values())
+    # the cgroup each exited in, from the kernel: /proc has nothing left of them
+    assert {(r["cgroup"], r["cgroup_path"]) for r in rows.values()} == {(cgid, path)}
     ch = analyse(tmp_path)["churn"]["intervals"][0]
     assert ch["processes_born"] >= 100 and ch["processes_gone"] >= 100 and ch["short_lived_processes"] >= 100
 

@@ -123,7 +123,8 @@ def test_one_shot_writes_exactly_one_complete_file(tmp_path):
     assert len(rows) == 50 and all(r["type"] == "task" and r["ts"] == meta["ts"] for r in rows)
     assert all(list(r) == list(snapdir.ROW_FIELDS) for r in rows)
     assert end == {"type": "end", "ts": meta["ts"], "tasks": 50, "reason": "interval", "wall_time": meta["wall_time"],
-                   "hists": 0}
+                   "folded": 0, "fold_lost": 0, "hists": 0, "folds": 0}
+    assert (meta["gone_full"], meta["folded"], meta["fold_lost"]) == (0, 0, 0)
     assert meta["wall_time"] == rfc3339(meta["wall_ns"])
     status = orjson.loads((out / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is True and status["file"] == files[0].name and status["error"] is None

@@ -184,7 +184,7 @@ def churn(ivs: list[snapdir.Interval]) -> dict:
              "threads": sum(1 for t in iv.tasks if t.alive),
              "processes_born": 0, "processes_gone": 0, "short_lived_processes": 0,
              "threads_born": sum(1 for t in iv.tasks if t.born),
-             "threads_gone": sum(1 for t in iv.tasks if t.gone),
+             "threads_gone": sum(1 for t in iv.tasks if t.gone) + sum(t.folded for t in iv.tasks),
              "short_lived_threads": sum(1 for t in iv.tasks if t.born and t.gone)}
         for ts in procs.values():
             leader = next((t for t in ts if t.tid == t.pid), None)

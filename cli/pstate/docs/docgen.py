@@ -512,6 +512,7 @@ def events_page() -> str:
               ".SS \"Snapshot meta record\"", *definitions(prose["snapshot_meta"]),
               ".SS \"Task rows\"", ".PP", "One per thread:", *definitions(snapshot_task_fields()),
               ".SS \"Hist rows\"", *blocks(prose["snapshot_hist"]), *definitions(snapshot_hist_fields()),
+              ".SS \"Fold rows\"", *blocks(prose["snapshot_fold"]), *definitions(snapshot_fold_fields()),
               ".SS \"End record\"", *definitions(prose["snapshot_end"])]
     lines += [section("EXAMPLES"), *blocks(prose["examples"])]
     lines += see_also([f"{PROG}(1)", *prose["see_also"]])
@@ -523,6 +524,13 @@ def snapshot_hist_fields() -> list[tuple[str, str]]:
     from pstate.snapshots import histograms
 
     return [(name, f"({typ}) {desc}") for name, (typ, desc) in histograms.HIST_RECORD[1].items()]
+
+
+def snapshot_fold_fields() -> list[tuple[str, str]]:
+    """The fields of a fold row (snapshots/folds.py), with their types."""
+    from pstate.snapshots import folds
+
+    return [(name, f"({typ}) {desc}") for name, (typ, desc) in folds.FOLD_RECORD[1].items()]
 
 
 def snapshot_task_fields() -> list[tuple[str, str]]:

@@ -152,8 +152,13 @@ EVENTS = {
         ("collector_id, prev_ts", "A snapshot of the collector (`snap --start`): its identity (also the "
                                   "run_id), and the ts of the previous snapshot of it in the directory "
                                   "(null for the first)."),
-        ("truncated", "true when not every thread fit in the kernel's task map (see map_full)."),
-        ("map_full", "Transitions not counted because the task map was full."),
+        ("truncated", "true when not every thread fit in the kernel's maps (see map_full)."),
+        ("map_full", "Rows missing since the run began: a thread the task map had no room for, or a final "
+                     "row lost (fold_lost)."),
+        ("gone_full", "Final rows of freed threads the kernel's map of them had no room for since the run "
+                      "began: each was folded or lost."),
+        ("folded", "Of those, rows folded into their group's fold row."),
+        ("fold_lost", "Of those, rows lost: the map of groups was full too."),
     ],
     # One description per field of snapdir.ROW_FIELDS; the <state>_ns
     # fields share one.
@@ -177,8 +182,9 @@ EVENTS = {
         "wakeups": "Times the thread was woken.",
         "title": "Its process's title (/proc/PID/cmdline as ps shows it); null for a kernel thread "
                  "or when it was never read.",
-        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; null "
-                  "when not known.",
+        "cgroup": "The id of its process's cgroup v2, as in the cgroup records of a recording; for a "
+                  "thread that exited, the cgroup it exited in (the kernel's, exact even when /proc has "
+                  "nothing left of it); null when not known.",
         "cgroup_path": "That cgroup's path below the v2 mount, e.g. /system.slice/nginx.service.",
         "ppid": "Its process's parent (pid), as /proc said at the snapshot; null when not known "
                 "(stats DIR/ --by ppid groups by it).",
@@ -194,10 +200,23 @@ EVENTS = {
         2^11, ... 2^34 ns (17.2 s), then the rest. `pstate stats DIR/` shows
         their p50 and p99 per interval. CSV snapshots have no hist rows.
         """,
+    "snapshot_fold": """
+        After the task rows, a JSON-lines snapshot has one fold row per
+        group of folded threads: threads freed when the kernel's map of
+        final rows had no room (an exit burst larger than `--max-tasks`),
+        whose counters the kernel added up per cgroup v2 they exited in and
+        process name. Cumulative rows count since the directory's first
+        snapshot of the run or collector and never decrease; `--clear` rows
+        cover their interval. A thread that a task row of the directory
+        showed alive before it was folded counts in the fold row only with
+        what that row had not counted.
+        """,
     "snapshot_end": [
         ("ts", "End of the interval."),
         ("tasks", "Number of task rows in the file."),
         ("hists", "Number of hist rows in the file (JSON lines)."),
+        ("folds", "Number of fold rows in the file (JSON lines)."),
+        ("folded, fold_lost", "As in the meta record."),
         ("reason", "Why the snapshot was written: interval."),
     ],
     "examples": """

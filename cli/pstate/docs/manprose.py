@@ -329,7 +329,8 @@ PAGES: dict[str, dict] = {
             the collector started; prev_ts in its meta record is the time of
             the previous snapshot in DIR, so the deltas between two are
             exact) and exits. The rows of threads that exited stay in the
-            kernel until a snapshot holding them is published. A pin
+            kernel until a snapshot holding them is published in every
+            directory that reads the collector. A pin
             directory also holds a manifest map (`meta`) naming every pin
             with its object id and the layout of the maps: a pstate of
             another layout refuses to read them, and `pstate snap --restart`
@@ -337,6 +338,24 @@ PAGES: dict[str, dict] = {
             removes every program, link, map and pin it made (and only
             those); removing the pins by hand (`rm -r /sys/fs/bpf/pstate`)
             or a reboot also ends it.
+
+            Exit bursts: when the kernel's map of final rows (`--max-tasks`
+            rows) has no room, because more threads exit between two
+            snapshots than it holds or a reader lags behind, a freed
+            thread's counters and histograms are folded into the row of its
+            group, kept in the kernel per cgroup v2 it exited in and process
+            name (in 64 to 4096 groups), instead of being lost. Each snapshot
+            adds the groups' growth since the previous one in its directory
+            to the `--prom-by` groups (per unit, cgroup or comm exactly; per
+            title as "[comm]"; per pid or thread as pid 0), so no Prometheus
+            series decreases; JSON-lines snapshots hold a fold row per group
+            and `pstate stats DIR/` counts its threads as gone in their
+            groups. Every snapshot counts rows folded and rows lost (the map
+            of groups full too) in its meta and end records (folded,
+            fold_lost, beside gone_full and map_full) and in
+            pstate_rows_folded_total and pstate_rows_lost_total; `pstate
+            snap --status` and `pstate doctor` show them too. Without a
+            collector, a snap run folds the same way.
 
             `make install` installs systemd units for this, not enabled:
             pstate-collector.service (--start, and --stop when stopped) and
@@ -364,7 +383,8 @@ PAGES: dict[str, dict] = {
             "per unit the number of series is bounded by the services, per pid it grows with churn), "
             "and latency histograms per group: pstate_runqueue_wait_seconds (after=wakeup or preemption) "
             "and pstate_blocked_seconds (state=S or D), with fixed le bounds from 2^10 to 2^34 ns. "
-            "JSON-lines snapshots hold the same histograms as hist rows after the task rows.",
+            "JSON-lines snapshots hold the same histograms as hist rows after the task rows, and threads "
+            "folded in an exit burst as fold rows (pstate_threads_folded_total per group in Prometheus).",
         ],
         "overhead": """
             snap runs the same kind of BPF programs as record on every context
@@ -376,9 +396,10 @@ PAGES: dict[str, dict] = {
             reads the whole task map once per interval. Each thread's row
             holds its latency histograms, 448 of its about 620 bytes; the
             kernel keeps a row for every possible tid (pid_max, when it is
-            at most `--max-tasks`, else `--max-tasks` rows) and `--max-tasks`
-            rows of threads freed since the last snapshot, so `--max-tasks`
-            bounds the memory.
+            at most `--max-tasks`, else `--max-tasks` rows), `--max-tasks`
+            rows of threads freed since the last snapshot and up to a
+            quarter as many groups of folded rows (at most 4096), so
+            `--max-tasks` bounds the memory.
             """,
         "exit_status": {
             **_BPF_EXIT,

@@ -133,6 +133,7 @@ class RowIdentities:
     def __init__(self, cgroups: CgroupPaths | None = None):
         self.cgroups = cgroups if cgroups is not None else CgroupPaths()
         self.last: dict[int, dict] = {}
+        self._kernel_paths: dict[int, str | None] = {}  # this snapshot's paths of kernel cgroup ids
 
     def of(self, pids) -> dict[int, dict]:
         now = {}
@@ -146,7 +147,20 @@ class RowIdentities:
             now[pid] = {"title": info["title"], "cgroup": cgid, "cgroup_path": path if cgid is not None else None,
                         "ppid": info["ppid"]}
         self.last = now
+        self._kernel_paths = {}
         return now
+
+    def exact_cgroup(self, ident: dict, cgid: int | None, exited: bool) -> dict:
+        """A row's identity with the cgroup id its kernel row holds: the
+        task's own at exit (exact), its parent's at fork (the task may have
+        moved since, as systemd moves its children): so it wins for a task
+        that exited, and fills in a live one only where /proc told none."""
+        if not cgid or not (exited or ident["cgroup"] is None) or ident["cgroup"] == cgid:
+            return ident
+        paths = self._kernel_paths
+        if cgid not in paths:  # (once per snapshot: a removed cgroup costs one walk of the mount)
+            paths[cgid] = self.cgroups.path_of(cgid)
+        return {**ident, "cgroup": cgid, "cgroup_path": paths[cgid]}
 
 
 def process_cgroup(pid: int) -> str | None:

@@ -36,9 +36,9 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, loader, pins
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
-from pstate.snapshots.taskmaps import F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
+from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
-LAYOUT = 1  # the version of what the manifest holds; with the source's hash, the layout
+LAYOUT = 2  # the version of what the manifest holds; with the source's hash, the layout
 PIN_ROOT = os.path.join(pins.BPFFS, "pstate")
 PIN_DIR = os.path.join(PIN_ROOT, "snap")
 _PARTIAL = re.compile(r"^snap_new_(\d+)$")  # a start in progress (or killed): its pid
@@ -47,7 +47,6 @@ MAX_STATE = 64 << 20
 READERS = "readers"  # the map of reader cursors (user space's own, pinned with the set)
 READER_KEY = 32
 READER_EXPIRY_NS = 3600 * 10**9  # a reader silent this long holds no rows back
-COUNTERS = ("tasks_full", "gone_full")  # bpf/pstate.h SNAP_CNT_*
 
 
 def layout_id() -> str:
@@ -325,6 +324,7 @@ def restore(state: dict, snapper) -> None:
     """Give a snapper the previous run's rows and Prometheus totals, so its
     deltas and counters go on from there (a counter never goes down)."""
     snapper.prev = {(tid, start): counts for tid, start, counts in state.get("prev", [])}
+    snapper.folds.restore(state.get("folds"))
     prom = state.get("prom")
     if snapper.prom is not None and prom and prom.get("by") == snapper.prom.by:
         snapper.prom.totals = {tuple(k): v for k, v in prom["totals"]}
@@ -345,10 +345,12 @@ def save_state(out, doc: dict, snapper, reader: PinnedCollector) -> None:
     # each thread's counters and histograms (its next row's growth is taken
     # from them), and each group's histogram totals (they never go down)
     counts = [[tid, start, {**{k: r[k] for k in snapdir.counter_fields(r)},
-                            **({"hist": list(r["hist"])} if r.get("hist") else {})}]
+                            **({"hist": list(r["hist"])} if r.get("hist") else {}),
+                            **({"fold": list(r["fold"])} if r.get("fold") else {})}]
               for (tid, start), r in snapper.prev.items()]
     totals = _hist_totals(snapper)
     state = {"collector": doc["id"], "ts": reader.last_ts, "late": reader.new_late, "prev": counts,
+             "folds": snapper.folds.state(),
              "hist": {"by": totals.by, "totals": [[list(k), v] for k, v in totals.totals.items()]}}
     if snapper.prom is not None:
         p = snapper.prom
@@ -383,6 +385,8 @@ def describe(found: pins.PinSet) -> dict:
         out["gone_rows"] = len(read_hash(prog.table("gone")))
         out["gone_max"] = doc["maps"]["gone"]["max_entries"]
         out["counters"] = dict(zip(COUNTERS, prog.counters()))
+        out["fold_groups"] = len(read_hash(prog.table("folds")))
+        out["fold_max"] = doc["maps"]["folds"]["max_entries"]
     out["cost"] = switch_cost(found)
     return out
 
@@ -410,8 +414,9 @@ def status_lines(info: dict) -> list[str]:
     else:
         c = info["counters"]
         lines.append(f"rows: {info['live_rows']} live threads, {info['gone_rows']} of {info['gone_max']} "
-                     f"freed threads waiting to be read; lost: {c['tasks_full']} (task map full), "
-                     f"{c['gone_full']} (freed-thread map full)")
+                     f"freed threads waiting to be read; folded: {c['folded']} freed threads into "
+                     f"{info['fold_groups']} of {info['fold_max']} groups (freed-thread map full); "
+                     f"lost: {c['tasks_full']} (task map full), {c['fold_lost']} (group map full too)")
     cost = info["cost"]
     if cost and cost["run_cnt"]:
         lines.append(f"cost: {cost['ns_per_run']:.0f} ns per context switch ({cost['run_cnt']} switches counted "

@@ -79,7 +79,8 @@ TASK_RECORD = (
         "nivcsw": ("int", "involuntary switches off the CPU (preempted)"),
         "wakeups": ("int", "wake-ups from a blocked state"),
         "title": ("string?", "its process's title (as ps shows it; null for a kernel thread or when not known)"),
-        "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); null when not known"),
+        "cgroup": ("int?", "the id of its process's cgroup v2 (as in cgroup records); of a thread that "
+                           "exited, the one it exited in; null when not known"),
         "cgroup_path": ("string?", "that cgroup's path below the v2 mount (/system.slice/x.service)"),
         "ppid": ("int?", "its process's parent (pid); null when not known"),
     },
@@ -92,7 +93,7 @@ SNAP_META_FIELDS = {
     "seq": ("int", "snap: sequence number in the directory"),
     "mode": ("string", "snap: cumulative (since the run began) or delta (--clear: over this interval)"),
     "truncated": ("bool", "snap: the task map was full at some point; threads are missing"),
-    "map_full": ("int", "snap: task map updates that failed since the run began"),
+    "map_full": ("int", "snap: rows missing since the run began (task map full, or a final row lost)"),
     "read_ns": ("int", "snap: time taken to read the kernel's maps; rows may include events up to "
                        "interval_end_ts + read_ns"),
     "run_id": ("string", "snap: one value per run; snapshots of one run can be subtracted"),
@@ -173,6 +174,7 @@ class Snapshot:
     rows: list
     end: dict | None = None
     hists: list = field(default_factory=list)  # its "hist" rows (histograms.HIST_RECORD)
+    folds: list = field(default_factory=list)  # its "fold" rows (snapshots/folds.py FOLD_RECORD)
 
     @property
     def boot_id(self) -> str:
@@ -228,6 +230,21 @@ def check_hist(rec: dict) -> str | None:
     if not _int(rec.get("sum_ns")) or histograms.counts_of(rec) is None:
         return "hist row with bad counts (le_* must be cumulative integers)"
     return None
+
+
+def check_fold(rec: dict) -> str | None:
+    """Why a fold row is unusable, or None."""
+    if type(rec.get("comm")) is not str or not _int(rec.get("folded")):
+        return 'fold row with a bad "comm" or "folded"'
+    if rec.get("cgroup") is not None and not _int(rec["cgroup"]):
+        return 'fold row with a bad "cgroup"'
+    for k in counter_fields(rec):
+        if not _int(rec[k]):
+            return f'fold row with a bad "{k}"'
+    return None
+
+
+_CHECKS = {"task": check_task, "hist": check_hist, "fold": check_fold}
 
 
 def _check_meta(meta: dict, name: str) -> None:
@@ -318,7 +335,7 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     stats = stats if stats is not None else ReadStats()
     problems = problems if problems is not None else []
     meta = None
-    rows, hists = [], []
+    rows, hists, folds = [], [], []
     end = None
     bad = 0
     records = (csv_records(path, stats, strict=strict) if path.endswith(".csv")
@@ -331,15 +348,15 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
                 return None
             _check_meta(rec, path)
             meta = rec
-        elif t in ("task", "hist"):
-            why = check_task(rec) if t == "task" else check_hist(rec)
+        elif t in _CHECKS:
+            why = _CHECKS[t](rec)
             if why:
                 if strict:
                     raise PstateError(f"{path}: {why}", ExitCode.DATAERR)
                 stats.skip(why, path)
                 bad += t == "task"  # (the end record counts task rows)
                 continue
-            (rows if t == "task" else hists).append(rec)
+            {"task": rows, "hist": hists, "fold": folds}[t].append(rec)
         elif t == "end":
             end = rec
     if meta is None:
@@ -348,10 +365,10 @@ def read_snapshot(path: str, stats: ReadStats | None = None, problems: list | No
     announced = end.get("tasks") if end is not None else None
     if end is None or (type(announced) is int and len(rows) + bad < announced):
         if keep_incomplete:
-            return Snapshot(path, meta, rows, None, hists)
+            return Snapshot(path, meta, rows, None, hists, folds)
         problems.append(f"{path}: incomplete snapshot (no end record, or fewer rows than it announces); not used")
         return None
-    return Snapshot(path, meta, rows, end, hists)
+    return Snapshot(path, meta, rows, end, hists, folds)
 
 
 def read_dir(path: str, stats: ReadStats | None = None, problems: list | None = None, *,
@@ -455,6 +472,7 @@ class TaskInterval:
     title: str | None = None  # its process's (IDENTITY_FIELDS; None in older snapshots)
     cgroup_path: str | None = None
     ppid: int | None = None  # its process's parent, in rows that carry it
+    folded: int = 0  # a fold row's threads folded in the interval (then pid and tid are 0)
 
 
 @dataclass
@@ -548,7 +566,29 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
                 cgroup_path=r.get("cgroup_path") if type(r.get("cgroup_path")) is str else None,
                 ppid=r.get("ppid") if type(r.get("ppid")) is int else None,
             ))
+        iv.tasks += _fold_intervals(snap, prev_rows)
         if snap.mode == "cumulative":
-            last_of_run[(boot, run)] = (snap.end_ts, {(r["tid"], r["start_ts"]): r for r in snap.rows})
+            rows = {(r["tid"], r["start_ts"]): r for r in snap.rows}
+            rows.update({_fold_key(f): f for f in snap.folds})
+            last_of_run[(boot, run)] = (snap.end_ts, rows)
         out.append(iv)
+    return out
+
+
+def _fold_key(rec: dict) -> tuple:
+    return ("fold", rec.get("cgroup"), rec["comm"])  # (never a thread's (tid, start_ts))
+
+
+def _fold_intervals(snap: Snapshot, prev_rows: dict | None) -> list[TaskInterval]:
+    """A snapshot's fold rows as intervals of their groups: the threads folded
+    in the interval, with their counters, in pid 0 (they have no process)."""
+    out = []
+    for f in snap.folds:
+        prev = prev_rows.get(_fold_key(f)) if prev_rows is not None else None
+        values = subtract(f, prev)
+        path = f.get("cgroup_path") if type(f.get("cgroup_path")) is str else None
+        out.append(TaskInterval(
+            key=(snap.boot_id, *_fold_key(f)), proc=(snap.boot_id, 0, 0), pid=0, tid=0, comm=f["comm"], start_ts=0,
+            state="reaped", values=values, born=False, gone=False, alive=False, cgroup_path=path,
+            folded=max(0, f["folded"] - (prev.get("folded", 0) if prev is not None else 0))))
     return out

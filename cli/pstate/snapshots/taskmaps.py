@@ -26,6 +26,10 @@ SYNTHETIC_SLOTS = ("unknown", "running", "runnable", "preempted", "new")
 assert [_D[f"SLOT_{n.upper()}"] for n in SYNTHETIC_SLOTS] == list(range(len(SYNTHETIC_SLOTS)))
 F_EXITED, F_FREED, F_GUESSED = _D["SNAP_F_EXITED"], _D["SNAP_F_FREED"], _D["SNAP_F_GUESSED"]
 F_SEEDED = _D["SNAP_F_SEEDED"]
+# the counters array (bpf/pstate.h SNAP_CNT_*), in index order
+COUNTERS = ("tasks_full", "gone_full", "folded", "fold_lost")
+assert [_D[f"SNAP_CNT_{n.upper()}"] for n in COUNTERS] == list(range(_D["SNAP_NR_COUNTERS"]))
+MAX_FOLDS = 4096  # groups of folded final rows at most (fewer for a small --max-tasks)
 
 
 def defines_for(ks: KernelStates, max_tasks: int) -> dict:
@@ -33,6 +37,7 @@ def defines_for(ks: KernelStates, max_tasks: int) -> dict:
         "REPORT_MASK": f"0x{ks.report_mask:x}",
         "NR_KBITS": max(1, ks.report_mask.bit_length()),
         "MAX_TASKS": max_tasks,
+        "MAX_FOLDS": max_folds(max_tasks),
     }
     limit = loader.pid_max()
     if limit <= max_tasks and _kernel_at_least(5, 5):
@@ -41,6 +46,11 @@ def defines_for(ks: KernelStates, max_tasks: int) -> dict:
         d["TASKS_BY_TID"] = True
         d["TID_SLOTS"] = limit
     return d
+
+
+def max_folds(max_tasks: int) -> int:
+    """Size of the map of folded groups (one per cgroup and process name)."""
+    return max(64, min(MAX_FOLDS, max_tasks // 4))
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
@@ -105,6 +115,14 @@ class TidArray:
         self.mm.close()
 
 
+def _folds_table(prog):
+    """`folds` as a Table, or None for a program built from an older bpf/."""
+    try:
+        return bpfsys.Table.over(prog.table("folds"))
+    except KeyError:  # (BCC and the pinned set both raise it for a missing map)
+        return None
+
+
 def read_hash(table, delete: bool = False) -> list:
     """(key, row) of every entry of a hash map (deleting them if `delete`):
     the one map-reading path, bpfsys.Table's."""
@@ -127,6 +145,7 @@ class BpfCollector:
         # told by the map itself, so any build of the program reads right
         self.by_tid = bpfsys.map_info(self.tasks.map_fd)["type"] == bpfsys.MAP_ARRAY
         self.seeds = bpfsys.Table.over(prog.table("seeds")) if self.by_tid else None
+        self.folds = _folds_table(prog)
         self.array = TidArray(self.tasks) if self.by_tid else None
         self.slots = slot_names(ks)
         self.fields = [f"{s}_ns" for s in snapdir.STATE_FIELDS]
@@ -246,6 +265,8 @@ class BpfCollector:
         try:
             live = self._live()
             freed = self._read_gone(now)
+            # after `gone`: a row folded while it was read is then in the groups
+            folds = [self._fold(k, v) for k, v in read_hash(self.folds)] if self.folds is not None else []
         except Exception as e:  # bcc raises plain Exception
             raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
         read_ns = time.monotonic_ns() - now
@@ -259,7 +280,31 @@ class BpfCollector:
             if self.seeded.get(k.tid) == v.start_ts:
                 del self.seeded[k.tid]
         rows.sort(key=lambda r: (r["pid"], r["tid"], r["start_ts"]))
-        return Sample(ts=now, rows=rows, map_full=sum(self.prog.counters()) + self.seed_failed, read_ns=read_ns)
+        counts = self.counts()
+        return Sample(ts=now, rows=rows, map_full=counts["tasks_full"] + counts["fold_lost"] + self.seed_failed,
+                      read_ns=read_ns, folds=folds, counts=counts)
+
+    def counts(self) -> dict:
+        """The program's counters by name (COUNTERS). Rows lost: a program
+        built from an older bpf/ (no folds) loses every row `gone` had no room for."""
+        counts = dict.fromkeys(COUNTERS, 0)
+        counts.update(zip(COUNTERS, self.prog.counters()))
+        if self.folds is None:
+            counts["fold_lost"] = counts["gone_full"]
+        return counts
+
+    def _counts(self, v) -> dict:
+        """A row's time per state (<state>_ns) from its per-slot counters."""
+        counts = dict.fromkeys(self.fields, 0)
+        for i, n in enumerate(v):
+            counts[f"{self.slots[i]}_ns"] += n
+        return counts
+
+    def _fold(self, k, v) -> dict:
+        """A group row of `folds`: final rows added up, since the program was loaded."""
+        return {"cgroup": k.cgroup or None, "comm": _decode_comm(k.comm), "folded": v.tasks,
+                **self._counts(v.ns), "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
+                "hist": histograms.from_row(v.hist)}
 
     def _row(self, tid: int, v, now: int) -> dict:
         ns = list(v.ns)
@@ -275,9 +320,7 @@ class BpfCollector:
         elif self._was_seeded(tid, v):
             ns[0] += self.seed_ts - self.run_start
         tgid = v.tgid or self._tgid(tid, start)
-        counts = dict.fromkeys(self.fields, 0)
-        for i, n in enumerate(ns):
-            counts[f"{self.slots[i]}_ns"] += n
+        counts = self._counts(ns)
         return {
             "pid": tgid, "tid": tid, "comm": _decode_comm(v.comm), "start_ts": start,
             "state": "reaped" if freed else (self.slots[slot] if slot < len(self.slots) else "unknown"),
@@ -287,6 +330,8 @@ class BpfCollector:
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
             # (a program built from an older bpf/ has none: told by the row itself)
             "hist": histograms.from_row(v.hist) if hasattr(v, "hist") else None,
+            # the kernel's cgroup id (Snapper: a freed row's, where /proc has none)
+            "kernel_cgroup": getattr(v, "cgroup", 0) or None,
         }
 
     def _read_gone(self, now: int) -> list:

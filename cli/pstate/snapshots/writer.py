@@ -38,13 +38,14 @@ import signal
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import orjson
 
 from pstate.kernel import identity
-from pstate.snapshots import histograms, snapdir
+from pstate.snapshots import folds as foldrows, histograms, snapdir
+from pstate.snapshots.promexport import PromExport
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.meta import clock_anchor, rfc3339
 
@@ -398,104 +399,6 @@ def render_csv(meta: dict, rows: list[dict], end: dict) -> bytes:
     return b"".join(lines)
 
 
-def _label(v) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-class PromExport:
-    """Prometheus text for node_exporter's textfile collector.
-
-    Counters must never go down, but threads exit, exec renames them and
-    rows leave the map; so each snapshot adds every thread's growth over
-    its interval to the series of its current labels, and the sums only
-    grow. Series per unit (the default), cgroup, title or comm stay, and
-    their number is bounded by the services, not the pids; per pid or per
-    thread they disappear once the process or thread is gone.
-    No sample timestamps: the textfile collector rejects them. The latency
-    histograms (snapshots/histograms.py) are summed the same way.
-    """
-
-    LABELS = histograms.LABELS
-    STAYING = histograms.STAYING  # series that outlive their processes
-
-    def __init__(self, by: str = "unit"):
-        self.by = histograms.grouping(by)
-        self.hist = histograms.HistTotals(by)
-        self.totals: dict[tuple, dict[str, int]] = {}
-        self.threads: dict[tuple, int] = {}
-        self.started = 0
-        self.exited = 0
-
-    def update(self, rows: list[dict], deltas: list[dict], new: list[bool], run_start_ts: int,
-               hist_deltas: list | None = None) -> None:
-        keys = histograms.group_keys(self.by, rows)
-        threads: dict[tuple, int] = {}
-        for r, d, is_new, key in zip(rows, deltas, new, keys):
-            acc = self.totals.setdefault(key, {})
-            for k, v in d.items():
-                acc[k] = acc.get(k, 0) + v
-            threads.setdefault(key, 0)
-            if not r["exited"]:
-                threads[key] += 1
-            if is_new and r["start_ts"] >= run_start_ts:
-                self.started += 1
-            if r["state"] == "reaped":
-                self.exited += 1
-        if self.by not in self.STAYING:
-            # A process or thread is shown once more after it is freed (with
-            # 0 threads); then its series ends.
-            for key in [k for k in self.totals if k not in threads]:
-                del self.totals[key]
-        self.hist.update(rows, hist_deltas or (), keys)
-        self.threads = threads
-
-    def render(self, meta: dict) -> bytes:
-        names = self.LABELS[self.by]
-        out = []
-
-        def family(name, kind, help_text):
-            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-
-        def labels(key, **extra):
-            pairs = list(zip(names, key)) + list(extra.items())
-            return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs) + "}"
-
-        keys = sorted(self.totals, key=lambda k: tuple(str(x) for x in k))
-        family("pstate_state_seconds_total", "counter", "Time threads spent in each scheduler state.")
-        for key in keys:
-            for field, v in self.totals[key].items():
-                if field.endswith("_ns") and v:
-                    out.append(f"pstate_state_seconds_total{labels(key, state=field[:-3])} {v / 1e9:.9f}\n")
-        family("pstate_context_switches_total", "counter",
-               "Switches off the CPU: voluntary (blocked) or involuntary (preempted).")
-        for key in keys:
-            t = self.totals[key]
-            out.append(f"pstate_context_switches_total{labels(key, kind='voluntary')} {t.get('nvcsw', 0)}\n")
-            out.append(f"pstate_context_switches_total{labels(key, kind='involuntary')} {t.get('nivcsw', 0)}\n")
-        family("pstate_wakeups_total", "counter", "Wake-ups from a blocked state.")
-        for key in keys:
-            out.append(f"pstate_wakeups_total{labels(key)} {self.totals[key].get('wakeups', 0)}\n")
-        out.append(self.hist.prom(labels))
-        family("pstate_threads", "gauge", "Live threads at the snapshot.")
-        for key in keys:
-            out.append(f"pstate_threads{labels(key)} {self.threads.get(key, 0)}\n")
-        family("pstate_tasks_started_total", "counter", "Threads and processes started since pstate snap began.")
-        out.append(f"pstate_tasks_started_total {self.started}\n")
-        family("pstate_tasks_exited_total", "counter", "Threads and processes freed since pstate snap began.")
-        out.append(f"pstate_tasks_exited_total {self.exited}\n")
-        family("pstate_snapshot_timestamp_seconds", "gauge", "Wall-clock time of the snapshot.")
-        out.append(f"pstate_snapshot_timestamp_seconds {meta['wall_end_ns'] / 1e9:.6f}\n")
-        family("pstate_snapshot_interval_seconds", "gauge", "Length of the interval the snapshot covers.")
-        out.append(f"pstate_snapshot_interval_seconds "
-                   f"{(meta['interval_end_ts'] - meta['interval_start_ts']) / 1e9:.6f}\n")
-        family("pstate_snapshot_truncated", "gauge", "1 when the task map was full and rows are missing.")
-        out.append(f"pstate_snapshot_truncated {int(meta['truncated'])}\n")
-        family("pstate_map_full_total", "counter", "Task map updates that failed because the map was full.")
-        out.append(f"pstate_map_full_total {meta['map_full']}\n")
-        out.append("# EOF\n")
-        return "".join(out).encode()
-
-
 # --- signals -----------------------------------------------------------------
 
 
@@ -570,6 +473,8 @@ class Sample:
     rows: list  # dicts with the task fields except type and ts; freed threads appear once
     map_full: int  # failed map updates since the run began
     read_ns: int = 0  # how long reading took: rows may hold events up to ts + read_ns
+    folds: list = field(default_factory=list)  # group rows of folded final rows (cumulative), taskmaps._fold
+    counts: dict = field(default_factory=dict)  # the kernel's counters by name (taskmaps.COUNTERS)
 
 
 class Collector(Protocol):
@@ -605,6 +510,7 @@ class Snapper:
         self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
         self.hists = histograms.HistTotals(plan.prom_by)  # jsonl's hist rows
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
+        self.folds = foldrows.Folds()  # the folded groups read last, and this directory's totals of them
         self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
 
@@ -643,23 +549,33 @@ class Snapper:
             "mode": "delta" if self.plan.clear else "cumulative",
             "truncated": sample.map_full > 0, "map_full": sample.map_full, "read_ns": sample.read_ns,
             "run_id": self.run_id, "run_start_ts": run_start,
+            **{k: sample.counts.get(k, 0) for k in ("gone_full", "folded", "fold_lost")},
         })
         rows, deltas, new, hists = [], [], [], []
         who = self.identities.of(r["pid"] for r in sample.rows)
+        leader = {r["pid"]: r["comm"] for r in sample.rows if r["tid"] == r["pid"]}
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
-            row = {"type": "task", "ts": ts, **r, **who[r["pid"]]}
+            ident = self.identities.exact_cgroup(who[r["pid"]], r.pop("kernel_cgroup", None), r["exited"])
+            row = {"type": "task", "ts": ts, **r, **ident}
+            r["fold"] = foldrows.key(ident["cgroup"], leader.get(r["pid"], r["comm"]))  # its group if folded
             hists.append(histograms.delta(row.pop("hist", None), prev and prev.get("hist")))
             if self.plan.clear:
                 row.update(d)
             rows.append(row)
             deltas.append(d)
             new.append(prev is None)
+        here = {(r["tid"], r["start_ts"]) for r in sample.rows}
+        vanished = [p for k, p in self.prev.items() if k not in here]  # folded (or lost) since
+        folded = self.folds.step(sample.folds, vanished, self.identities.cgroups, ts, self.plan.clear)
+        fold_keys = foldrows.group_keys(self.plan.prom_by, [f[0] for f in folded])
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
-        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"]}
+        end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"],
+               "folded": meta["folded"], "fold_lost": meta["fold_lost"]}
         if self.plan.fmt == "prom":
-            self.prom.update(rows, deltas, new, run_start, hists)
+            self.prom.update(rows, deltas, new, run_start, hists,
+                             [(k, growth, h) for k, (_rec, growth, h) in zip(fold_keys, folded)])
             self.out.seq += 1
             meta["seq"] = self.out.seq
             self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True)
@@ -667,9 +583,11 @@ class Snapper:
         render = render_csv if self.plan.fmt == "csv" else render_jsonl
         if self.plan.fmt == "jsonl":  # + a hist row per group and kind (CSV holds task rows only)
             self.hists = histograms.HistTotals(self.plan.prom_by) if self.plan.clear else self.hists
-            self.hists.update(rows, hists)
+            self.hists.update(rows, hists + [h for _r, _g, h in folded],
+                              histograms.group_keys(self.hists.by, rows) + fold_keys)
             more = self.hists.records(ts)
-            rows, end["hists"] = rows + more, len(more)
+            # + a fold row per group of folded threads
+            rows, end["hists"], end["folds"] = rows + [f[0] for f in folded] + more, len(more), len(folded)
 
         def with_seq(seq: int) -> bytes:
             meta["seq"] = seq

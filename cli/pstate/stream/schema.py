@@ -305,9 +305,9 @@ EVENT_TYPES = ("state", "fork", "exec", "exit")
 # pass over them. Adding one, or a field, is additive: no new SCHEMA_VERSION.
 ANNOTATION_TYPES = ("cgroup", "process", "stack", "trigger")
 # Every record type this pstate knows; readers skip any other type quietly
-# and count it (ReadStats.unknown), never as a bad line. "task" and "hist"
-# are the rows of a snapshot file (snapshots/snapdir.py, snapshots/histograms.py).
-SNAPSHOT_TYPES = ("task", "hist")
+# and count it (ReadStats.unknown), never as a bad line. "task", "hist" and
+# "fold" are the rows of a snapshot file (snapshots/snapdir.py, histograms.py, folds.py).
+SNAPSHOT_TYPES = ("task", "hist", "fold")
 KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", *SNAPSHOT_TYPES, *ANNOTATION_TYPES))
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
 

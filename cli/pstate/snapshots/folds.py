@@ -1,0 +1,129 @@
+"""Folded exits: the kernel's group rows of freed threads whose final row
+found no room in `gone` (an exit burst larger than the map, or readers that
+lag behind), and how a reader turns them into growth of its groups.
+
+bpf/snap.bpf.c adds such a final row's counters and histograms into the row
+of its group in `folds`, keyed by the v2 cgroup the task exited in and its
+process's name; a group row counts since the program was loaded and only
+grows. Each reader (a snap run; with a collector, each snapshot directory,
+with its cursor) keeps the group rows it read last, and takes their growth
+since: it goes into the --prom-by groups of the Prometheus counters and the
+hist rows (so no series decreases when threads are folded), and into the
+directory's own running totals, which its JSON-lines "fold" rows carry
+(cumulative, as task rows are; --clear: the interval's growth).
+
+A thread the reader's previous snapshot showed alive and that was folded
+since had that part counted already, through its task row: its counters
+then are taken off its group's growth (the group it was in then, `key`).
+"""
+
+from __future__ import annotations
+
+from pstate.snapshots import histograms, snapdir
+
+COUNT_FIELDS = ("folded",)  # a group row's count of final rows, beside snapdir.counter_fields
+
+
+def key(cgroup: int | None, comm: str) -> tuple:
+    """A group's identity: the kernel's key (cgroup id, process name)."""
+    return (cgroup or 0, comm)
+
+
+def counters(row: dict) -> dict:
+    return {k: row[k] for k in (*snapdir.counter_fields(row), *COUNT_FIELDS) if k in row}
+
+
+def _minus(a: dict, b: dict | None) -> dict:
+    return {k: max(0, v - (b or {}).get(k, 0)) for k, v in a.items()}
+
+
+def _hist_minus(a, b):
+    if a is None or b is None:
+        return a
+    return tuple(max(0, x - y) for x, y in zip(a, b))
+
+
+class Folds:
+    """One reader's view of the kernel's group rows."""
+
+    def __init__(self):
+        self.seen: dict[tuple, dict] = {}  # key -> the group row read last (counters, "hist")
+        self.totals: dict[tuple, dict] = {}  # key -> this reader's growth summed since it began
+
+    def step(self, groups: list[dict], vanished: list[dict], paths, ts: int, clear: bool) -> list[tuple]:
+        """(record, growth, histogram growth) per group row read now.
+
+        groups: the kernel's rows (taskmaps: cgroup, comm, folded, counters,
+        hist), cumulative; vanished: the previous rows (with their "fold"
+        key) of threads shown alive last time and neither alive nor freed
+        now; paths: the cgroup id -> path lookup (identity.CgroupPaths)."""
+        owed: dict[tuple, dict] = {}
+        owed_hist: dict[tuple, list] = {}
+        for v in vanished:
+            k = tuple(v.get("fold") or ())
+            if len(k) != 2:
+                continue
+            acc = owed.setdefault(k, {})
+            for f, n in counters(v).items():
+                acc[f] = acc.get(f, 0) + n
+            if v.get("hist"):
+                h = owed_hist.setdefault(k, [0] * len(v["hist"]))
+                for i, n in enumerate(v["hist"]):
+                    h[i] += n
+        out = []
+        seen = {}
+        for g in groups:
+            k = key(g["cgroup"], g["comm"])
+            last = self.seen.get(k)
+            cur = counters(g)
+            growth = _minus(_minus(cur, last), owed.get(k))
+            hist = histograms.delta(g.get("hist"), last and last.get("hist"))
+            hist = _hist_minus(hist, owed_hist.get(k))
+            seen[k] = {**cur, "hist": list(g["hist"]) if g.get("hist") else None}
+            total = self.totals.setdefault(k, {})
+            for f, n in growth.items():
+                total[f] = total.get(f, 0) + n
+            rec = {"type": "fold", "ts": ts, "cgroup": g["cgroup"],
+                   "cgroup_path": paths.path_of(g["cgroup"]) if g["cgroup"] else None, "comm": g["comm"],
+                   **(growth if clear else total)}
+            out.append((rec, growth, hist))
+        self.seen = seen
+        return out
+
+    def state(self) -> list:
+        """What a cursor file keeps of it."""
+        return [[k[0], k[1], self.seen.get(k), self.totals.get(k)] for k in sorted(set(self.seen) | set(self.totals))]
+
+    def restore(self, state) -> None:
+        for cg, comm, seen, total in state or ():
+            if seen is not None:
+                self.seen[(cg, comm)] = seen
+            if total is not None:
+                self.totals[(cg, comm)] = total
+
+
+def group_keys(by: str, records: list[dict]) -> list[tuple]:
+    """The --prom-by group of each fold record: its cgroup (and unit) and
+    its process name; no title is known of a task gone ("[comm]"), and per
+    pid or thread folded tasks are pid 0."""
+    by = histograms.grouping(by)
+    out = []
+    for r in records:
+        row = {"cgroup_path": r["cgroup_path"], "title": None, "pid": 0, "tid": 0}
+        out.append(tuple(histograms.label_value(f, row, r["comm"]) for f in histograms.LABELS[by]))
+    return out
+
+
+FOLD_RECORD = (
+    "a group of folded threads in a snapshot (pstate snap --format jsonl): threads freed when the "
+    "kernel's map of final rows had no room, added up per cgroup and process name",
+    {
+        "cgroup": ("int?", "the id of the cgroup v2 the threads exited in; null when not known"),
+        "cgroup_path": ("string?", "its path below the v2 mount (null once the cgroup is removed)"),
+        "comm": ("string", "their process's name (its main thread's comm)"),
+        "folded": ("int", "threads folded into the group (cumulative mode: since the directory's first "
+                          "snapshot of the collector or run)"),
+        "<state>_ns, nvcsw, nivcsw, wakeups": ("int", "their counters, as in task rows, summed (only what no "
+                                                      "task row of the directory counted)"),
+    },
+)

@@ -1,0 +1,139 @@
+"""Folded exits without BPF (snapshots/folds.py): the kernel's group rows
+become growth of their --prom-by groups and the directory's fold rows; a
+thread shown alive and folded since is not counted twice; nothing decreases."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pstate.kernel import identity
+from pstate.analysis import snapseries
+from pstate.snapshots import folds, snapdir, writer
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE / "data" / "snap"))
+import fake_snap  # noqa: E402
+
+
+def group(folded: int, running: int, nvcsw: int, cgroup: int = 101, comm: str = "work") -> dict:
+    row = {"cgroup": cgroup, "comm": comm, "folded": folded, "hist": None}
+    row.update({f"{s}_ns": 0 for s in snapdir.STATE_FIELDS})
+    row.update({c: 0 for c in snapdir.COUNT_FIELDS})
+    row.update(running_ns=running, nvcsw=nvcsw)
+    return row
+
+
+class FoldCollector:
+    """pid 1000 (fake1.service, cgroup 101) runs 100 ns by the first
+    snapshot; then the kernel folds it (150 ns, 2 switches in all) with 4
+    tasks never shown (10 ns, 1 switch each), then one more such task."""
+
+    def __init__(self):
+        self.k = 0
+
+    def start(self) -> int:
+        self.t0 = time.monotonic_ns()
+        return self.t0
+
+    def collect(self) -> writer.Sample:
+        self.k += 1
+        now = time.monotonic_ns()
+        rows, groups = [], []
+        if self.k == 1:
+            rows.append(fake_snap.fake_row(1000, 1000, self.t0 + 1, now, comm="work", running_ns=100, nvcsw=1))
+        elif self.k == 2:
+            groups.append(group(5, 190, 6))
+        else:
+            groups.append(group(6, 200, 7))
+        counts = {"gone_full": sum(g["folded"] for g in groups), "folded": sum(g["folded"] for g in groups)}
+        return writer.Sample(ts=now, rows=rows, map_full=0, folds=groups, counts=counts)
+
+
+def take(tmp_path, monkeypatch, fmt: str, clear: bool = False) -> Path:
+    fake_snap.install(setter=monkeypatch.setattr)
+    monkeypatch.setattr(identity.CgroupPaths, "path_of", lambda self, cgid: f"/system.slice/fake{cgid - 100}.service")
+    d = writer.SnapDir(str(tmp_path / fmt))
+    d.lock()
+    plan = writer.Plan(fmt=fmt, interval_ns=10_000_000, count=3, prom_by="unit", clear=clear)
+    base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
+    proms = []
+    snapper = writer.Snapper(d, FoldCollector(), plan, base, writer.Stopper())
+    if fmt == "prom":
+        publish = snapper._publish
+
+        def keep(*args):
+            name = publish(*args)
+            proms.append((tmp_path / fmt / snapdir.PROM_NAME).read_text())
+            return name
+
+        snapper._publish = keep
+    try:
+        assert snapper.run() == 0
+    finally:
+        d.close()
+    return proms if fmt == "prom" else tmp_path / fmt
+
+
+def value(text: str, series: str) -> float:
+    (line,) = [x for x in text.splitlines() if x.startswith(series + " ")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_prom_groups_add_the_folded_growth_once_and_never_decrease(tmp_path, monkeypatch):
+    texts = take(tmp_path, monkeypatch, "prom")
+    run = [value(t, 'pstate_state_seconds_total{unit="fake1.service",state="running"}') for t in texts]
+    # 100 ns shown alive, then its remaining 50 and the 4 others' 40, then 10 more
+    assert [round(v * 1e9) for v in run] == [100, 190, 200]
+    sw = [value(t, 'pstate_context_switches_total{unit="fake1.service",kind="voluntary"}') for t in texts[1:]]
+    assert sw == [6, 7]
+    assert [value(t, 'pstate_threads_folded_total{unit="fake1.service"}') for t in texts[1:]] == [5, 6]
+    assert [value(t, "pstate_rows_folded_total") for t in texts] == [0, 5, 6]
+    assert value(texts[-1], "pstate_tasks_exited_total") == 6
+
+
+@pytest.mark.parametrize("clear", [False, True])
+def test_fold_rows_and_stats_count_each_folded_thread_once(tmp_path, monkeypatch, clear):
+    out = take(tmp_path, monkeypatch, "jsonl", clear)
+    files = sorted(out.glob("pstate-snap-*.jsonl"))
+    recs = [[orjson.loads(x) for x in f.read_bytes().splitlines()] for f in files]
+    fold_rows = [[r for r in f if r["type"] == "fold"] for f in recs]
+    assert [len(f) for f in fold_rows] == [0, 1, 1]
+    r2, r3 = fold_rows[1][0], fold_rows[2][0]
+    assert (r2["cgroup"], r2["cgroup_path"], r2["comm"]) == (101, "/system.slice/fake1.service", "work")
+    want = [(5, 90, 5), (1, 10, 1)] if clear else [(5, 90, 5), (6, 100, 6)]
+    assert [(r["folded"], r["running_ns"], r["nvcsw"]) for r in (r2, r3)] == want
+    assert all(snapdir.check_fold(r) is None for r in (r2, r3))
+    assert [f[-1]["folds"] for f in recs] == [0, 1, 1] and recs[1][-1]["folded"] == 5
+    snaps = snapdir.load([str(out)])
+    assert [len(s.folds) for s in snaps] == [0, 1, 1]
+    ivs = snapdir.intervals(snaps)
+    unit = [sum(t.values.get("running_ns", 0) for t in iv.tasks if t.cgroup_path == "/system.slice/fake1.service")
+            for iv in ivs]
+    assert unit == [100, 90, 10]  # 200 in all: the truth
+    assert [sum(t.folded for t in iv.tasks) for iv in ivs] == [0, 5, 1]
+    res = io.StringIO()
+    assert snapseries.run([str(out)], fmt="json", top=None, by="unit", out=res, err=io.StringIO()) == 0
+    doc = orjson.loads(res.getvalue())
+    assert [c["threads_gone"] for c in doc["churn"]["intervals"]] == [0, 5, 1]
+    (g,) = [t for t in doc["trends"] if t["comm"] == "fake1.service"]
+    assert g["running_ns"] == 200
+
+
+def test_a_cursor_keeps_the_groups_read_and_the_totals():
+    f = folds.Folds()
+    paths = type("P", (), {"path_of": lambda self, cgid: "/x"})()
+    f.step([group(2, 20, 2)], [], paths, 1, False)
+    again = folds.Folds()
+    again.restore(orjson.loads(orjson.dumps(f.state())))
+    ((rec, growth, _h),) = again.step([group(3, 25, 3)], [], paths, 2, False)
+    assert (growth["folded"], growth["running_ns"]) == (1, 5) and (rec["folded"], rec["running_ns"]) == (3, 25)
+    # a thread shown alive before (its earlier 4 ns) and folded since: taken off, never below 0
+    ((rec, growth, _h),) = again.step([group(4, 30, 4)], [{"running_ns": 4, "nvcsw": 9, "fold": [101, "work"]}],
+                                      paths, 3, False)
+    assert (growth["folded"], growth["running_ns"], growth["nvcsw"]) == (1, 1, 0)
