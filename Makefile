@@ -54,7 +54,8 @@ test: setup
 # compare the two paths run in both): about two minutes more.
 test-tracepoint: setup
 	PSTATE_PROBES=tracepoint $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
-		tests/test_snap_bpf.py tests/test_progcache.py tests/test_flight_bpf.py tests/test_stacks_bpf.py $(PYTEST_ARGS)
+		tests/test_snap_bpf.py tests/test_progcache.py tests/test_flight_bpf.py tests/test_stacks_bpf.py \
+		tests/test_collector_bpf.py tests/test_fold_bpf.py tests/test_cgroup_bpf.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py
