@@ -84,7 +84,7 @@ struct comm_key {
 // so sched_switch clears whatever an exit missed while attaching.
 struct irq_ctx {
     u8 hard;  // in a device interrupt handler
-    u8 timer; // in an hrtimer callback (hard irq, or softirq for soft timers)
+    u8 timer; // in an hrtimer callback in hard irq (without HRTIMER_IS_SOFT: any hrtimer callback)
     u8 soft;  // in a softirq handler
     u8 pad[5]; // 8 bytes: per-CPU values are read in 8-byte units
 };
@@ -384,8 +384,13 @@ static __always_inline u8 waker_context(void) {
     struct irq_ctx *ic = irq_state.lookup(&zero);
     if (!ic)
         return 0;
+#ifdef HRTIMER_IS_SOFT
+    if (ic->hard || ic->timer) // timer: a hard one's callback (hrtimer_is_soft)
+        return F_WAKER_IRQ;
+#else
     if (ic->hard || (ic->timer && !ic->soft))
         return F_WAKER_IRQ;
+#endif
     if (ic->soft)
         return F_WAKER_SOFTIRQ;
     return 0;
@@ -655,13 +660,30 @@ RAW_TRACEPOINT_PROBE(irq_handler_exit) {
     return 0;
 }
 
+// An hrtimer's callback runs in the timer interrupt, or for a soft timer in
+// the HRTIMER softirq (which softirq_entry marks). With the offset of
+// hrtimer.is_soft from the kernel's BTF (HRTIMER_IS_SOFT) only a hard one's
+// marks the hard interrupt, so that one interrupting a softirq handler is
+// told from a soft one; without it, a timer inside a softirq reads as soft.
+static __always_inline int hrtimer_is_soft(u64 timer) {
+#ifdef HRTIMER_IS_SOFT
+    u8 soft = 0;
+    bpf_probe_read_kernel(&soft, sizeof(soft), (const void *)(timer + HRTIMER_IS_SOFT));
+    return soft;
+#else
+    return 0;
+#endif
+}
+
 RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) {
-    irq_mark(1, 1);
+    if (!hrtimer_is_soft(ctx->args[0]))
+        irq_mark(1, 1);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) {
-    irq_mark(1, 0);
+    if (!hrtimer_is_soft(ctx->args[0]))
+        irq_mark(1, 0);
     return 0;
 }
 

@@ -137,9 +137,9 @@ def test_offsets_match_bpftool():
     for define, spellings in btf.TASK_MEMBERS.items():
         path = next(p for p in spellings if _has(b, p))
         assert offsets[define] * 8 == _bpftool_member(types, "task_struct", path), path
-    offsets = btf.cgroup_offsets(b)
-    assert set(offsets) == set(btf.CGROUP_MEMBERS)
-    for define, (struct_name, path, _size) in btf.CGROUP_MEMBERS.items():
+    offsets = btf.member_offsets(b)
+    assert set(offsets) == set(btf.MEMBERS)
+    for define, (struct_name, path, _size) in btf.MEMBERS.items():
         assert offsets[define] * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
     assert set(btf.facts(b)["offsets"]) == btf.offset_defines()
     for path in ("__state", "cgroups", "thread_info"):  # more members, resolved the same way

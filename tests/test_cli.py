@@ -126,7 +126,7 @@ def life_raw() -> dict:
     programs where the kernel has BTF (bpf/tpargs.h LIFE_RAW)."""
     if not os.path.exists(btf.VMLINUX):
         return {}
-    offsets = btf.task_offsets(btf.Btf.read())
+    offsets = btf.facts(btf.Btf.read())["offsets"]
     return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}}
 
 

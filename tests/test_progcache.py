@@ -588,7 +588,7 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     (entry,) = [p for p in (tmp_path / "btf").iterdir() if p.name.startswith(progcache.BTF_FACTS)]
     assert not [p for p in tmp_path.iterdir() if p.is_file()]  # no program entry among the programs
     # kept by a pstate that read fewer members (a well-formed entry): read again
-    fewer = {k: v for k, v in kept["offsets"].items() if k not in btf.CGROUP_MEMBERS}
+    fewer = {k: v for k, v in kept["offsets"].items() if k not in btf.MEMBERS}
     key = json.loads(entry.read_bytes())["key"]
     progcache.store({"format": progcache.FORMAT, "name": progcache.BTF_FACTS, "key": key, "offsets": fewer,
                      "targets": kept["targets"]}, str(tmp_path / "btf"))

@@ -215,15 +215,17 @@ def _probes(r: Report, ks):
 
 
 def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
-    """Record a child that sleeps, stops and exits; check the events (and
-    which path the programs took, when the plan was tp_btf)."""
+    """Record a child that sleeps; check the events (and which path the
+    programs took, when the plan was tp_btf). The child sleeps until record
+    is done: a cold compile on a busy machine may take seconds before
+    record's 1.2 s begin."""
     import orjson
 
     cmd = [sys.executable, "-m", "pstate", "record", "-q", "-d", "1.2"]
     if kernel_headers:
         cmd += ["--kernel-headers", kernel_headers]
     child = subprocess.Popen([sys.executable, "-c",
-                              "import time\nfor _ in range(40): time.sleep(0.05)"])
+                              "import time\nwhile True: time.sleep(0.05)"])
     try:
         t0 = time.monotonic()
         p = subprocess.run(cmd + ["-p", str(child.pid)], capture_output=True, timeout=60)

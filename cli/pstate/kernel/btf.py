@@ -294,23 +294,29 @@ def task_offsets(b: Btf) -> dict[str, int]:
     return out
 
 
-# The v2 cgroup id of a task the program is not running as (next at
-# sched_switch, a wakee), as bpf_get_current_cgroup_id() reads current's:
-# task->cgroups->dfl_cgrp->kn->id (task_dfl_cgroup, cgroup_id). -D name ->
-# (struct, member, bytes): three pointers, then the 8-byte id.
-CGROUP_MEMBERS = {
+# Members of other structs than task_struct: -D name -> (struct, member,
+# bytes the programs load).
+# - The v2 cgroup id of a task the program is not running as (next at
+#   sched_switch, a wakee), as bpf_get_current_cgroup_id() reads current's:
+#   task->cgroups->dfl_cgrp->kn->id (task_dfl_cgroup, cgroup_id): three
+#   pointers, then the 8-byte id.
+# - Whether an expiring hrtimer is a soft one, whose callback runs in softirq
+#   (record's hrtimer_expire_entry/exit trackers: a hard one's runs in the
+#   timer interrupt).
+MEMBERS = {
     "TASK_CGROUPS": ("task_struct", "cgroups", 8),
     "CSS_SET_DFL_CGRP": ("css_set", "dfl_cgrp", 8),
     "CGROUP_KN": ("cgroup", "kn", 8),
     "KERNFS_NODE_ID": ("kernfs_node", "id", 8),
+    "HRTIMER_IS_SOFT": ("hrtimer", "is_soft", 1),
 }
 
 
-def cgroup_offsets(b: Btf) -> dict[str, int]:
-    """-D name -> byte offset of each member in CGROUP_MEMBERS; BtfError when
-    one is missing or not of the size the programs load."""
+def member_offsets(b: Btf) -> dict[str, int]:
+    """-D name -> byte offset of each member in MEMBERS; BtfError when one is
+    missing or not of the size the programs load."""
     out = {}
-    for define, (struct_name, path, want) in CGROUP_MEMBERS.items():
+    for define, (struct_name, path, want) in MEMBERS.items():
         off, size = b.member(struct_name, path)
         if size != want:
             raise BtfError(f"{struct_name}.{path} is {size} bytes in this kernel, the programs read {want}")
@@ -334,23 +340,23 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
 
 def facts(b: Btf) -> dict:
     """What the tp_btf path takes from a kernel's BTF: the task_struct
-    offsets (task_offsets), those of the cgroup id's chain (cgroup_offsets)
+    offsets (task_offsets), those of other structs (member_offsets)
     and the attach targets (check_tracepoints), each
     sorted by name: they become -D settings, whose order is part of the
     program cache's key, and a copy kept as JSON must give the same key."""
-    offsets = {**task_offsets(b), **cgroup_offsets(b)}
+    offsets = {**task_offsets(b), **member_offsets(b)}
     return {"offsets": dict(sorted(offsets.items())), "targets": dict(sorted(check_tracepoints(b).items()))}
 
 
 def offset_defines() -> frozenset:
     """The -D names facts() gives offsets for (a kept copy lacking one is stale)."""
-    return frozenset(TASK_MEMBERS) | frozenset(CGROUP_MEMBERS)
+    return frozenset(TASK_MEMBERS) | frozenset(MEMBERS)
 
 
 def wanted() -> str:
     """What facts() looks for, as text: facts kept from a BTF (the program
     cache's) are those of this text only."""
-    return repr((sorted(TASK_MEMBERS.items()), sorted(CGROUP_MEMBERS.items()), sorted(TRACEPOINT_ARGS.items())))
+    return repr((sorted(TASK_MEMBERS.items()), sorted(MEMBERS.items()), sorted(TRACEPOINT_ARGS.items())))
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

@@ -53,8 +53,9 @@ TASK_RTLOCK_WAIT = 0x1000
 TASK_FROZEN = 0x8000
 
 _PROBE = re.compile(r"^PSTATE_(?:PROBE|LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.M)
-# the offsets LIFE_RAW's programs read (bpf/tpargs.h LF_*)
-LIFE_OFFSETS = ("TASK_PID", "TASK_COMM")
+# the offsets the raw tracepoint programs of the tracepoint path read: the
+# lifecycle ones' (LIFE_RAW, bpf/tpargs.h LF_*) and record's hrtimer tracker's
+LIFE_OFFSETS = ("TASK_PID", "TASK_COMM", "HRTIMER_IS_SOFT")
 
 
 class Refused(Exception):
