@@ -199,11 +199,12 @@ def test_every_forked_child_has_its_lifecycle_records(tmp_path, probes):
 
 def test_the_tracepoint_path_takes_raw_lifecycle_programs_where_the_btf_gives_offsets(tmp_path):
     def facts(path):
-        return {"offsets": {"TASK_COMM": 2, "TASK_CPU": 3, "TASK_PID": 1}, "targets": {"sched_switch": 7}}
+        return {"offsets": {"HRTIMER_IS_SOFT": 4, "TASK_COMM": 2, "TASK_CPU": 3, "TASK_PID": 1},
+                "targets": {"sched_switch": 7}}
 
     p = tpbtf.plan("tracepoint", 0xFF, facts=facts)
     assert (p.path, p.life, p.forced) == (tpbtf.TRACEPOINT, "raw_tracepoint", True)
-    assert p.defines == {"LIFE_RAW": True, "TASK_PID": 1, "TASK_COMM": 2}
+    assert p.defines == {"LIFE_RAW": True, "TASK_PID": 1, "TASK_COMM": 2, "HRTIMER_IS_SOFT": 4}
     p = tpbtf.plan("tracepoint", 0xFF, str(tmp_path / "none"))
     assert (p.path, p.life, p.defines, p.forced) == (tpbtf.TRACEPOINT, tpbtf.TRACEPOINT, {}, True)
     assert "no usable kernel BTF" in p.reason and "classic lifecycle programs" in p.reason
