@@ -356,10 +356,25 @@ def test_real_recording_round_trips(tmp_path, pstate):
     # the child lived inside the recording (its whole life is in both; before its first wake-up it
     # was new, which the trace does not show); the parent slept in its read from before the
     # recording (stats has that sleep from /proc, the trace from its first event on).
+    # A thread whose ledger has a gap is left out: on this kind of VM the agent's threads never
+    # switch out where pstate's programs see it, so a task that gets the CPU back from one
+    # comes back with no switch-in, and stats and the trace each bridge the gap their own way.
+    # Only such a gap is allowed: one after a switch to a thread that never switched out.
+    never_out = {x["next_tid"] for x in recs if x["type"] == "state" and x["cause"] == "switch_out"} - {
+        x["tid"] for x in recs if x["type"] == "state" and x["cause"] == "switch_out"} - {0}  # idle: no records
+    gapped = set()
+    for tid in pids:
+        seq = [x for x in pp if x["tid"] == tid]
+        for a, b in zip(seq, seq[1:]):
+            if a["to"] != b["from"]:
+                assert a["cause"] == "switch_out" and a["next_tid"] in never_out, (a, b)
+                gapped.add(tid)
     got = trace_thread_states((tmp_path / "t.pftrace").read_bytes(), bits)
     want = stats_states(rec, pstate)
     kid = next(iter(pids - {child.pid}))
     for (tid, state), ns in want.items():
+        if tid in gapped:
+            continue
         if tid == kid and state != "new" or tid == child.pid and state != "sleeping":
             assert got.get((tid, state), 0) == ns, (tid, state)
     assert got[(kid, "running")] > 0 and got[(child.pid, "runnable")] > 0
