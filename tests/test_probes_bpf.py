@@ -243,7 +243,8 @@ def _both_paths_at_once():
     """Records of one run of the workload by two `pstate record` at once, one
     per path, both attached before the workload starts; only what happened
     before every child was waited for (a later free could fall after one
-    recorder stopped)."""
+    recorder stopped): per path its state records, its fork records by child
+    tid, and its last record."""
     import signal
     import subprocess
     import sys
@@ -280,6 +281,7 @@ def _both_paths_at_once():
                 r.proc.kill()
                 r.proc.wait()
     return {p: [x for x in rs if x["type"] == "state" and x["ts"] < done] for p, rs in out.items()}, \
+        {p: {x["child_tid"]: x for x in rs if x["type"] == "fork" and x["ts"] < done} for p, rs in out.items()}, \
         {p: rs[-1] for p, rs in out.items()}
 
 
@@ -312,6 +314,23 @@ def _aligned(a: list, b: list, tid: int):
     return pairs, missed
 
 
+def _starts_within_its_fork(x, y, forks: dict, by_tid: dict) -> bool:
+    """Whether the first state of a new task (x on tp_btf, y on the classic
+    path) starts inside the clone call that made it: both starts (ts -
+    dur_ns, each path's task_newtask clock read, in copy_process) after the
+    parent's last switch-in before its fork record and before the fork
+    record (sched_process_fork, once copy_process has returned), each of
+    these as either path recorded it. (The switch-in is a bound only for a
+    parent not switched out between task_newtask and sched_process_fork.)"""
+    starts = (x["ts"] - x["dur_ns"], y["ts"] - y["dur_ns"])
+    fx, fy = forks["tp_btf"].get(x["tid"]), forks["tracepoint"].get(y["tid"])
+    if fx is None or fy is None:
+        return False
+    on_cpu = [max((r["ts"] for r in by_tid[p].get(f["tid"], ()) if r["to"] == "running" and r["ts"] < f["ts"]),
+                  default=None) for p, f in (("tp_btf", fx), ("tracepoint", fy))]
+    return None not in on_cpu and max(on_cpu) < min(starts) and max(starts) < min(fx["ts"], fy["ts"])
+
+
 @needs_btf
 @pytest.mark.time_limit(120)
 def test_both_paths_give_the_same_records():
@@ -325,8 +344,17 @@ def test_both_paths_give_the_same_records():
     events: with the two reads' offset at each end taken out (the ts
     differences of the two records), both paths must agree within 1 us. A
     state whose start is no record (a new task's, from task_newtask) has only
-    the offset at its end to take out."""
-    states, ends = _both_paths_at_once()
+    the offset at its end to take out; the two reads at its start are about
+    as far apart, but task_newtask runs with interrupts on (in copy_process;
+    sched_wakeup_new, its end, under the run queue's lock with them off), and
+    an interrupt between the two programs (with its softirqs; or the host
+    preempting this vCPU) parts them by tens of microseconds, in no record:
+    with 3 CPU hogs and direct I/O beside it on 2 vCPUs, 5 runs in 30 had one
+    such new task of their 40, 34 to 70 us apart. Such a start is let through
+    only inside the clone call that made the task, on both paths, and for a
+    tenth of the new tasks at most (a path that took a new task's start
+    elsewhere would do so for most)."""
+    states, forks, ends = _both_paths_at_once()
     for path, end in ends.items():
         assert end["type"] == "end" and end["lost"] == 0, (path, end)
     by_tid = {p: {} for p in states}
@@ -335,7 +363,8 @@ def test_both_paths_give_the_same_records():
             by_tid[p].setdefault(r["tid"], []).append(r)
     assert set(by_tid["tp_btf"]) == set(by_tid["tracepoint"])
     assert len(by_tid["tp_btf"]) >= len(KIDS) + 40  # the forker's children too
-    transitions = missed = wakes = 0
+    transitions = missed = wakes = births = 0
+    late = []  # new tasks whose two starts are further apart than 1 us and the offset at their end
     for tid, a in by_tid["tp_btf"].items():
         pairs, n = _aligned(a, by_tid["tracepoint"][tid], tid)
         missed += n
@@ -349,7 +378,11 @@ def test_both_paths_give_the_same_records():
                 offset -= px["ts"] - py["ts"]
                 assert abs(x["dur_ns"] - y["dur_ns"] - offset) <= 1000, (x, y, offset)
             else:
-                assert abs(x["dur_ns"] - y["dur_ns"]) <= 1000 + abs(offset), (x, y, offset)
+                assert x["from"] == "new", (x, y)  # the one state with a duration whose start is no record
+                births += 1
+                if abs(x["dur_ns"] - y["dur_ns"]) > 1000 + abs(offset):
+                    assert _starts_within_its_fork(x, y, forks, by_tid), (x, y, offset)
+                    late.append((tid, x["dur_ns"] - y["dur_ns"], offset))
         transitions += len(a)
     # The classic path missed an interrupt's wake-up while a classic fork,
     # exec, exit or free program ran on its CPU (bpf_prog_active); those are
@@ -357,6 +390,7 @@ def test_both_paths_give_the_same_records():
     # wake-ups; a 60 s ping-pong with fork churn sees 5.7 in a million sleeps
     # unwoken on either path, 0.0007 per run of this workload).
     assert missed == 0, (missed, wakes)
+    assert births >= 40 and len(late) <= births // 10, (births, late)
     kinds = {(x["from"], x["to"]) for rs in by_tid["tp_btf"].values() for x in rs}
     # what the workload was built to show: sleeps, a stop, preemption between the hogs, births
     assert {("running", "sleeping"), ("sleeping", "runnable"), ("running", "stopped"), ("stopped", "runnable"),
