@@ -4,15 +4,12 @@ goes to, and titles rewritten after start told apart."""
 
 from __future__ import annotations
 
-import os
-import time
-
 import orjson
 import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
-from workloads import BUSY, SLEEPER, Recording, V2Cgroups, go, kill_all, record_all, start, start_titled
+from workloads import BUSY, SLEEPER, V2Cgroups, go, kill_all, record_all, start, start_titled
 
 pytestmark = pytest.mark.bpf
 
@@ -101,49 +98,13 @@ def test_heat_draws_the_same_groups(hog_and_sleeper, by, keys):
     assert f"2 of 2 {dict(cgroup='cgroups', unit='units', container='containers')[by]}" in r.stdout
 
 
-def _record_reading_as_it_goes(children) -> list[dict]:
-    """record_all(children), with record's standard output read while it
-    runs, not only once it is stopped: busy children make some 300 kB of
-    records a second, and a pipe nobody reads is full in a fraction of one;
-    record, blocked writing to it, takes no second look until the test reads
-    at the end, after the children are gone (their process then reads as
-    gone: no title)."""
-    import signal
-    import threading
-
-    chunks: list[bytes] = []
-    rec = None
-    try:
-        rec = Recording(*[a for c in children for a in ("-p", str(c.pid))])
-        fd = rec.proc.stdout.fileno()
-
-        def read():
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        go(*children)
-        for c in children:
-            c.wait(timeout=60)
-        time.sleep(0.05)  # as Recording.stop: let the last drain pick up trailing events
-        rec.proc.send_signal(signal.SIGINT)
-        reader.join(timeout=30)
-        assert not reader.is_alive() and rec.proc.wait(timeout=30) == 0, rec.proc.stderr.read()
-    finally:
-        kill_all(children)
-        if rec is not None and rec.proc.poll() is None:
-            rec.proc.kill()
-            rec.proc.wait()
-    return [orjson.loads(x) for x in (b"".join(rec.lines) + b"".join(chunks)).splitlines()]
-
-
 def test_titles_rewritten_after_start_are_told_apart(tmp_path):
     titles = ("pstate-test: backend", "pstate-test: walwriter", "pstate-test: checkpointer")
     # alive well past record's second look (200 ms after the first), which a
-    # loaded machine may delay (record's output is read as it goes: see above)
+    # loaded machine may delay (workloads.Recording reads record's output as
+    # it goes: a full pipe held that look back until the children were gone)
     kids = [start_titled(t, secs=2.5) for t in titles]
-    recs = _record_reading_as_it_goes(kids)
+    recs, _rec = record_all(kids)
     for c, t in zip(kids, titles):
         procs = [r for r in recs if r["type"] == "process" and r["pid"] == c.pid]
         assert procs[-1]["title"] == t, procs  # the second look saw the new title

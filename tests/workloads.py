@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import orjson
@@ -63,10 +64,15 @@ def go(*children: subprocess.Popen) -> None:
 
 
 class Recording:
-    """`pstate record ARGS` running in the background, reading its stdout."""
+    """`pstate record ARGS` running in the background, its standard output
+    and error read as it goes: record writes thousands of lines a second
+    while children run, a pipe nobody reads is full in a fraction of a
+    second, and record, blocked writing to it, would stop draining its
+    events and taking its second look at new processes until the test reads
+    at the end, after the children are gone (then read as gone: no title)."""
 
     def __init__(self, *args: str, cpu: int | None = None):
-        # Unbuffered: the first line is read here, the rest by communicate(),
+        # Unbuffered: the first line is read here, the rest by the readers,
         # which would not see bytes left in a read buffer. cpu: pin record
         # there (away from a workload's CPU).
         cmd = pstate_cmd("record", "-q", *args)
@@ -80,15 +86,28 @@ class Recording:
             raise RuntimeError(f"pstate record did not start: {err}")
         self.meta = orjson.loads(first)
         self.lines = [first]
+        self._out: list[bytes] = []
+        self._err: list[bytes] = []
+        self._readers = [threading.Thread(target=_read_all, args=(f, into), daemon=True)
+                         for f, into in ((self.proc.stdout, self._out), (self.proc.stderr, self._err))]
+        for t in self._readers:
+            t.start()
 
     def stop(self, sig=signal.SIGINT, timeout: float = 30) -> list[dict]:
         time.sleep(0.05)  # let the last drain pick up trailing events
         self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
-        self.stderr = err.decode(errors="replace")
+        self.proc.wait(timeout=timeout)
+        for t in self._readers:
+            t.join(timeout=timeout)
+        self.stderr = b"".join(self._err).decode(errors="replace")
         self.returncode = self.proc.returncode
-        self.lines += out.splitlines(keepends=True)
+        self.lines += b"".join(self._out).splitlines(keepends=True)
         return [orjson.loads(x) for x in self.lines]
+
+
+def _read_all(f, into: list[bytes]) -> None:
+    while chunk := os.read(f.fileno(), 1 << 16):
+        into.append(chunk)
 
 
 def record_workload(code: str, *args: str, cpu: int | None = None, during=None) -> tuple[list[dict], subprocess.Popen]:
