@@ -242,7 +242,7 @@ static __always_inline int task_match(struct settings *cfg, u32 cpu, u32 tgid, u
         return 0;
     if (f & TF_COMM) {
         struct comm_key key;
-        __builtin_memcpy(&key, comm, 16);
+        COMM_COPY(&key, comm);
         u64 lo = name_part(key.w[0]);
         key.w[1] = (lo == key.w[0]) ? name_part(key.w[1]) : 0;
         key.w[0] = lo;
@@ -345,7 +345,7 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
     e->prio = prio;
     e->flags = flags;
     e->pad = 0;
-    __builtin_memcpy(e->comm, comm, 16);
+    COMM_COPY(e->comm, comm);
     e->stack = stack;
     e->pad2 = 0;
     e->cgroup = cgroup_of(cg, task);
@@ -441,7 +441,7 @@ PSTATE_PROBE(sched, sched_switch) {
     u32 next = SW_NEXT_PID;
     u32 kstate = SW_PREV_STATE;
     u32 prev_tgid = 0; // through current_tgid()
-    char comm[16];
+    COMM_BUF(comm);
     struct settings *cfg = get_settings();
     if (!cfg)
         return 0;
@@ -584,9 +584,8 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
 }
 
 PSTATE_PROBE(sched, sched_waking) {
-    char comm[16];
-    WK_COMM(comm);
-    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
+    COMM_BUF(buf);
+    waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
     return 0;
 }
 
@@ -614,7 +613,7 @@ PSTATE_PROBE(sched, sched_wakeup) {
     struct settings *cfg = get_settings();
     if (!cfg)
         return 0;
-    char comm[16];
+    COMM_BUF(comm);
     WK_COMM(comm);
     woken(cfg, bpf_ktime_get_ns(), tid, WK_TGID, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
           wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ), WK_TASK);
@@ -622,9 +621,8 @@ PSTATE_PROBE(sched, sched_wakeup) {
 }
 
 PSTATE_PROBE(sched, sched_wakeup_new) {
-    char comm[16];
-    WK_COMM(comm);
-    waking(WK_PID, WK_TGID, comm, CAUSE_WAKEUP_NEW, WK_TARGET_CPU, WK_TASK);
+    COMM_BUF(buf);
+    waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP_NEW, WK_TARGET_CPU, WK_TASK);
     return 0;
 }
 
@@ -722,7 +720,7 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
     struct settings *cfg = get_settings();
     if (!cfg)
         return;
-    char comm[16];
+    COMM_BUF(comm);
     bpf_get_current_comm(comm, sizeof(comm));
     emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
          other_pid, other_tid, 0, 1, CG_NONE, 0);
@@ -797,7 +795,7 @@ PSTATE_LIFE(sched, sched_process_free) {
     u32 tgid = ts->tgid;
     forget(tid, ts);
     if (transition_match(cfg, from, ST_REAPED, dur)) {
-        char comm[16];
+        COMM_BUF(comm);
         LF_FREE_COMM(comm);
         // cgroup: the freed task's (on the tp_btf path; not known on the others)
         emit(cfg, EV_STATE, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1,

@@ -236,7 +236,7 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
     fresh->tgid = tgid;
     fresh->state = state;
     fresh->flags = SNAP_F_GUESSED;
-    __builtin_memcpy(fresh->comm, comm, 16);
+    COMM_COPY(fresh->comm, comm);
     put(tid, slot, fresh, 1);
 }
 
@@ -260,7 +260,8 @@ PSTATE_PROBE(sched, sched_switch) {
             hist_switch_out(HIST_ROW(t));
             move_to(t, to, now);
             // prev is the current task: its tgid and name are known for sure
-            // (comm changes with prctl(PR_SET_NAME) without any tracepoint).
+            // (comm changes with prctl(PR_SET_NAME) and /proc/PID/comm: the
+            // name is taken again at each switch-out, two 8-byte loads).
             // A thread's tgid never changes under its tid (exec moves the row
             // to the new tid), so the helper is called only for a row without
             // it: one call less on almost every switch.
@@ -272,7 +273,7 @@ PSTATE_PROBE(sched, sched_switch) {
             else
                 t->nivcsw++;
         } else {
-            char comm[16];
+            COMM_BUF(comm);
             SW_PREV_COMM(comm);
             first_seen(prev, slot, SW_PREV_TGID, to, now, comm);
         }
@@ -285,7 +286,7 @@ PSTATE_PROBE(sched, sched_switch) {
             hist_switch_in(HIST_ROW(t), now);
             move_to(t, SLOT_RUNNING, now);
         } else {
-            char comm[16];
+            COMM_BUF(comm);
             SW_NEXT_COMM(comm);
             first_seen(next, slot, SW_NEXT_TGID, SLOT_RUNNING, now, comm);
         }
@@ -293,12 +294,13 @@ PSTATE_PROBE(sched, sched_switch) {
     return 0;
 }
 
-// tgid: the wakee's, where the path knows it (tp_btf), else 0
-static __always_inline void woken(u32 tid, u32 tgid, const char *comm, int is_new) {
+// comm: the wakee's name (WK_COMM_AT), task: the wakee (WK_TASK), each read
+// only for a wakee first seen
+static __always_inline void woken(u32 tid, const char *comm, const char *task, int is_new) {
     struct snap_task *slot = tasks.lookup(&tid);
     struct snap_task *t = row_of(tid, slot);
     if (!t) {
-        first_seen(tid, slot, tgid, SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        first_seen(tid, slot, TASK_TGID_OF(task), SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
         return;
     }
     // Woken before it got off the CPU, or already queued: it never blocked
@@ -313,16 +315,14 @@ static __always_inline void woken(u32 tid, u32 tgid, const char *comm, int is_ne
 }
 
 PSTATE_PROBE(sched, sched_wakeup) {
-    char comm[16];
-    WK_COMM(comm);
-    woken(WK_PID, WK_TGID, comm, 0);
+    COMM_BUF(buf);
+    woken(WK_PID, WK_COMM_AT(buf), WK_TASK, 0);
     return 0;
 }
 
 PSTATE_PROBE(sched, sched_wakeup_new) {
-    char comm[16];
-    WK_COMM(comm);
-    woken(WK_PID, WK_TGID, comm, 1);
+    COMM_BUF(buf);
+    woken(WK_PID, WK_COMM_AT(buf), WK_TASK, 1);
     return 0;
 }
 
@@ -330,14 +330,14 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
 static __always_inline struct snap_fold *fold_group(struct snap_task *last) {
     struct fold_key key = {};
     key.cgroup = last->cgroup;
-    __builtin_memcpy(key.comm, last->comm, 16);
+    COMM_COPY(key.comm, last->comm);
     // a thread goes by its process's name: the main thread's row, while it
     // has one (it is freed last)
     u32 leader = last->tgid;
     if (leader) {
         struct snap_task *l = tasks.lookup(&leader);
         if (known(l))
-            __builtin_memcpy(key.comm, l->comm, 16);
+            COMM_COPY(key.comm, l->comm);
     }
     struct snap_fold *f = folds.lookup(&key);
     if (f)

@@ -29,6 +29,15 @@
 #ifndef TPARGS_H
 #define TPARGS_H
 
+// A task name (16 bytes) copied between two 8-byte-aligned places in two
+// 8-byte loads and stores. From a task on the tp_btf path every load is a
+// checked one (the JIT guards each against a user address): a byte-wise
+// copy there was 16 of them, on every switch. COMM_BUF declares a name
+// buffer on the stack that it can copy to or from.
+#define COMM_COPY(dst, src) \
+    __builtin_memcpy(__builtin_assume_aligned(dst, 8), __builtin_assume_aligned(src, 8), 16)
+#define COMM_BUF(name) char name[16] __attribute__((aligned(8)))
+
 #ifdef TP_BTF
 
 #define PSTATE_PROBE(category, event) int tp_btf__##event(u64 *ctx)
@@ -48,6 +57,9 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
         state = RAW_REPORT_IDLE;
     if (raw & RAW_AS_UNINTERRUPTIBLE)
         state = RAW_UNINTERRUPTIBLE;
+    // running, S and D, nearly every switch: each is its own highest bit
+    if (state <= 2)
+        return state;
     state |= state >> 1;
     state |= state >> 2;
     state |= state >> 4;
@@ -61,8 +73,17 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define SW_PREV_PRIO TASK_S32(TP_TASK(1), TASK_PRIO)
 #define SW_NEXT_PRIO TASK_S32(TP_TASK(2), TASK_PRIO)
 #define SW_PREV_STATE reported_switch_state(ctx)
-#define SW_PREV_COMM(dst) __builtin_memcpy(dst, TP_TASK(1) + TASK_COMM, 16)
-#define SW_NEXT_COMM(dst) __builtin_memcpy(dst, TP_TASK(2) + TASK_COMM, 16)
+// A task's name where it lies: in the task (the kernel aligns it, and the
+// names are then read as two words; buf is not used), or copied into buf.
+#if TASK_COMM % 8 == 0
+#define TASK_COMM_AT(t, buf) ((const char *)(t) + TASK_COMM)
+#define TASK_COMM_COPY(dst, t) COMM_COPY(dst, (t) + TASK_COMM)
+#else
+#define TASK_COMM_AT(t, buf) ((void)__builtin_memcpy(buf, (t) + TASK_COMM, 16), (const char *)(buf))
+#define TASK_COMM_COPY(dst, t) __builtin_memcpy(dst, (t) + TASK_COMM, 16)
+#endif
+#define SW_PREV_COMM(dst) TASK_COMM_COPY(dst, TP_TASK(1))
+#define SW_NEXT_COMM(dst) TASK_COMM_COPY(dst, TP_TASK(2))
 // tgids: prev's is the current task's; next's and the wakee's are known on
 // this path only (0: not known)
 #define SW_PREV_TGID TASK_U32(TP_TASK(1), TASK_TGID)
@@ -72,7 +93,10 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 // sched_waking, sched_wakeup, sched_wakeup_new: (the task woken)
 #define WK_PID TASK_U32(TP_TASK(0), TASK_PID)
 #define WK_TARGET_CPU TASK_U32(TP_TASK(0), TASK_CPU)
-#define WK_COMM(dst) __builtin_memcpy(dst, TP_TASK(0) + TASK_COMM, 16)
+#define WK_COMM(dst) TASK_COMM_COPY(dst, TP_TASK(0))
+// The wakee's name for COMM_COPY, read only where it is copied: a COMM_BUF
+// is filled only where the name is not read in place.
+#define WK_COMM_AT(buf) TASK_COMM_AT(TP_TASK(0), buf)
 
 #else // classic tracepoints
 
@@ -92,6 +116,7 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define WK_PID ((u32)args->pid)
 #define WK_TARGET_CPU args->target_cpu
 #define WK_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
+#define WK_COMM_AT(buf) ((void)__builtin_memcpy(buf, args->comm, 16), (const char *)(buf))
 
 #endif
 
@@ -107,6 +132,7 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define SW_NEXT_TASK TP_TASK(2)
 #define WK_TASK TP_TASK(0)
 #define TASK_PTR(t, off) (*(const char *const *)((t) + (off)))
+#define TASK_TGID_OF(t) TASK_U32(t, TASK_TGID)
 static __always_inline u64 task_cgroup_id(const char *t) {
     const char *kn = TASK_PTR(TASK_PTR(TASK_PTR(t, TASK_CGROUPS), CSS_SET_DFL_CGRP), CGROUP_KN);
     return *(const u64 *)(kn + KERNFS_NODE_ID);
@@ -114,6 +140,7 @@ static __always_inline u64 task_cgroup_id(const char *t) {
 #else
 #define SW_NEXT_TASK ((const char *)0)
 #define WK_TASK ((const char *)0)
+#define TASK_TGID_OF(t) 0
 static __always_inline u64 task_cgroup_id(const char *t) {
     return 0;
 }
@@ -155,7 +182,7 @@ static __always_inline u64 task_cgroup_id(const char *t) {
 #define PSTATE_LIFE(category, event) int tp_btf__##event(u64 *ctx)
 #define LF_ARG(i) ctx[i]
 #define LF_TASK_PID(i) TASK_U32(TP_TASK(i), TASK_PID)
-#define LF_TASK_COMM(i, dst) __builtin_memcpy(dst, TP_TASK(i) + TASK_COMM, 16)
+#define LF_TASK_COMM(i, dst) TASK_COMM_COPY(dst, TP_TASK(i))
 #else
 #define PSTATE_LIFE(category, event) RAW_TRACEPOINT_PROBE(event)
 #define LF_ARG(i) ctx->args[i]
