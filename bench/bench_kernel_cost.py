@@ -22,7 +22,9 @@ is bracketed by untraced ones), for:
 - a running collector (snap --start: the programs stay attached by pinned
   links with no process; the contender holds the links open only so that
   bpf_stats names them);
-- bpftrace's one-line sched_switch map count;
+- bpftrace's one-line sched_switch map count, and count_tp, the same
+  program as pstate's loader builds it (COUNT_TP_C), which --toggled can
+  switch on and off;
 - the same with the BPF C of a git revision (--against REV, e.g. HEAD), so a
   change is measured side by side with what it replaces (keys ending in
   _<REV>; on both paths when the revision has the tp_btf one).
@@ -40,6 +42,19 @@ contender and repetition reads run_time_ns / run_cnt of each program.
                        this tree's struct event, so that this user space decodes its records
     sudo .venv/bin/python bench/bench_kernel_cost.py --only snap,snap_nohist --rounds 6 --stats-runs 8
                                                                    what the histograms cost
+
+--paired A,B (bpf_stats only): A and B attached at the same time to the same
+storms, A first in odd runs and B first in even ones (programs on one
+tracepoint run in the order they were attached), each program's run time
+read for both. On this machine one storm's BPF ns per switch moves by 20 %
+or more from one run to the next (the host), more than most changes cost;
+two programs that see the same switches in the same moments share that
+noise, and the difference of each pair (B - A) is then steady. The medians
+of A, B and B - A are printed with the pairs' quartiles.
+
+    sudo .venv/bin/python bench/bench_kernel_cost.py --paired snap_nohist,snap --stats-runs 16
+                                                     what the histograms cost, pair by pair
+    sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --paired snap_HEAD,snap --stats-runs 16
 
 Prints a table and writes bench/results/kernel_cost.json.
 """
@@ -63,6 +78,7 @@ sys.path.insert(0, HERE)
 
 import contenders as ct  # noqa: E402
 import storm  # noqa: E402
+import toggled  # noqa: E402
 
 # Empty programs on the tracepoints record attaches to (snap's are a subset,
 # with sched_wakeup where record has sched_waking: both are here).
@@ -107,6 +123,22 @@ PSTATE_PROBE(sched, sched_waking) {
     struct acct *a = acct.lookup(&pid);
     if (a)
         a->wakeups++;
+    return 0;
+}
+"""
+# bpftrace's one-liner (contenders.py: `tracepoint:sched:sched_switch { @[cpu]
+# = count(); }`) as pstate's loader builds it, so that it can be switched on
+# and off (--toggled), which bpftrace cannot: a classic tracepoint, the CPU as
+# the key of a per-CPU hash of bpftrace's default size, and count() as
+# bpftrace 0.17 compiles it, a lookup and an update of the element.
+COUNT_TP_C = """
+BPF_PERCPU_HASH(counts, u64, u64, 4096);
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 key = bpf_get_smp_processor_id();
+    u64 *old = counts.lookup(&key);
+    u64 n = old ? *old + 1 : 1;
+    counts.update(&key, &n);
     return 0;
 }
 """
@@ -199,7 +231,9 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
           ct.Contender("floor_btf", "empty tp_btf programs on sched_switch and sched_waking", "floor",
                        _self("floor_btf"), ready=f"text:{READY}"),
           ct.Contender("acct_btf", "minimal tp_btf accounting (pstate's loader)", "floor", _self("acct_btf"),
-                       ready=f"text:{READY}")]
+                       ready=f"text:{READY}"),
+          ct.Contender("count_tp", "bpftrace's sched_switch count as pstate's loader builds it", "floor",
+                       _self("count_tp"), ready=f"text:{READY}")]
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
         if d is None:
             continue
@@ -269,6 +303,40 @@ class Runner:
             shutil.rmtree(wd, ignore_errors=True)
 
 
+    def together(self, cs: tuple[ct.Contender, ...], workload: storm.Workload):
+        """Start cs in order (each ready before the next), run the storm once
+        under all of them: (throughput, {key: per-program runs and run time
+        during the storm})."""
+        runs = []
+        try:
+            for c in cs:
+                self.n += 1
+                run = ct.Running(c, os.path.join(self.tmp, f"{self.n:04d}-{c.key}"))
+                runs.append(run)
+                run.wait_ready()
+                if c.kind == "record":
+                    run.wait_first_event()
+            before = [prog_stats(run.pid) for run in runs]
+            thr = workload.run()
+            after = [prog_stats(run.pid) for run in runs]
+            for run in runs:
+                run.stop()
+            out = {}
+            for c, run, b0, b1 in zip(cs, runs, before, after):
+                res = ct.collect(run)
+                if not res.get("ok"):
+                    return None, res
+                out[c.key] = _prog_delta(b0, b1)
+            return thr, out
+        except ct.StartFailed as e:
+            return None, {"ok": False, "error": str(e)}
+        finally:
+            for run in runs:
+                if run.returncode is None:
+                    run.stop()
+                shutil.rmtree(run.workdir, ignore_errors=True)
+
+
 def prog_stats(pid: int) -> list[dict]:
     """run_cnt and run_time_ns of the programs pid holds, named by the
     tracepoint they are attached to (a program loaded without BTF has only a
@@ -321,6 +389,69 @@ def stats_pass(runner: Runner, workload: storm.Workload, cs: list[ct.Contender],
     return out
 
 
+def paired_pass(runner: Runner, workload: storm.Workload, a: ct.Contender, b: ct.Contender, runs: int) -> dict:
+    """A and B attached at once to each storm (see the top), the order
+    alternated: per run the BPF ns per switch of each, and B - A."""
+    rows = []
+    with ct.BpfStats():
+        for r in range(runs):
+            order = (a, b) if r % 2 == 0 else (b, a)
+            thr, d = runner.together(order, workload)
+            if thr is None:
+                log(f"  paired run {r + 1}: FAILED {d.get('error', '')[:300]}")
+                continue
+            row = {"first": order[0].key}
+            for c in (a, b):
+                progs = d[c.key]
+                sw = progs.get("sched_switch", {}).get("run_cnt") or 0
+                row[c.key] = {"programs": progs, "switches": sw,
+                              "bpf_ns_per_switch": sum(p["run_time_ns"] for p in progs.values()) / sw if sw else None}
+            if None in (row[a.key]["bpf_ns_per_switch"], row[b.key]["bpf_ns_per_switch"]):
+                continue
+            row["diff"] = row[b.key]["bpf_ns_per_switch"] - row[a.key]["bpf_ns_per_switch"]
+            rows.append(row)
+            log(f"  paired {r + 1}/{runs} ({order[0].key} first): {a.key} {row[a.key]['bpf_ns_per_switch']:.0f}, "
+                f"{b.key} {row[b.key]['bpf_ns_per_switch']:.0f} ns/switch; {b.key} - {a.key} {row['diff']:+.1f}")
+
+    return {"a": a.key, "b": b.key, "runs": rows,
+            "a_ns_per_switch": storm.quartiles([x[a.key]["bpf_ns_per_switch"] for x in rows]),
+            "b_ns_per_switch": storm.quartiles([x[b.key]["bpf_ns_per_switch"] for x in rows]),
+            "diff_ns_per_switch": storm.quartiles([x["diff"] for x in rows]),
+            # each side's own order: the one attached first and second
+            "diff_when_a_first": storm.quartiles([x["diff"] for x in rows if x["first"] == a.key]),
+            "diff_when_b_first": storm.quartiles([x["diff"] for x in rows if x["first"] == b.key]),
+            **balanced(rows, a, b)}
+
+
+def balanced(rows: list[dict], a: ct.Contender, b: ct.Contender) -> dict:
+    """B - A with the order taken out: the program attached first meets the
+    switch's data cold and pays for it (some 20 ns here), so the mean of the
+    two orders' median differences; and the order's own cost, half their
+    gap."""
+    af = [x["diff"] for x in rows if x["first"] == a.key]
+    bf = [x["diff"] for x in rows if x["first"] == b.key]
+    if not af or not bf:
+        return {"diff_balanced": None, "first_cost": None}
+    ma, mb = statistics.median(af), statistics.median(bf)
+    return {"diff_balanced": (ma + mb) / 2, "first_cost": (mb - ma) / 2}
+
+
+def paired_report(p: dict, labels: dict) -> str:
+    def q(d: dict) -> str:
+        if d.get("median") is None:
+            return "n/a"
+        return f"{d['median']:.1f} ({d['q1']:.1f} to {d['q3']:.1f}, n={d['n']})"
+
+    return "\n".join([f"paired bpf_stats, the same storms, attach order alternated; medians (quartiles):",
+                      f"  A {p['a']} ({labels[p['a']]}): {q(p['a_ns_per_switch'])} ns/switch",
+                      f"  B {p['b']} ({labels[p['b']]}): {q(p['b_ns_per_switch'])} ns/switch",
+                      f"  B - A: {q(p['diff_ns_per_switch'])} ns/switch; A attached first: "
+                      f"{q(p['diff_when_a_first'])}, B first: {q(p['diff_when_b_first'])}",
+                      "  B - A, order taken out (the mean of those two): " + (
+                          "n/a" if p["diff_balanced"] is None else
+                          f"{p['diff_balanced']:+.1f} ns/switch (attached first costs {p['first_cost']:.1f})")])
+
+
 def git_tree(rev: str, dest: str) -> str:
     """bpf/*.bpf.c at a revision, written to dest (read-only git use)."""
     os.makedirs(dest, exist_ok=True)
@@ -355,14 +486,17 @@ def report(results: dict, labels: dict) -> str:
         per = ", ".join(f"{n} {p['ns_per_run']:.0f}" for n, p in sorted(progs.items(), key=lambda kv: -kv[1]["run_cnt"])
                         if p.get("run_cnt"))
         nsw = a.get("bpf_ns_per_switch")
-        rows.append([label, fmt(c.get("ratio")), fmt(c.get("cpu_ratio")),
+        rows.append([label, fmt(c.get("ratio")), fmt(c.get("steady")), fmt(c.get("cpu_ratio")),
                      "n/a" if nsw is None else f"{nsw:.0f}", per or "n/a"])
     m = results["machine"]
     head = (f"{m['date']}, kernel {m['kernel']}, {m['ncpu']} CPUs; storm {st.get('workload')}, "
             f"{results['rounds']} rounds (baseline median {(st.get('baseline') or {}).get('median') or 0:,.0f} ops/s); "
             f"bpf_stats: {results['stats_runs']} run(s) each, medians")
-    return head + "\n" + tabulate(rows, ["contender", "storm ratio (min–max)", "per CPU s", "BPF ns/switch",
-                                         "ns/run per program"], tablefmt="simple", disable_numparse=True)
+    head += (f"\nsteady pairs: those whose two untraced runs agree within {st.get('steady_gap', 0) * 100:.0f} % "
+             f"(storm.STEADY)") if st else ""
+    return head + "\n" + tabulate(rows, ["contender", "storm ratio (min–max)", "steady pairs", "per CPU s",
+                                         "BPF ns/switch", "ns/run per program"], tablefmt="simple",
+                                  disable_numparse=True)
 
 
 def collector_main(src_dir: str, probes: str) -> int:
@@ -391,7 +525,74 @@ def collector_main(src_dir: str, probes: str) -> int:
     return 0
 
 
+def toggled_pass(tmp: str, cs: list[ct.Contender], rounds: int, on_phases: int) -> dict:
+    """The storm ratio of each contender with its attachments switched on and
+    off within one storm (bench/toggled.py), `rounds` storms of `on_phases`
+    on-phases each, the contenders' order rotated each round. Each contender
+    runs once untoggled first, so that its program is in the cache (a
+    program compiled by bcc is attached by bcc, which no toggle reaches)."""
+    cs = [c for c in cs if c.argv[:1] == ["taskset"] and os.path.abspath(__file__) in c.argv]
+    out = {c.key: {"ratios": [], "runs": [], "errors": []} for c in cs}
+    for c in cs:
+        run = ct.Running(c, os.path.join(tmp, f"warm-{c.key}"))
+        try:
+            run.wait_ready()
+        except ct.StartFailed as e:
+            log(f"  warm-up {c.key}: FAILED {e}")
+        finally:
+            run.stop()
+    for r in range(rounds):
+        for c in cs[r % len(cs):] + cs[:r % len(cs)]:
+            wd = os.path.join(tmp, f"toggled-{r}-{c.key}")
+            i = c.argv.index(os.path.abspath(__file__))
+            tc = ct.Contender(c.key, c.label, c.kind, c.argv[:i + 1] + ["toggled"] + c.argv[i + 1:], c.ready,
+                              env={**c.env, toggled.ACK_ENV: os.path.join(wd, "toggle-ack")})
+            run = None
+            try:
+                run = ct.Running(tc, wd)
+                run.wait_ready()
+                m = toggled.measure(run.pid, tc.env[toggled.ACK_ENV], on_phases, storm.WORKLOAD_CPU, ct.TRACER_CPU)
+                run.stop()
+                res = ct.collect(run)
+                res.update(attached=m["attached"], rates=m["rates"])
+                if not res.get("ok") or not m["attached"]:
+                    out[c.key]["errors"].append(res.get("error") or "nothing was attached")
+                    log(f"  toggled round {r + 1}/{rounds} {c.key}: FAILED {res.get('error', 'nothing attached')}")
+                    continue
+                out[c.key]["ratios"] += m["ratios"]
+                out[c.key]["runs"].append(res)
+                log(f"  toggled round {r + 1}/{rounds} {c.key}: median {statistics.median(m['ratios']):.3f} of "
+                    f"{len(m['ratios'])} on-phases ({m['attached']} attachments) load {storm.loadavg()[0]:.2f}")
+            except (ct.StartFailed, RuntimeError) as e:
+                out[c.key]["errors"].append(str(e))
+                log(f"  toggled round {r + 1}/{rounds} {c.key}: FAILED {e}")
+            finally:
+                if run is not None and run.returncode is None:
+                    run.stop()
+                shutil.rmtree(wd, ignore_errors=True)
+    for slot in out.values():
+        slot["ratio"] = storm.quartiles(slot["ratios"])
+    return {"phase_s": toggled.PHASE_S, "settle_s": toggled.SETTLE_S, "on_phases": on_phases, "contenders": out}
+
+
+def toggled_report(t: dict, labels: dict) -> str:
+    from tabulate import tabulate
+
+    rows = []
+    for key, slot in t["contenders"].items():
+        q = slot["ratio"]
+        rows.append([labels[key], "n/a" if q["median"] is None else
+                     f"{q['median']:.3f} ({q['q1']:.3f} to {q['q3']:.3f}, n={q['n']})", len(slot["errors"])])
+    return (f"storm ratio, tracer switched on and off within one storm ({t['phase_s']:.2f} s phases; "
+            f"median and quartiles of the on-phases):\n"
+            + tabulate(rows, ["contender", "storm ratio", "failed runs"], tablefmt="simple", disable_numparse=True))
+
+
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "toggled":
+        toggled.enable()
+        del sys.argv[1]
+        return main()
     if len(sys.argv) > 3 and sys.argv[1] == "collector":
         return collector_main(sys.argv[2], sys.argv[3])
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
@@ -402,6 +603,8 @@ def main() -> int:
         return floor_main(FLOOR_BTF_C, "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "acct_btf":
         return floor_main(ACCT_BTF_C, "tp_btf")
+    if len(sys.argv) > 1 and sys.argv[1] == "count_tp":
+        return floor_main(COUNT_TP_C)
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
         return pstate_main(sys.argv[2], sys.argv[3:])
     if len(sys.argv) > 2 and sys.argv[1] == "pstate-nohist":
@@ -416,6 +619,11 @@ def main() -> int:
                     "a variant the user space of this tree decodes, e.g. a revision with this struct event")
     ap.add_argument("--src", default=os.path.join(ROOT, "bpf"), help="directory of the BPF C (default bpf/)")
     ap.add_argument("--only", help="comma-separated contender keys")
+    ap.add_argument("--steady", type=float, default=storm.STEADY * 100, metavar="PCT",
+                    help="a pair is steady when its two untraced runs agree within PCT %% (default %(default)g)")
+    ap.add_argument("--toggled", type=int, metavar="N", help="the storm ratio with the tracer switched on and off "
+                    "within one storm (bench/toggled.py): N on-phases per storm, --rounds storms per contender")
+    ap.add_argument("--paired", metavar="A,B", help="only bpf_stats, A and B attached at once (see the top)")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "kernel_cost.json"))
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -429,6 +637,23 @@ def main() -> int:
                 sys.exit("--against and --against-dir: one of them")
             against, tag = os.path.abspath(a.against_dir), os.path.basename(os.path.abspath(a.against_dir))[:12]
         cs = make_contenders(os.path.abspath(a.src), against, tag)
+        if a.paired:
+            pair = a.paired.split(",")
+            by_key = {c.key: c for c in cs}
+            if len(pair) != 2 or not all(k in by_key for k in pair):
+                sys.exit(f"--paired takes two of: {', '.join(by_key)}")
+            labels = {c.key: c.label for c in cs}
+            results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                                   "kernel": platform.release(), "ncpu": os.cpu_count(),
+                                   "loadavg_start": storm.loadavg()},
+                       "stats_runs": a.stats_runs, "against": a.against or a.against_dir}
+            log(f"paired: {pair[0]} and {pair[1]} at once, {a.stats_runs} storms")
+            results["paired"] = paired_pass(Runner(tmp), storm.pipe_storm(a.loops), by_key[pair[0]], by_key[pair[1]],
+                                            a.stats_runs)
+            results["machine"]["loadavg_end"] = storm.loadavg()
+            print(paired_report(results["paired"], labels))
+            storm.write_results(a.json, results)
+            return 0
         if a.only:
             want = BTF_SET if a.only == "btf" else a.only.split(",")
             cs = sorted((c for c in cs if c.key in want), key=lambda c: want.index(c.key))
@@ -437,10 +662,17 @@ def main() -> int:
                                "kernel": platform.release(), "ncpu": os.cpu_count(),
                                "loadavg_start": storm.loadavg()},
                    "rounds": a.rounds, "stats_runs": a.stats_runs, "against": a.against or a.against_dir}
+        if a.toggled:
+            log(f"toggled: {a.rounds} storms of {a.toggled} on-phases for each of {len(cs)} contenders")
+            results["toggled"] = toggled_pass(tmp, cs, a.rounds, a.toggled)
+            results["machine"]["loadavg_end"] = storm.loadavg()
+            print(toggled_report(results["toggled"], labels))
+            storm.write_results(a.json, results)
+            return 0
         runner = Runner(tmp)
         pipe = storm.pipe_storm(a.loops)
         log(f"storm: {pipe.label}, {a.rounds} rounds of {len(cs)} contenders")
-        results["storm"] = storm.interleaved(pipe, cs, a.rounds, runner.traced, log)
+        results["storm"] = storm.interleaved(pipe, cs, a.rounds, runner.traced, log, a.steady / 100)
         if a.stats_runs:
             log("bpf_stats")
             results["stats"] = stats_pass(runner, pipe, cs, a.stats_runs)

@@ -83,12 +83,31 @@ def summarize(values: list[float]) -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def interleaved(workload: Workload, contenders: list, rounds: int, run_traced, log) -> dict:
+def quartiles(values: list[float]) -> dict:
+    """Median and quartiles, for measures whose spread matters more than their range."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "q1": None, "q3": None, "n": 0}
+    q = statistics.quantiles(vals, n=4) if len(vals) > 1 else [vals[0]] * 3
+    return {"median": statistics.median(vals), "q1": q[0], "q3": q[2], "n": len(vals)}
+
+
+# Two untraced runs around a traced one that differ by more than this part
+# of their mean: the machine changed speed within the pair (seen here: a
+# VM's vCPU runs the same storm at 240,000 and at 340,000 ops/s from one
+# run to the next), and the pair's ratio says more of that than of the
+# tracer. Each contender's `steady` summary keeps only the other pairs.
+STEADY = 0.03
+
+
+def interleaved(workload: Workload, contenders: list, rounds: int, run_traced, log, steady: float = STEADY) -> dict:
     """Run rounds of  B c1 B c2 B ... cN B  (B: untraced baseline).
 
     run_traced(contender, workload) -> ((throughput, per_cpu) or None,
     details); a contender's ratios divide its throughput (and its work per
-    CPU second) by the mean of the two baselines around it.
+    CPU second) by the mean of the two baselines around it. `ratio` sums up
+    every pair, `steady` the pairs whose two baselines agree within `steady`
+    of their mean (see STEADY).
     """
     out = {c.key: {"ratios": [], "cpu_ratios": [], "runs": [], "errors": []} for c in contenders}
     baselines, cpu_baselines = [], []
@@ -110,7 +129,8 @@ def interleaved(workload: Workload, contenders: list, rounds: int, run_traced, l
                 base = (before[0] + after[0]) / 2
                 cpu_base = (before[1] + after[1]) / 2
                 details.update(throughput=thr[0], baseline=base, ratio=thr[0] / base, per_cpu=thr[1],
-                               cpu_baseline=cpu_base, cpu_ratio=thr[1] / cpu_base)
+                               cpu_baseline=cpu_base, cpu_ratio=thr[1] / cpu_base,
+                               baselines=[before[0], after[0]], baseline_gap=abs(before[0] - after[0]) / base)
                 slot["ratios"].append(details["ratio"])
                 slot["cpu_ratios"].append(details["cpu_ratio"])
                 log(f"  {workload.key} round {r + 1}/{rounds} {c.key}: ratio {details['ratio']:.3f} "
@@ -119,10 +139,12 @@ def interleaved(workload: Workload, contenders: list, rounds: int, run_traced, l
             slot["runs"].append(details)
             before = after
     for c in contenders:
-        out[c.key]["ratio"] = summarize(out[c.key]["ratios"])
-        out[c.key]["cpu_ratio"] = summarize(out[c.key]["cpu_ratios"])
+        slot = out[c.key]
+        slot["ratio"] = summarize(slot["ratios"])
+        slot["cpu_ratio"] = summarize(slot["cpu_ratios"])
+        slot["steady"] = summarize([r["ratio"] for r in slot["runs"] if r.get("baseline_gap", 1) <= steady])
     return {"workload": workload.label, "baselines": baselines, "baseline": summarize(baselines),
-            "cpu_baseline": summarize(cpu_baselines), "contenders": out}
+            "cpu_baseline": summarize(cpu_baselines), "steady_gap": steady, "contenders": out}
 
 
 # --- paced ping-pong -----------------------------------------------------------
