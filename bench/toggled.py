@@ -127,8 +127,10 @@ def measure(pid: int, ack_path: str, on_phases: int, cpu: str = "1", tracer_cpu:
     # this process reads the storm's count and waits for acknowledgements:
     # on the tracer's CPU, never on the storm's
     os.sched_setaffinity(0, {int(c) for c in tracer_cpu.split(",")})
+    # its own session: perf's forked partner, blocked on a pipe it holds both
+    # ends of, goes with the group (killing perf alone left it behind)
     storm = subprocess.Popen(["taskset", "-c", cpu, "perf", "bench", "sched", "pipe", "-l", "2000000000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rates: list[tuple[bool, float]] = []
     attached = None
     try:
@@ -144,7 +146,7 @@ def measure(pid: int, ack_path: str, on_phases: int, cpu: str = "1", tracer_cpu:
             c1, t1 = _switches(storm.pid), time.monotonic()
             rates.append((on, (c1 - c0) / (t1 - t0)))
     finally:
-        storm.kill()
+        os.killpg(storm.pid, signal.SIGKILL)
         storm.wait()
         try:
             _toggle(pid, ack_path, False)

@@ -216,8 +216,15 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
     # (tokio-rt-worker, threads of PID 1 whose switch-outs the kernel never
     # traces); a parallel ftrace instance has its sched_waking and
     # sched_wakeup, pstate's programs recorded neither (no recursion miss
-    # counted). 0.013 per run here: one is allowed, a second is far outside it.
-    assert unwoken <= 1, (unwoken, wakes)
+    # counted). 0.013 per run then. On 2026-12-02 the same VM's classic path
+    # ended 0 to 3 of some 2,000 sleeps per run unwoken (about one in 1,700,
+    # 17 runs), and the BPF C of the round before this one alike (0 to 2 in 6
+    # runs); tp_btf 0 or 1. The rate follows the host, not the programs: up to
+    # one in 400 sleeps is allowed. That catches a systematic loss (a kind of
+    # wake-up, a CPU, a context never seen), not a rare one such as the
+    # skipped classic sched_waking above (one in 10,000): a long run with an
+    # ftrace instance beside it tells those apart, as it did then.
+    assert unwoken <= max(1, (wakes + unwoken) // 400), (unwoken, wakes)
     states = [r for r in recs if r["type"] == "state"]
     for name, t in truth.items():
         a, b = t["first"], t["last"]
@@ -229,6 +236,10 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         outs = [r for r in mine if r["cause"] == "switch_out" and a["t"] < r["ts"] < b["t"]]
         vol = sum(1 for r in outs if r["voluntary"])
         wakes = sum(1 for r in mine if r["to"] == "runnable" and a["t"] < r["ts"] < b["t"])
+        # a sleep that ended with no wake-up seen (allowed above): how much of
+        # it was blocked and how much on the run queue is not known
+        unseen = sum(y["ts"] - x["ts"] for x, y in zip(mine, mine[1:]) if y["to"] == "running"
+                     and (x["to"] in BLOCKED or y["from"] in BLOCKED) and a["t"] < y["ts"] < b["t"])
         print(f"  {name}: on-CPU {on_cpu / 1e6:.2f} ms (kernel {k_cpu / 1e6:.2f}), run queue {waiting / 1e6:.2f} ms "
               f"(kernel {k_wait / 1e6:.2f}), switches {vol}+{len(outs) - vol} (kernel {b['vol'] - a['vol']}+"
               f"{b['invol'] - a['invol']})")
@@ -243,12 +254,15 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         # clock; pstate's at sched_waking, by ktime, and on an idle CPU that
         # includes leaving idle and the interrupt that woke it (measured: 1.5-3 us
         # per wake-up on a busy CPU; on an idle vCPU of a quiet VM 8-25 us, the
-        # sleeper's 20 timer wake-ups most of all): allowed 40 us per wake-up
-        # besides the 2 %. Each switch moves its own few hundred ns between the
-        # two clocks as well (measured 0.6 us per switch for the ping-pong's 300
-        # preemptions): allowed 3 us per switch. The switch counts above stay exact.
+        # sleeper's 20 timer wake-ups most of all; on 2026-12-02, the host
+        # busier, up to 80 us per wake-up of the direct-I/O writer's, in 3 of 6
+        # runs, with this round's BPF C and the round before's alike): allowed
+        # 100 us per wake-up besides the 2 %. Each switch moves its own few
+        # hundred ns between the two clocks as well (measured 0.6 us per switch
+        # for the ping-pong's 300 preemptions): allowed 3 us per switch. The
+        # switch counts above stay exact.
         assert abs((on_cpu + waiting) - (k_cpu + k_wait)) <= (
-            0.02 * (k_cpu + k_wait) + 40_000 * wakes + 3_000 * len(outs)
+            0.02 * (k_cpu + k_wait) + 100_000 * wakes + 3_000 * len(outs) + unseen
             + (slack if name.startswith("hog") else 0)), name
 
 
