@@ -72,7 +72,11 @@ def test_sleeper_sleeps_one_second():
     slept = g["states"]["sleeping"]["ns"]
     assert abs(slept - 1_000_000_000) <= 100_000_000, g["states"]
     blocked = g["latency"]["blocked_sleeping"]
-    assert blocked["count"] >= 20
+    # every nap's end is a wake-up, but now and then one (a timer wake-up
+    # whose interrupt came while the VM agent's thread was current, when no
+    # program of ours runs: test_kernel_truth.py) is a switch-in straight
+    # from sleeping, whose duration is not known
+    assert blocked["count"] >= 19
     assert 45_000_000 <= blocked["p50_ns"] <= 60_000_000
     assert rep["input"]["complete"], rep["input"]
 
