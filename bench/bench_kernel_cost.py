@@ -531,7 +531,11 @@ def toggled_pass(tmp: str, cs: list[ct.Contender], rounds: int, on_phases: int) 
     on-phases each, the contenders' order rotated each round. Each contender
     runs once untoggled first, so that its program is in the cache (a
     program compiled by bcc is attached by bcc, which no toggle reaches)."""
-    cs = [c for c in cs if c.argv[:1] == ["taskset"] and os.path.abspath(__file__) in c.argv]
+    here = os.path.abspath(__file__)
+    left_out = [c.key for c in cs if here not in c.argv]
+    if left_out:
+        log(f"  toggled: left out (not attached through pstate's loader): {', '.join(left_out)}")
+    cs = [c for c in cs if here in c.argv]
     out = {c.key: {"ratios": [], "runs": [], "errors": []} for c in cs}
     for c in cs:
         run = ct.Running(c, os.path.join(tmp, f"warm-{c.key}"))
@@ -544,7 +548,7 @@ def toggled_pass(tmp: str, cs: list[ct.Contender], rounds: int, on_phases: int) 
     for r in range(rounds):
         for c in cs[r % len(cs):] + cs[:r % len(cs)]:
             wd = os.path.join(tmp, f"toggled-{r}-{c.key}")
-            i = c.argv.index(os.path.abspath(__file__))
+            i = c.argv.index(here)
             tc = ct.Contender(c.key, c.label, c.kind, c.argv[:i + 1] + ["toggled"] + c.argv[i + 1:], c.ready,
                               env={**c.env, toggled.ACK_ENV: os.path.join(wd, "toggle-ack")})
             run = None
@@ -637,49 +641,41 @@ def main() -> int:
                 sys.exit("--against and --against-dir: one of them")
             against, tag = os.path.abspath(a.against_dir), os.path.basename(os.path.abspath(a.against_dir))[:12]
         cs = make_contenders(os.path.abspath(a.src), against, tag)
-        if a.paired:
-            pair = a.paired.split(",")
-            by_key = {c.key: c for c in cs}
-            if len(pair) != 2 or not all(k in by_key for k in pair):
-                sys.exit(f"--paired takes two of: {', '.join(by_key)}")
-            labels = {c.key: c.label for c in cs}
-            results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                   "kernel": platform.release(), "ncpu": os.cpu_count(),
-                                   "loadavg_start": storm.loadavg()},
-                       "stats_runs": a.stats_runs, "against": a.against or a.against_dir}
-            log(f"paired: {pair[0]} and {pair[1]} at once, {a.stats_runs} storms")
-            results["paired"] = paired_pass(Runner(tmp), storm.pipe_storm(a.loops), by_key[pair[0]], by_key[pair[1]],
-                                            a.stats_runs)
-            results["machine"]["loadavg_end"] = storm.loadavg()
-            print(paired_report(results["paired"], labels))
-            storm.write_results(a.json, results)
-            return 0
-        if a.only:
-            want = BTF_SET if a.only == "btf" else a.only.split(",")
-            cs = sorted((c for c in cs if c.key in want), key=lambda c: want.index(c.key))
         labels = {c.key: c.label for c in cs}
         results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                "kernel": platform.release(), "ncpu": os.cpu_count(),
                                "loadavg_start": storm.loadavg()},
                    "rounds": a.rounds, "stats_runs": a.stats_runs, "against": a.against or a.against_dir}
-        if a.toggled:
-            log(f"toggled: {a.rounds} storms of {a.toggled} on-phases for each of {len(cs)} contenders")
-            results["toggled"] = toggled_pass(tmp, cs, a.rounds, a.toggled)
-            results["machine"]["loadavg_end"] = storm.loadavg()
-            print(toggled_report(results["toggled"], labels))
-            storm.write_results(a.json, results)
-            return 0
         runner = Runner(tmp)
         pipe = storm.pipe_storm(a.loops)
-        log(f"storm: {pipe.label}, {a.rounds} rounds of {len(cs)} contenders")
-        results["storm"] = storm.interleaved(pipe, cs, a.rounds, runner.traced, log, a.steady / 100)
-        if a.stats_runs:
-            log("bpf_stats")
-            results["stats"] = stats_pass(runner, pipe, cs, a.stats_runs)
+        if a.paired:
+            pair = a.paired.split(",")
+            by_key = {c.key: c for c in cs}
+            if len(pair) != 2 or not all(k in by_key for k in pair):
+                sys.exit(f"--paired takes two of: {', '.join(by_key)}")
+            log(f"paired: {pair[0]} and {pair[1]} at once, {a.stats_runs} storms")
+            results["paired"] = paired_pass(runner, pipe, by_key[pair[0]], by_key[pair[1]], a.stats_runs)
+            text = paired_report(results["paired"], labels)
+        else:
+            if a.only:
+                want = BTF_SET if a.only == "btf" else a.only.split(",")
+                cs = sorted((c for c in cs if c.key in want), key=lambda c: want.index(c.key))
+                labels = {c.key: c.label for c in cs}
+            if a.toggled:
+                log(f"toggled: {a.rounds} storms of {a.toggled} on-phases for each of {len(cs)} contenders")
+                results["toggled"] = toggled_pass(tmp, cs, a.rounds, a.toggled)
+                text = toggled_report(results["toggled"], labels)
+            else:
+                log(f"storm: {pipe.label}, {a.rounds} rounds of {len(cs)} contenders")
+                results["storm"] = storm.interleaved(pipe, cs, a.rounds, runner.traced, log, a.steady / 100)
+                if a.stats_runs:
+                    log("bpf_stats")
+                    results["stats"] = stats_pass(runner, pipe, cs, a.stats_runs)
+                text = report(results, labels)
         results["machine"]["loadavg_end"] = storm.loadavg()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(report(results, labels))
+    print(text)
     storm.write_results(a.json, results)
     return 0
 

@@ -131,7 +131,7 @@ def measure(pid: int, ack_path: str, on_phases: int, cpu: str = "1", tracer_cpu:
     # ends of, goes with the group (killing perf alone left it behind)
     storm = subprocess.Popen(["taskset", "-c", cpu, "perf", "bench", "sched", "pipe", "-l", "2000000000"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    rates: list[tuple[bool, float]] = []
+    rates: list[float] = []  # round trips per second, off and on in turn (off first and last)
     attached = None
     try:
         time.sleep(0.3)  # the storm's two processes are running
@@ -144,7 +144,7 @@ def measure(pid: int, ack_path: str, on_phases: int, cpu: str = "1", tracer_cpu:
             c0, t0 = _switches(storm.pid), time.monotonic()
             time.sleep(phase_s)
             c1, t1 = _switches(storm.pid), time.monotonic()
-            rates.append((on, (c1 - c0) / (t1 - t0)))
+            rates.append((c1 - c0) / (t1 - t0))
     finally:
         os.killpg(storm.pid, signal.SIGKILL)
         storm.wait()
@@ -152,6 +152,5 @@ def measure(pid: int, ack_path: str, on_phases: int, cpu: str = "1", tracer_cpu:
             _toggle(pid, ack_path, False)
         except (RuntimeError, ProcessLookupError):
             pass
-    ratios = [rates[i][1] / ((rates[i - 1][1] + rates[i + 1][1]) / 2) for i in range(1, len(rates) - 1, 2)]
-    return {"ratios": ratios, "rates": [r for _, r in rates], "attached": attached}
-
+    ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2) for i in range(1, len(rates) - 1, 2)]
+    return {"ratios": ratios, "rates": rates, "attached": attached}

@@ -213,7 +213,8 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         # of a fresh clone's CI, then 0 or 1 in the next ten): a run over the
         # bound below is run once more, and the second must be within it (a
         # loss of the programs' own shows in both).
-        if unwoken <= max(1, (wakes + unwoken) // 400):
+        allowed = max(1, (wakes + unwoken) // 400)  # see below
+        if unwoken <= allowed:
             break
     # None in 20 scenario runs (10 per path) since the fork, exec, exit and
     # free programs are raw tracepoints or tp_btf (a classic one running in
@@ -232,7 +233,7 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
     # wake-up, a CPU, a context never seen), not a rare one such as the
     # skipped classic sched_waking above (one in 10,000): a long run with an
     # ftrace instance beside it tells those apart, as it did then.
-    assert unwoken <= max(1, (wakes + unwoken) // 400), (unwoken, wakes)
+    assert unwoken <= allowed, (unwoken, wakes)
     states = [r for r in recs if r["type"] == "state"]
     for name, t in truth.items():
         a, b = t["first"], t["last"]
