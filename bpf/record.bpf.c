@@ -40,7 +40,7 @@
 
 #define CLONE_THREAD_FLAG 0x00010000
 #define ALL_STATES 0xffffffffffffffffULL
-#define WAKE_PENDING 0x80 // task_state.wake_flags: a waker is kept for sched_wakeup
+#define WAKE_PENDING 0x80 // task_state.wake_flags: a waker is kept for the switch-in
 
 struct task_state {
     u64 since; // when the task entered state; 0 = not seen
@@ -50,8 +50,8 @@ struct task_state {
     // A wake-up that came while the row still said running: sched_waking on
     // another CPU before this task's sched_switch (try_to_wake_up does not
     // wait for the switch-out), or a wake-up that found the task still on
-    // its run queue. sched_wakeup, which follows the switch-out, tells them
-    // apart; until then the waker is kept here.
+    // its run queue. The waker is kept here until the task's next switch
+    // tells them apart (see sched_switch).
     u32 wake_pid;
     u32 wake_tid;
     u32 wake_cpu;
@@ -515,10 +515,16 @@ PSTATE_PROBE(sched, sched_switch) {
 
     if (next != 0) {
         struct task_state *ts = task_row(next);
-        // Switched in from a blocked state with a waker still kept: the
-        // wake-up came before its switch-out was traced, and sched_switch
-        // reported the state it had read before (see sched_wakeup). It was
-        // queued from the switch-out on: the wake-up is reported there.
+        // Switched in from a blocked state with a waker still kept, and no
+        // wake-up since: the waker's sched_waking came before this task's
+        // switch-out was traced. try_to_wake_up had the wake-up under way
+        // then: it waits for the switch-out to finish and queues the task
+        // at once, or it found the task still queued (its dequeue delayed)
+        // and took it back, while sched_switch reported the state it had
+        // read before. Either way the task was woken from its switch-out on:
+        // the wake-up is reported there, a sleep of 0. (A waker kept from a
+        // wake-up that kept the task running is dropped by its next
+        // preemption, or replaced by the wake-up that ends a later sleep.)
         if (ts && (ts->wake_flags & WAKE_PENDING) && (ts->state & ST_KERNEL) && !(ts->state & DEAD_BITS)) {
             u8 wf = ts->wake_flags;
             SW_NEXT_COMM(comm);
@@ -553,8 +559,9 @@ PSTATE_PROBE(sched, sched_switch) {
 // Wake-ups are taken at sched_waking, which runs in the waker's context (so
 // the waker is simply "current") and only once the wake-up is certain to
 // happen; sched_wakeup can run later on the target CPU, where current is not
-// the waker. sched_wakeup is needed only for a wake-up that found the row
-// still running (see task_state.wake_flags).
+// the waker. A wake-up that finds the row still running is settled at the
+// task's next switch (see task_state.wake_flags): no program on sched_wakeup,
+// which would run at every wake-up for that rare case.
 // tgid: the wakee's, where the path knows it (tp_btf), else 0
 static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause, u32 target_cpu,
                                    const char *task) {
@@ -567,7 +574,7 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
         if (st == ST_RUNNING) {
             // Still on its CPU: it may be about to block (the switch-out is
             // under way on another CPU) or not (the wake-up keeps it
-            // running). Keep the waker; sched_wakeup decides.
+            // running). Keep the waker; its next switch decides.
             u64 id = bpf_get_current_pid_tgid();
             ts->wake_pid = id >> 32;
             ts->wake_tid = (u32)id;
@@ -586,37 +593,6 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
 PSTATE_PROBE(sched, sched_waking) {
     COMM_BUF(buf);
     waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
-    return 0;
-}
-
-// After the switch-out of a task woken while its row said running: if it
-// blocked after all, this is the wake-up that ends the sleep (the task is
-// put on a run queue only now), with the waker kept at sched_waking. A row
-// still running here was woken before its switch-out was traced: either the
-// wake-up kept it running, or it came while its CPU was inside __schedule,
-// after reading the state the task blocked in, with the run queue's lock
-// dropped to pull a task from another CPU (a task whose dequeue was delayed
-// is still queued, so the wake-up just takes it back): sched_switch then
-// reports it blocked though it is queued. The waker stays kept: a switch-out
-// that is a preemption drops it, a switch-in from a blocked state reports it.
-PSTATE_PROBE(sched, sched_wakeup) {
-    u32 tid = WK_PID;
-    struct task_state *ts = task_row(tid);
-    if (!ts || !ts->wake_flags)
-        return 0;
-    if (ts->state == ST_RUNNING)
-        return 0; // the waker stays kept for the switch-in (see sched_switch)
-    u8 wf = ts->wake_flags;
-    ts->wake_flags = 0;
-    if (!(ts->state & ST_KERNEL) || (ts->state & DEAD_BITS))
-        return 0; // it did not block: the wake-up kept it running
-    struct settings *cfg = get_settings();
-    if (!cfg)
-        return 0;
-    COMM_BUF(comm);
-    WK_COMM(comm);
-    woken(cfg, bpf_ktime_get_ns(), tid, WK_TGID, ts, comm, CAUSE_WAKEUP, ts->wake_cpu, ts->wake_pid, ts->wake_tid,
-          wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ), WK_TASK);
     return 0;
 }
 

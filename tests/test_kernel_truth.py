@@ -287,7 +287,9 @@ def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_p
             and (r["dur_ns"] is None and r["cause"] == "switch_in" or (r["dur_ns"] or 0) > 40e6)]
     naps = [r for r in ends if r["cause"] == "wakeup"]
     wakers = Counter((r.get("waker"), r["waker_tid"]) for r in naps)
-    assert len(ends) == 20 and len(naps) >= 19 and wakers == {("irq", 0): len(naps)}, (len(ends), wakers)
+    others = [(r["cause"], r["dur_ns"], r["ts"]) for r in recs if r["type"] == "state" and r["tid"] == sleeper
+              and r["from"] == "sleeping" and r not in ends]
+    assert len(ends) == 20 and len(naps) >= 19 and wakers == {("irq", 0): len(naps)}, (len(ends), wakers, others)
     ping, pong = truth["ping"]["tid"], truth["pong"]["tid"]
     for me, other, name in ((ping, pong, "ping"), (pong, ping, "pong")):
         first, last = truth[name]["first"], truth[name]["last"]

@@ -115,7 +115,7 @@ class Recorder:
         self.max_rate = max_rate
         self.sample_every = 1
         self.events = 0
-        self.lost_reported = {r: 0 for r in loader.DROP_REASONS}
+        self.lost_reported = {r: 0 for r in (*loader.DROP_REASONS, loader.SKIPPED)}
         self.last_loss_ts = time.monotonic_ns()
         self.stop_reason: str | None = None
         self.reopen_asked = False  # SIGHUP with -o FILE: start the file anew
@@ -165,16 +165,20 @@ class Recorder:
     def loss_records(self) -> dict:
         counters = self.prog.counters()
         now = time.monotonic_ns()
-        totals = {}
-        for reason, idx in loader.DROP_REASONS.items():
-            total = counters[idx]
-            totals[reason] = total
+        totals = {reason: counters[idx] for reason, idx in loader.DROP_REASONS.items()}
+        totals[loader.SKIPPED] = self.prog.skipped()
+        for reason, total in totals.items():
             delta = total - self.lost_reported[reason]
             if delta > 0:
                 self.writer.record({"type": "loss", "ts": now, "reason": reason, "count": delta,
                                     "since_ts": self.last_loss_ts})
                 self.lost_reported[reason] = total
-                if reason != "sampled":
+                if reason == loader.SKIPPED:
+                    print(f"pstate record: warning: the kernel skipped {delta} runs of the programs, each a "
+                          "transition or wake-up lost (on the classic tracepoint path it runs none while another "
+                          "BPF program or a bpf(2) map call is under way on the CPU; --probes tp_btf avoids it)",
+                          file=sys.stderr)
+                elif reason != "sampled":
                     print(f"pstate record: warning: {delta} events lost ({reason})", file=sys.stderr)
         self.last_loss_ts = now
         return totals

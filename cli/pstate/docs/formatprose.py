@@ -159,6 +159,11 @@ EVENTS = {
                       "began: each was folded or lost."),
         ("folded", "Of those, rows folded into their group's fold row."),
         ("fold_lost", "Of those, rows lost: the map of groups was full too."),
+        ("skipped", "Runs of pstate's programs the kernel skipped since they were loaded, each a transition "
+                    "or wake-up the counters lack: on the classic tracepoint path the kernel runs no "
+                    "tracepoint program on a CPU while another BPF program, or a bpf(2) map call of any "
+                    "process, is under way there (the tp_btf path is not skipped so). Linux 6.7 and later "
+                    "count them; 0 before."),
     ],
     # One description per field of snapdir.ROW_FIELDS; the <state>_ns
     # fields share one.

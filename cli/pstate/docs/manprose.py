@@ -95,7 +95,11 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "are they classic tracepoints, which run with interrupts on, and while one runs the kernel skips "
         "any other classic tracepoint's program on its CPU: a wake-up an interrupt makes meanwhile is "
         "lost, and the sleep it ends reads as running without a wake-up (rare, more often under fork "
-        "churn).")
+        "churn). The kernel skips them as well while a bpf(2) map call of any process is under way on "
+        "the CPU (a tool that reads BPF maps in a loop makes that frequent); the tp_btf path is not "
+        "skipped so. Linux 6.7 and later count the runs skipped: record reports them as loss (reason "
+        "skipped, the end record's lost_skipped, a warning on stderr) and snap in its meta record "
+        "(skipped) and as pstate_skipped_runs_total.")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,
     _BTF,

@@ -133,6 +133,28 @@ def map_info(fd: int) -> dict:
             "name": name.split(b"\0", 1)[0].decode(errors="replace")}
 
 
+# struct bpf_prog_info (linux/bpf.h): the offsets of the fields read here
+_PROG_INFO_SIZE = 232
+_PROG_INFO_FIELDS = {"type": (0, "I"), "id": (4, "I"), "name": (64, "16s"), "run_time_ns": (192, "Q"),
+                     "run_cnt": (200, "Q"), "recursion_misses": (208, "Q")}
+
+
+def prog_info(fd: int) -> dict:
+    """type, id, name, run_time_ns, run_cnt and recursion_misses of a program fd.
+
+    recursion_misses counts the runs the kernel skipped: a classic
+    tracepoint's program while any BPF program, or a bpf(2) map call, was
+    under way on its CPU (the kernel's bpf_prog_active; Linux 6.7 on), a
+    tp_btf or raw tracepoint program while the same program was (Linux
+    5.12 on). A kernel older than a field leaves it 0."""
+    info = ct.create_string_buffer(_PROG_INFO_SIZE)
+    attr = _attr("<IIQ", fd, len(info), ct.addressof(info))
+    _check(bpf(OBJ_GET_INFO_BY_FD, attr), "reading program info")
+    out = {k: struct.unpack_from("<" + f, info, off)[0] for k, (off, f) in _PROG_INFO_FIELDS.items()}
+    out["name"] = out["name"].split(b"\0", 1)[0].decode(errors="replace")
+    return out
+
+
 def prog_load(prog_type: int, insns: bytes, license: str, kern_version: int, name: str,
               log_size: int = 0, attach_btf_id: int = 0) -> tuple[int, str]:
     """Load instructions; (fd or -errno, verifier log when log_size was given).

@@ -38,6 +38,7 @@ DROP_RINGBUF, DROP_MAP_FULL, DROP_SAMPLED = _D["DROP_RINGBUF"], _D["DROP_MAP_FUL
 STAT_ATTEMPTED, STAT_CLAMPED = _D["STAT_ATTEMPTED"], _D["STAT_CLAMPED"]
 STAT_STACK_FAILED = _D["STAT_STACK_FAILED"]
 DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
+SKIPPED = "skipped"  # the loss reason of Program.skipped(): not a counter of the programs' own
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 
@@ -324,6 +325,24 @@ class Program:
         """Sum over CPUs of the counters per-CPU array."""
         return percpu_sums(self.table("counters"))
 
+    def prog_fds(self) -> list[int]:
+        """The fds of the module's loaded programs."""
+        if self.cached is not None:
+            return list(self.cached.prog_fds.values())
+        fds = [f.fd for f in self.bpf.funcs.values()] if self.bpf is not None else []
+        if self.btf_progs is not None:
+            fds += list(self.btf_progs.prog_fds.values())
+        return fds
+
+    def skipped(self) -> int:
+        """Runs of the module's programs that the kernel skipped since they
+        were loaded (bpfsys.prog_info's recursion_misses): each a transition
+        or wake-up they never saw. On the classic tracepoint path the kernel
+        runs no tracepoint program on a CPU while another BPF program, or a
+        bpf(2) map call of any process, is under way there; tp_btf and raw
+        tracepoint programs are skipped only while the same program runs."""
+        return skipped_runs(self.prog_fds())
+
     def maps(self) -> dict[str, dict]:
         """Every map of the program: name -> fd, type, max_entries, flags and
         BCC's key/leaf descriptions (what bpfsys.make_table needs)."""
@@ -424,6 +443,17 @@ class Program:
         else:
             return False
         return True
+
+
+def skipped_runs(prog_fds) -> int:
+    """recursion_misses summed over programs (0 for one that cannot be read)."""
+    total = 0
+    for fd in prog_fds:
+        try:
+            total += bpfsys.prog_info(fd)["recursion_misses"]
+        except OSError:
+            pass
+    return total
 
 
 def percpu_sums(t) -> list[int]:

@@ -112,17 +112,14 @@ def link_info(fd: int) -> dict:
 
 
 def prog_stats(prog_id: int) -> dict:
-    """name, run_time_ns and run_cnt of a program (counted while
-    kernel.bpf_stats_enabled is 1), from its struct bpf_prog_info."""
+    """bpfsys.prog_info of a program by its id: name, run_time_ns and
+    run_cnt (counted while kernel.bpf_stats_enabled is 1), recursion_misses."""
     attr = bpfsys._attr("<I", prog_id)
     fd = _check(bpfsys.bpf(PROG_GET_FD_BY_ID, attr), f"opening program {prog_id}")
     try:
-        info = _info(fd, 256)
+        return bpfsys.prog_info(fd)
     finally:
         os.close(fd)
-    name = struct.unpack_from("<16s", info, 64)[0].split(b"\0", 1)[0].decode(errors="replace")
-    run_time_ns, run_cnt = struct.unpack_from("<QQ", info, 192)
-    return {"id": prog_id, "name": name, "run_time_ns": run_time_ns, "run_cnt": run_cnt}
 
 
 def object_id(fd: int) -> int:

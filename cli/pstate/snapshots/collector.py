@@ -212,6 +212,18 @@ class PinnedProgram:
     def counters(self) -> list[int]:
         return loader.percpu_sums(self.table("counters"))
 
+    def skipped(self) -> int:
+        """Runs of the collector's programs the kernel skipped (loader.Program.skipped)."""
+        ids = []
+        for target in self.doc.get("links", []):
+            with contextlib.suppress(OSError):
+                ids.append(pins.link_info(self.found.fd(_pin_name("link", target)))["prog_id"])
+        total = 0
+        for prog_id in set(ids):
+            with contextlib.suppress(OSError):
+                total += pins.prog_stats(prog_id)["recursion_misses"]
+        return total
+
     def close(self) -> None:
         self._tables.clear()
         self.found.close()
@@ -384,7 +396,7 @@ def describe(found: pins.PinSet) -> dict:
             out["live_rows"] = len(read_hash(tasks))
         out["gone_rows"] = len(read_hash(prog.table("gone")))
         out["gone_max"] = doc["maps"]["gone"]["max_entries"]
-        out["counters"] = dict(zip(COUNTERS, prog.counters()))
+        out["counters"] = {**dict(zip(COUNTERS, prog.counters())), "skipped": prog.skipped()}
         out["fold_groups"] = len(read_hash(prog.table("folds")))
         out["fold_max"] = doc["maps"]["folds"]["max_entries"]
     out["cost"] = switch_cost(found)
@@ -417,6 +429,10 @@ def status_lines(info: dict) -> list[str]:
                      f"freed threads waiting to be read; folded: {c['folded']} freed threads into "
                      f"{info['fold_groups']} of {info['fold_max']} groups (freed-thread map full); "
                      f"lost: {c['tasks_full']} (task map full), {c['fold_lost']} (group map full too)")
+        if c.get("skipped"):
+            lines.append(f"skipped: {c['skipped']} runs of its programs, each a transition or wake-up not "
+                         "counted (the kernel runs no classic tracepoint program on a CPU while another BPF "
+                         "program or a bpf(2) map call is under way there; --restart --probes tp_btf avoids it)")
     cost = info["cost"]
     if cost and cost["run_cnt"]:
         lines.append(f"cost: {cost['ns_per_run']:.0f} ns per context switch ({cost['run_cnt']} switches counted "

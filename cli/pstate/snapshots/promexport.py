@@ -119,7 +119,9 @@ class PromExport:
         for name, field, help_text in (
                 ("pstate_gone_full_total", "gone_full", "Final rows of freed threads the kernel's map had no room for."),
                 ("pstate_rows_folded_total", "folded", "Of those, rows folded into their group's row."),
-                ("pstate_rows_lost_total", "fold_lost", "Of those, rows lost: the map of groups was full too.")):
+                ("pstate_rows_lost_total", "fold_lost", "Of those, rows lost: the map of groups was full too."),
+                ("pstate_skipped_runs_total", "skipped", "Runs of pstate's programs the kernel skipped: each a "
+                 "transition or wake-up not counted (the classic tracepoint path only).")):
             family(name, "counter", help_text)
             out.append(f"{name} {meta.get(field, 0)}\n")
         out.append("# EOF\n")

@@ -285,10 +285,13 @@ class BpfCollector:
                       read_ns=read_ns, folds=folds, counts=counts)
 
     def counts(self) -> dict:
-        """The program's counters by name (COUNTERS). Rows lost: a program
-        built from an older bpf/ (no folds) loses every row `gone` had no room for."""
+        """The program's counters by name (COUNTERS), and `skipped`: runs of
+        its programs the kernel skipped (loader.Program.skipped). Rows lost: a
+        program built from an older bpf/ (no folds) loses every row `gone` had
+        no room for."""
         counts = dict.fromkeys(COUNTERS, 0)
         counts.update(zip(COUNTERS, self.prog.counters()))
+        counts["skipped"] = self.prog.skipped()
         if self.folds is None:
             counts["fold_lost"] = counts["gone_full"]
         return counts

@@ -549,7 +549,7 @@ class Snapper:
             "mode": "delta" if self.plan.clear else "cumulative",
             "truncated": sample.map_full > 0, "map_full": sample.map_full, "read_ns": sample.read_ns,
             "run_id": self.run_id, "run_start_ts": run_start,
-            **{k: sample.counts.get(k, 0) for k in ("gone_full", "folded", "fold_lost")},
+            **{k: sample.counts.get(k, 0) for k in ("gone_full", "folded", "fold_lost", "skipped")},
         })
         rows, deltas, new, hists = [], [], [], []
         who = self.identities.of(r["pid"] for r in sample.rows)

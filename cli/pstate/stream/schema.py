@@ -236,8 +236,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "loss": (
         "events were dropped since the previous loss record (one record per reason)",
         {
-            "reason": ("string", "ringbuf_full, map_full, sampled (see --max-rate) or unread"),
-            "count": ("int", "events dropped for this reason"),
+            "reason": ("string", "ringbuf_full, map_full, sampled (see --max-rate), skipped or unread"),
+            "count": ("int", "events dropped for this reason (skipped: program runs the kernel skipped)"),
             "since_ts": ("int", "start of the window the count covers, ns"),
         },
     ),
@@ -281,6 +281,10 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),
             "lost_map_full": ("int", "transitions whose task could not be tracked: task map full"),
             "lost_sampled": ("int", "dropped on purpose by --max-rate sampling"),
+            "lost_skipped": ("int?", "record: runs of pstate's programs the kernel skipped, each a transition or "
+                             "wake-up not seen: on the classic tracepoint path while another BPF program or a "
+                             "bpf(2) map call of any process was under way on that CPU (the tp_btf path is not "
+                             "skipped so); counted by Linux 6.7 and later"),
             "lost_unread": ("int", "left in the ring buffer when the final drain (at most 1 s) ended"),
             "kernel_events": ("int?", "record: events the kernel side tried to emit after its filters; "
                               "events + lost_ringbuf_full + lost_sampled + lost_unread equals it"),
@@ -309,7 +313,7 @@ ANNOTATION_TYPES = ("cgroup", "process", "stack", "trigger")
 # "fold" are the rows of a snapshot file (snapshots/snapdir.py, histograms.py, folds.py).
 SNAPSHOT_TYPES = ("task", "hist", "fold")
 KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", *SNAPSHOT_TYPES, *ANNOTATION_TYPES))
-LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
+LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "skipped", "unread")
 
 
 def state_vocabulary() -> dict[str, str]:
