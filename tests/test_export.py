@@ -236,6 +236,22 @@ def test_chrome_slices_add_up_to_stats(tmp_path, pstate):
     assert_chrome_matches_stats(doc, src, pstate)
 
 
+def test_a_state_of_no_time_draws_no_chrome_slice(tmp_path, pstate):
+    """A wake-up that came before the switch-out: the blocked state lasted 0 ns."""
+    recs = STREAM[:-2] + [
+        st(5200, 1, 30, 30, "c", "running", "uninterruptible", 1700, "switch_out", prio=120, kstate="D",
+           voluntary=True, next_tid=0),
+        st(5200, 1, 30, 30, "c", "uninterruptible", "runnable", 0, "wakeup", waker_tid=10, waker_pid=10,
+           target_cpu=1),
+        st(5300, 1, 30, 30, "c", "runnable", "running", 100, "switch_in", prio=120, prev_tid=0),
+    ]
+    src = write(tmp_path / "rec.jsonl", recs)
+    assert run(str(src), "-f", "chrome", "-o", str(tmp_path / "t.json")).exit_code == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert not [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 30 and e["name"] == "uninterruptible"]
+    assert_chrome_matches_stats(doc, src, pstate)
+
+
 def assert_chrome_matches_stats(doc: dict, src, pstate) -> None:
     got: dict = {}
     n = 0

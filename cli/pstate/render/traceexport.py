@@ -20,10 +20,10 @@ says so. Process and thread names go in process-tree packets; loss, rate and
 end records become instants on a "pstate" track.
 
 Chrome JSON: one complete ("X") event per state interval of each thread, the
-interval a state record's dur_ns closes, plus each task's last state up to the
-end of the stream, the same time stats attributes to it; names as metadata
-events. chrome://tracing, Perfetto's legacy JSON importer and speedscope-style
-tools read it.
+interval a state record's dur_ns closes (none for one of 0 ns), plus each
+task's last state up to the end of the stream, the same time stats attributes
+to it; names as metadata events. chrome://tracing, Perfetto's legacy JSON
+importer and speedscope-style tools read it.
 """
 
 from __future__ import annotations
@@ -507,6 +507,8 @@ class ChromeWriter:
             self._emit({"name": "process_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": comm}})
 
     def _slice(self, pid: int, tid: int, state: str, start: int, dur: int, cgroup=None) -> None:
+        if dur <= 0:
+            return  # a state that lasted no time (a wake-up before the switch-out): nothing to draw
         ev = {"name": state, "cat": schema.state_category(state), "ph": "X", "ts": start / 1000,
               "dur": dur / 1000, "pid": pid, "tid": tid}
         if cgroup is not None:  # the cgroup of the record that ends it (pstate's state record's)
