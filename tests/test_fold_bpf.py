@@ -161,19 +161,17 @@ def test_an_exit_burst_is_folded_counted_and_the_group_still_adds_up(tmp_path, m
     assert len(kids) == KIDS
     ivs = snapdir.intervals([s1, s2, s3])
     got = kid_totals(ivs[1], path, {k["pid"] for k in kids})
-    # Under load, now and then, the kernel has not freed some children (a whole
-    # wave of 50, or one) seconds after their reaping: snap rightly still shows
-    # them as zombies, in this snapshot and the next. A bpftrace beside such a
-    # run saw the child's sched_process_exit and no sched_process_free for it
-    # while the test ran; in runs of the burst alone every free came 11 to 23 ms
-    # after the reaping. Seen on both paths, the map never full, no run skipped.
-    # Such a run is an expected failure, naming them; any other shortfall fails.
+    # Now and then the kernel frees a reaped child late or not at all while the
+    # test runs (its sched_process_free never came: seen by a classic and a
+    # raw tracepoint program of their own, for about one exit in a thousand,
+    # even after an rcu_barrier; here a whole wave of 50, or a few). snap
+    # rightly still shows such a child as a zombie, in this snapshot and the
+    # next: it counts as one of the children, its time in its row.
     pids = {k["pid"] for k in kids}
     stuck = {t["pid"] for t in s3.rows if t["pid"] in pids and t["state"] != "reaped"}
-    if got["tasks"] < KIDS and len(stuck) == KIDS - got["tasks"]:
-        pytest.xfail(f"{len(stuck)} children not yet freed by the kernel seconds after their reaping: "
-                     f"pids {min(stuck)}..{max(stuck)}; skipped runs, map_full per snapshot: "
-                     f"{[(x.meta.get('skipped'), x.meta['map_full']) for x in (s1, s2, s3)]}")
+    unfreed = {t["pid"] for t in s3.rows if t["pid"] in stuck and t["state"] == "zombie" and t["exited"]}
+    assert len(unfreed) == len(stuck), (sorted(stuck - unfreed), [t for t in s3.rows if t["pid"] in stuck - unfreed])
+    got["tasks"] += len(stuck)
     # the map of final rows held at most 1024: most children were folded, none lost
     assert got["folded"] >= KIDS - 1024 and got["shown"], (
         {k: v for k, v in got.items() if k not in ("shown", "freed")}, sorted(stuck),
