@@ -155,7 +155,10 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
     early_seen = 0
     for attempt in range(3):  # until a run has threads that switched before seeding was over
         out = tmp_path / f"rec{attempt}.jsonl"
-        busy = [start(BUSY.format(secs=30)) for _ in range(4)]  # (killed below) busy through the compile too
+        # (killed below) busy through the compile too; the sleepers switch
+        # every quarter of a millisecond, so some switch while seeding runs
+        busy = [start(BUSY.format(secs=30)) for _ in range(4)]
+        busy += [start(SLEEPER.format(n=120_000, secs=0.0002)) for _ in range(2)]
         for b in busy:
             go(b)
         try:

@@ -114,12 +114,16 @@ def test_futex_wait_has_a_futex_reason():
     assert any(r.get("reason", "").startswith("futex") for r in long_s), [r.get("reason") for r in long_s]
 
 
-@pytest.mark.xfail(reason="with a one-slot stack map the slot is not always free again when the other "
-                          "state blocks (it passes alone, fails under load): the freeing order is an open "
-                          "defect of record --stacks", strict=False)
 def test_a_reused_kernel_slot_never_redefines_a_stream_id(disk_file):
-    # One slot: the sleeps (S) and the direct writes (D) take turns in it.
-    code = DIRECT_WRITES.format(path=disk_file, n=40, between="time.sleep(0.002)")
+    # One slot: the sleeps (S) and the direct writes (D) take turns in it. A
+    # slot is free again once user space has read the wake-up that ended its
+    # state (a drain every 5 ms); until then a switch-out into a --stacks
+    # state takes no stack (stack_failed). So the child spins 20 ms on the
+    # CPU before and after each sleep: the sleep and the write after it find
+    # the slot free.
+    spin = "t = time.monotonic() + 0.02\n    while time.monotonic() < t:\n        pass"
+    spin = f"{spin}\n    time.sleep(0.002)\n    {spin}"
+    code = DIRECT_WRITES.format(path=disk_file, n=60, between=spin)
     recs, child = record_workload(code, "--stacks=D,S", "--stack-entries", "1")
     stacks = _stacks(recs)
     assert len(stacks) >= 2
