@@ -74,7 +74,9 @@ CAUSES = {
     "switch_in": "sched_switch: the task got a CPU (to is running); dur_ns is its run-queue wait",
     "wakeup": "sched_waking: a blocked task is being woken (runnable from now); dur_ns is the time it was blocked",
     "wakeup_new": "sched_wakeup_new: a new task became runnable for the first time",
-    "reap": "sched_process_free: the kernel freed the task (after zombie or dead)",
+    "reap": ("sched_process_free: the kernel freed the task (after zombie or dead), in an RCU callback "
+             "after its reaping: usually within 100 ms, now and then much later or not while pstate "
+             "watched; until then the task stays in its final state"),
 }
 
 # --- record types and their fields ------------------------------------------
