@@ -217,10 +217,12 @@ def test_every_forked_child_has_its_lifecycle_records(tmp_path, probes):
     # each skipped run may take one record away, no more
     assert sum(len(set(children) - set(x)) for x in (forked, exits, ended)) <= skipped, \
         (children, forked, exits, ended, end)
+    # a child not reaped ends with its final switch-out (or lacks it, a
+    # skipped run counted above: record's free then finds it still running)
     last = {r["tid"]: r for r in recs if r.get("tid") in children}
     unfreed = sorted(set(children) - set(reaped))
-    assert all(last[t]["type"] == "state" and last[t]["to"] in ("zombie", "dead") for t in unfreed), \
-        [last[t] for t in unfreed]
+    assert all(last[t]["type"] == "state" and last[t]["to"] in ("zombie", "dead") or t not in ended
+               for t in unfreed), [last[t] for t in unfreed]
     assert len(reaped) >= 10, (unfreed, end)
 
 
