@@ -173,7 +173,7 @@ def test_an_exit_burst_is_folded_counted_and_the_group_still_adds_up(tmp_path, m
     assert len(unfreed) == len(stuck), (sorted(stuck - unfreed), [t for t in s3.rows if t["pid"] in stuck - unfreed])
     got["tasks"] += len(stuck)
     # the map of final rows held at most 1024: most children were folded, none lost
-    assert got["folded"] >= KIDS - 1024 and got["shown"], (
+    assert got["folded"] >= KIDS - len(stuck) - 1024 and got["shown"], (
         {k: v for k, v in got.items() if k not in ("shown", "freed")}, sorted(stuck),
         [(x.meta.get("skipped"), x.meta["map_full"]) for x in (s1, s2, s3)])
     assert s2.meta["folded"] - s1.meta["folded"] >= got["folded"] and s2.meta["fold_lost"] == 0

@@ -515,7 +515,7 @@ def test_bypass_compiles(root_cache, monkeypatch):
 def test_cold_and_warm_record_the_same_sleeper(root_cache, monkeypatch):
     from conftest import bpf_prog_ids
     from test_reliability_stream import leftover_programs
-    from workloads import SLEEPER, Recording, go, start, states
+    from workloads import SLEEPER, Recording, go, sleeps, start, states
 
     monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
     before = bpf_prog_ids()
@@ -535,13 +535,12 @@ def test_cold_and_warm_record_the_same_sleeper(root_cache, monkeypatch):
         want = "compiled" if run == "cold" else "loaded from the program cache"
         assert f"pstate: record: {want}" in rec.stderr, rec.stderr
         assert recs[-1]["type"] == "end" and recs[-1]["lost"] == 0
-        wakes = [r for r in states(recs, child.pid)
-                 if r["from"] == "sleeping" and r["to"] == "runnable" and r["dur_ns"] is not None]
+        wakes, _ = sleeps(recs, child.pid, 10, 29e6, 60e6)
         outs = [r for r in states(recs, child.pid) if r["to"] == "sleeping"]
-        assert all(r["cause"] == "wakeup" and 29e6 <= r["dur_ns"] <= 60e6 for r in wakes), wakes
+        assert all(r["cause"] == "wakeup" for r in wakes), wakes
         assert all(r["voluntary"] and r["kstate"] == "S" for r in outs)
-        seen[run] = (len(wakes), len(outs) >= 10, recs[-1]["events"] == recs[-1]["kernel_events"])
-    assert seen["cold"] == seen["warm"] == (10, True, True), seen
+        seen[run] = (len(outs) >= 10, recs[-1]["events"] == recs[-1]["kernel_events"])
+    assert seen["cold"] == seen["warm"] == (True, True), seen
     assert leftover_programs(before) == {}
 
 
