@@ -114,14 +114,37 @@ def test_fork_exec_exit_unfiltered():
 
 
 def test_state_and_min_dur_filters():
-    recs, child = record_workload(SLEEPER.format(n=10, secs=0.05), "--state", "S", "--min-dur", "20ms")
+    """record --state S --min-dur 20ms writes exactly the records of an
+    unfiltered record of the same sleeper, attached at the same time, that
+    pass the filter: the sleeper's ten sleeps (workloads.sleeps: one whose
+    wake-up the kernel did not trace is missing from both). The two programs
+    read the clock apart, so ts and durations agree within a millisecond
+    here; their exactness is test_probes_bpf's."""
+    child = start(SLEEPER.format(n=10, secs=0.05))
+    try:
+        every = Recording("-p", str(child.pid))
+        rec = Recording("-p", str(child.pid), "--state", "S", "--min-dur", "20ms")
+        go(child)
+        child.wait(timeout=60)
+        recs, unfiltered = rec.stop(), every.stop()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    wakes, _ = sleeps(unfiltered, child.pid, 10, 49e6, 70e6)
     evs = states(recs)
     assert evs, "no events"
     for r in evs:
         assert "sleeping" in (r["from"], r["to"])
         assert r["dur_ns"] is not None and r["dur_ns"] >= 20_000_000
         assert r["pid"] == child.pid
-    assert len([r for r in evs if r["from"] == "sleeping"]) == 10  # the go-read has no duration
+    want = [r for r in states(unfiltered) if "sleeping" in (r["from"], r["to"])
+            and r["dur_ns"] is not None and r["dur_ns"] >= 20_000_000]
+    assert [(r["tid"], r["from"], r["to"], r["cause"]) for r in evs] == \
+        [(r["tid"], r["from"], r["to"], r["cause"]) for r in want]
+    for x, y in zip(evs, want):
+        assert abs(x["ts"] - y["ts"]) < 1_000_000 and abs(x["dur_ns"] - y["dur_ns"]) < 1_000_000, (x, y)
+    assert len([r for r in evs if r["from"] == "sleeping"]) == len(wakes)  # the go-read has no duration
     assert recs[0]["filter_state"] == ["sleeping"] and recs[0]["filter_min_dur_ns"] == 20_000_000
 
 
