@@ -112,6 +112,11 @@ def test_stats_by_cgroup_splits_the_time_at_the_move(moved, tmp_path):
     mine = [x for x in recs if x["type"] == "state" and x["pid"] == pid]
     first, last = mine[0]["ts"] - (mine[0]["dur_ns"] or 0), mine[-1]["ts"]  # (the first interval's start)
     margin = max(x["dur_ns"] or 0 for x in mine[1:]) + 1_000_000
+    # stats gives no state the time a record with no duration closes (a
+    # switch-in this VM did not trace: workloads.sleeps)
+    unknown = [y["ts"] - x["ts"] for x, y in zip(mine, mine[1:]) if y["dur_ns"] is None]
+    assert len(unknown) <= 2, unknown
+    margin += sum(unknown)
     if recs[0]["probes"] == "tp_btf":
         assert abs(sum(a.values()) - (t0 - first)) <= margin + (t1 - t0), (a, t0 - first, margin)
         assert abs(sum(b.values()) - (last - t1)) <= margin + (t1 - t0), (b, last - t1, margin)

@@ -93,7 +93,7 @@ def test_children_picks_up_a_child_forked_after_the_start():
     assert len(forks) == 1
     kid = forks[0]["child_pid"]
     assert any(r["type"] == "exec" and r["pid"] == kid and r["comm"] == "sleep" for r in recs)
-    assert any(r["type"] == "state" and r["pid"] == kid and r["from"] == "sleeping" for r in recs)
+    assert any(r["type"] == "state" and r["pid"] == kid and r["to"] == "sleeping" for r in recs)
     assert _pids(recs) == {child.pid, kid}
 
 

@@ -116,8 +116,9 @@ def test_fork_exec_exit_unfiltered():
 def test_state_and_min_dur_filters():
     """record --state S --min-dur 20ms writes exactly the records of an
     unfiltered record of the same sleeper, attached at the same time, that
-    pass the filter: the sleeper's ten sleeps (workloads.sleeps: one whose
-    wake-up the kernel did not trace is missing from both). The two programs
+    pass the filter: the sleeper's ten sleeps, each ended by its wake-up or,
+    where the kernel did not trace that (workloads.sleeps), by a switch-in
+    straight from sleeping or by nothing, the same in both. The two programs
     read the clock apart, so ts and durations agree within a millisecond
     here; their exactness is test_probes_bpf's."""
     child = start(SLEEPER.format(n=10, secs=0.05))
@@ -144,7 +145,7 @@ def test_state_and_min_dur_filters():
         [(r["tid"], r["from"], r["to"], r["cause"]) for r in want]
     for x, y in zip(evs, want):
         assert abs(x["ts"] - y["ts"]) < 1_000_000 and abs(x["dur_ns"] - y["dur_ns"]) < 1_000_000, (x, y)
-    assert len([r for r in evs if r["from"] == "sleeping"]) == len(wakes)  # the go-read has no duration
+    assert len([r for r in evs if r["cause"] == "wakeup"]) == len(wakes)  # the go-read has no duration
     assert recs[0]["filter_state"] == ["sleeping"] and recs[0]["filter_min_dur_ns"] == 20_000_000
 
 
@@ -193,7 +194,12 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
             if r["type"] == "state":
                 by_tid.setdefault(r["tid"], []).append(r)
         early = {tid: rs for tid, rs in by_tid.items() if rs[0]["ts"] < meta_ts and len(rs) > 1}
-        lost = [rs[:2] for rs in early.values() if rs[1]["from"] != "unknown" and rs[1]["dur_ns"] is None]
+        # A thread handed the CPU by this VM's agent thread (workloads.sleeps)
+        # switches in untraced: its next switch-out, from running with no
+        # duration, says nothing of its row. A row lost to a seed shows as a
+        # switch-in with no duration, or a switch-out after a switch-in.
+        lost = [rs[:2] for rs in early.values() if rs[1]["from"] != "unknown" and rs[1]["dur_ns"] is None
+                and not (rs[1]["cause"] == "switch_out" and rs[0]["to"] != "running")]
         assert not lost, (f"{len(lost)} of {len(early)} early threads lost their row; first two records of one: "
                           f"{[(r['from'], r['to'], r['cause'], r['ts'] - meta_ts, r['dur_ns']) for r in lost[0]]}")
         early_seen += len(early)
