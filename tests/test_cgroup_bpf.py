@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
-from workloads import SLEEPER, Recording, V2Cgroups, go, start
+from workloads import SLEEPER, Recording, V2Cgroups, go, start, untraced_runs
 
 pytestmark = pytest.mark.bpf
 
@@ -112,9 +112,9 @@ def test_stats_by_cgroup_splits_the_time_at_the_move(moved, tmp_path):
     mine = [x for x in recs if x["type"] == "state" and x["pid"] == pid]
     first, last = mine[0]["ts"] - (mine[0]["dur_ns"] or 0), mine[-1]["ts"]  # (the first interval's start)
     margin = max(x["dur_ns"] or 0 for x in mine[1:]) + 1_000_000
-    # stats gives no state the time a record with no duration closes (a
-    # switch-in this VM did not trace: workloads.sleeps)
-    unknown = [y["ts"] - x["ts"] for x, y in zip(mine, mine[1:]) if y["dur_ns"] is None]
+    # stats gives no state the time a switch-out closes whose switch-in this
+    # VM did not trace (workloads.untraced_runs)
+    unknown = untraced_runs(mine)
     assert len(unknown) <= 2, unknown
     margin += sum(unknown)
     if recs[0]["probes"] == "tp_btf":

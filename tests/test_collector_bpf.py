@@ -280,7 +280,7 @@ def test_several_readers_see_every_exited_task_once_and_counters_never_decrease(
         # traced (workloads.unfreed), which the last snapshot still shows exited
         stuck = unfreed(snaps[-1].rows, set(kids))
         assert sorted(seen) == sorted(set(kids) - stuck) and set(seen.values()) == {1}, (d, sorted(stuck))
-        assert len(stuck) <= len(kids) // 2, sorted(stuck)  # (one CI run: 9 of 210)
+        assert len(stuck) <= 60, sorted(stuck)  # a batch at most (one CI run: 9 of 210)
     growing = ("_total", "_bucket{", "_count{", "_sum{")
     for before, after in zip(prom_runs, prom_runs[1:]):
         for series, v in before.items():

@@ -122,16 +122,18 @@ def test_state_and_min_dur_filters():
     read the clock apart, so ts and durations agree within a millisecond
     here; their exactness is test_probes_bpf's."""
     child = start(SLEEPER.format(n=10, secs=0.05))
+    started = []
     try:
-        every = Recording("-p", str(child.pid))
-        rec = Recording("-p", str(child.pid), "--state", "S", "--min-dur", "20ms")
+        started.append(Recording("-p", str(child.pid)))
+        started.append(Recording("-p", str(child.pid), "--state", "S", "--min-dur", "20ms"))
         go(child)
         child.wait(timeout=60)
-        recs, unfiltered = rec.stop(), every.stop()
+        unfiltered, recs = (r.stop() for r in started)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        for p in [child] + [r.proc for r in started]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     wakes, _ = sleeps(unfiltered, child.pid, 10, 49e6, 70e6)
     evs = states(recs)
     assert evs, "no events"
@@ -197,7 +199,8 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
         # A thread handed the CPU by this VM's agent thread (workloads.sleeps)
         # switches in untraced: its next switch-out, from running with no
         # duration, says nothing of its row. A row lost to a seed shows as a
-        # switch-in with no duration, or a switch-out after a switch-in.
+        # switch-in or a wake-up with no duration, or a switch-out with none
+        # after a switch-in.
         lost = [rs[:2] for rs in early.values() if rs[1]["from"] != "unknown" and rs[1]["dur_ns"] is None
                 and not (rs[1]["cause"] == "switch_out" and rs[0]["to"] != "running")]
         assert not lost, (f"{len(lost)} of {len(early)} early threads lost their row; first two records of one: "

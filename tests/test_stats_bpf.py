@@ -80,7 +80,7 @@ def test_sleeper_sleeps_one_second():
     # switch-out with no duration, whose time stats gives no state
     wakes, untraced = workloads.sleeps(recs, child.pid, 20, 49e6, 70e6)
     mine = workloads.states(recs, child.pid)
-    unknown = sum(y["ts"] - x["ts"] for x, y in zip(mine, mine[1:]) if y["dur_ns"] is None)
+    unknown = sum(workloads.untraced_runs(mine))
     g = group(rep, child.pid)
     slept = g["states"]["sleeping"]["ns"]
     assert -100_000_000 - unknown <= slept - 1_000_000_000 <= 100_000_000, (g["states"], unknown)

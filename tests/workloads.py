@@ -167,15 +167,24 @@ def sleeps(recs: list[dict], tid: int, n: int, lo: float, hi: float) -> tuple[li
     return wakes, untraced
 
 
+def untraced_runs(mine: list[dict]) -> list[int]:
+    """The ns that one thread's records (in time order) leave to no state:
+    from a record to the next one, a switch-out with no duration because
+    the switch-in before it was not traced (workloads.sleeps), after a
+    record that did not leave the thread running."""
+    return [y["ts"] - x["ts"] for x, y in zip(mine, mine[1:])
+            if y["cause"] == "switch_out" and y["dur_ns"] is None and x["to"] != "running"]
+
+
 def unfreed(rows: list[dict], pids: set[int]) -> set[int]:
     """The tids of the processes `pids` that a snapshot's rows show exited but
     not freed: each must be an exited zombie or dead row.
 
     The kernel frees a reaped task in an RCU callback, 11 to 65 ms after its
-    exit here (sched_process_free). On this VM nothing is traced on a CPU
-    while one of its agent's threads (PID 1's) runs there (README,
-    Reliability): a batch of frees that ran then is never seen, and those
-    tasks stay in their final state, rightly, in record and snap."""
+    exit here (sched_process_free). On this VM, as far as seen, nothing is
+    traced on a CPU while one of its agent's threads (PID 1's) runs there
+    (README, Reliability): a batch of frees that ran then is not seen, and
+    those tasks stay in their final state, rightly, in record and snap."""
     stuck = [r for r in rows if r["pid"] in pids and r["state"] != "reaped"]
     assert all(r["state"] in ("zombie", "dead") and r["exited"] for r in stuck), stuck
     return {r["tid"] for r in stuck}
