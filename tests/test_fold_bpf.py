@@ -240,6 +240,10 @@ def test_an_interval_run_folds_the_same(tmp_path):
     for k in ("shown", "freed"):
         got[k] = set().union(*(t[k] for t in totals))
     got["tasks"] = len(got["freed"]) + got["folded"]
+    # a child whose free was not seen (workloads.unfreed) counts by its row
+    stuck = unfreed(snaps[-1].rows, pids)
+    assert len(stuck) <= 4 * 50, sorted(stuck)  # a few waves at most
+    got["tasks"] += len(stuck)
     last = snaps[-1].meta
     assert got["folded"] >= 1 and last["folded"] >= got["folded"] and last["fold_lost"] == 0, (got, last)
     assert last["map_full"] == 0
