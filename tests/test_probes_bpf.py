@@ -180,8 +180,8 @@ def test_every_forked_child_has_its_lifecycle_records(tmp_path, probes):
     - The free (sched_process_free) comes in an RCU callback, 11 to 65 ms
       after the exit here, and, as far as seen, a batch of them that ran
       while one of this VM's agent threads was current is not seen
-      (workloads.unfreed): such
-      a child's records end with its final switch-out.
+      (workloads.unfreed): such a child's records end with its final
+      switch-out.
     - A classic tracepoint program is skipped while another BPF program or
       a bpf(2) map call is under way on the CPU: record counts each skip
       (lost_skipped), and each may be a record missing here (on the

@@ -149,11 +149,12 @@ def sleeps(recs: list[dict], tid: int, n: int, lo: float, hi: float) -> tuple[li
     """A sleeper's n sleeps: its wake-ups with a duration (each from lo to hi
     ns), and the sleeps whose end was not traced whole.
 
-    This VM never traces a switch away from its agent's threads (PID 1's),
-    nor, as far as seen, a wake-up while one runs (README, Reliability). A
-    task woken then is seen next either switching in straight from sleeping
-    (its wake-up untraced) or, switched in after the agent's thread as well,
-    switching out from running with no duration. About one run in 75 of ten
+    On this VM, as far as seen, nothing is traced on a CPU while one of its
+    agent's threads (PID 1's) is current there, the switch away from it
+    included (README, Reliability). A task woken then is seen next either
+    switching in straight from sleeping (its wake-up untraced) or, switched
+    in after the agent's thread as well, switching out from running with no
+    duration. About one run in 75 of ten
     50 ms sleeps beside two spinners and a fork loop has one such sleep: at
     most two are allowed, each standing for a wake-up that may be missing;
     every other is reported."""

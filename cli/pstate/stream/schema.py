@@ -75,8 +75,8 @@ CAUSES = {
     "wakeup": "sched_waking: a blocked task is being woken (runnable from now); dur_ns is the time it was blocked",
     "wakeup_new": "sched_wakeup_new: a new task became runnable for the first time",
     "reap": ("sched_process_free: the kernel freed the task (after zombie or dead), in an RCU callback "
-             "after its reaping: usually within 100 ms, now and then much later or not while pstate "
-             "watched; until then the task stays in its final state"),
+             "after its reaping, usually within 100 ms; until then the task stays in its final state, "
+             "and so does a task whose free was not traced"),
 }
 
 # --- record types and their fields ------------------------------------------
