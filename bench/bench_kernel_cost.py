@@ -56,6 +56,14 @@ of A, B and B - A are printed with the pairs' quartiles.
                                                      what the histograms cost, pair by pair
     sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --paired snap_HEAD,snap --stats-runs 16
 
+--parts: what each part of record's programs costs in the storm (PARTS:
+sched_switch's body, its clock read alone, sched_waking's body; reserving a
+record, filling it, reading the cgroup id, a copy from the stack instead of
+a reservation), each as record's BPF C with one change, beside the
+unchanged program and the floor. Best with --toggled.
+
+    sudo .venv/bin/python bench/bench_kernel_cost.py --parts --toggled 25 --rounds 2 --stats-runs 0
+
 Prints a table and writes bench/results/kernel_cost.json.
 """
 
@@ -148,6 +156,72 @@ NO_HIST = "#define SNAP_NO_HIST 1\n"
 BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "collector", "record_min_dur", "record_min_dur_tp",
            "record", "record_tp", "bpftrace")
 READY = "bench-kernel-cost: attached"
+
+# --parts: what each part of record's programs costs in the storm. Each part
+# is record's BPF C (bpf/record.bpf.c) with one change, written to a
+# directory of its own and run as record --min-dur 1ms (the path of a switch
+# that reports nothing) or record (every event), beside the unchanged
+# program. Every change must match the source exactly: when record.bpf.c
+# moves on, the bench stops with the part's name rather than measure
+# something else.
+_SWITCH = "PSTATE_PROBE(sched, sched_switch) {\n"
+_CLOCK = "    u64 now = bpf_ktime_get_ns();\n"
+_SUBMIT = "    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n"
+_RESERVE = "    struct event *e = reserve(irqs_on);\n"
+_FILL_START = "    e->ts = now;\n"
+_FILL_END = "    submit(e);\n}\n"
+_FIELDS = ("ts = now", "dur = dur", "pid = tgid", "tid = tid", "other_pid = other_pid", "other_tid = other_tid",
+           "kstate = kstate", "from = from", "to = to", "cpu = cpu", "type = type", "cause = cause",
+           "prio = prio", "flags = flags", "pad = 0", "stack = stack", "pad2 = 0", "cgroup = cgroup_of(cg, task)")
+_OUTPUT = ("    count_in(irqs_on, STAT_ATTEMPTED);\n    if (sampled_out(irqs_on))\n        return;\n"
+           "    struct event ev;\n" + "".join(f"    ev.{f};\n" for f in _FIELDS) +
+           "    COMM_COPY(ev.comm, comm);\n"
+           "    if (events.ringbuf_output(&ev, sizeof(ev), BPF_RB_NO_WAKEUP) != 0)\n"
+           "        count_in(irqs_on, DROP_RINGBUF);\n}\n")
+_RETURN = "    if (1)\n        return 0;\n"
+PARTS = {
+    # part: (the contender it changes, label, [(from, new, through), ...]): the text from `from`
+    # (through `through`, when given) becomes `new`
+    "no_switch_body": ("record_min_dur", "sched_switch returns at once", [(_SWITCH, _SWITCH + _RETURN, None)]),
+    "switch_clock_only": ("record_min_dur", "sched_switch reads the clock and returns",
+                          [(_SWITCH + _CLOCK, _SWITCH + _CLOCK + _RETURN, None)]),
+    "no_waking_body": ("record_min_dur", "sched_waking returns at once",
+                       [("PSTATE_PROBE(sched, sched_waking) {\n",
+                         "PSTATE_PROBE(sched, sched_waking) {\n" + _RETURN, None)]),
+    "fill_discard": ("record", "each record filled, then discarded (bpf_ringbuf_discard)",
+                     [(_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)]),
+    "reserve_discard": ("record", "each record reserved and discarded, not filled",
+                        [(_FILL_START, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n}\n", _FILL_END)]),
+    "no_cgroup": ("record", "no cgroup id read (0 in every record)",
+                  [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
+    "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
+                       [(_RESERVE, _OUTPUT, _FILL_END)]),
+}
+
+
+def part_source(text: str, part: str) -> str:
+    """record.bpf.c with one of PARTS' changes."""
+    for old, new, through in PARTS[part][2]:
+        if text.count(old) != 1 or (through and through not in text[text.find(old):]):
+            sys.exit(f"--parts {part}: bpf/record.bpf.c no longer has the text it changes: {old.strip()!r}")
+        i = text.index(old)
+        j = text.index(through, i) + len(through) if through else i + len(old)
+        text = text[:i] + new + text[j:]
+    return text
+
+
+def part_dirs(src: str, tmp: str) -> dict[str, str]:
+    """A copy of the BPF C directory for each part, with its change."""
+    out = {}
+    with open(os.path.join(src, "record.bpf.c")) as f:
+        record = f.read()
+    for part in PARTS:
+        d = os.path.join(tmp, "parts", part)
+        shutil.copytree(src, d)
+        with open(os.path.join(d, "record.bpf.c"), "w") as f:
+            f.write(part_source(record, part))
+        out[part] = d
+    return out
 ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
     "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
 
@@ -222,9 +296,11 @@ def _self(*args: str) -> list[str]:
     return ["taskset", "-c", ct.TRACER_CPU, sys.executable, os.path.abspath(__file__), *args]
 
 
-def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contender]:
+def make_contenders(src: str, against: str | None, tag: str,
+                    parts: dict[str, str] | None = None) -> list[ct.Contender]:
     """floor, then snap / record --min-dur 1ms / record from src_dir (and from
-    the `against` dir, keys suffixed with _<tag>)."""
+    the `against` dir, keys suffixed with _<tag>), then record's parts
+    (--parts: part -> its directory, keys <record_min_dur or record>_<part>)."""
     cs = [ct.Contender("floor", "empty programs (floor)", "floor", _self("floor"), ready=f"text:{READY}"),
           ct.Contender("floor2", "empty programs on sched_switch and sched_wakeup only", "floor", _self("floor2"),
                        ready=f"text:{READY}"),
@@ -267,6 +343,11 @@ def make_contenders(src: str, against: str | None, tag: str) -> list[ct.Contende
         ]
         if suffix:  # the BPF C of an older revision may have no stack map
             cs = [c for c in cs if not c.key.startswith("record_stacks")]
+    for part, d in (parts or {}).items():
+        base, label = PARTS[part][:2]
+        extra = ("--min-dur", "1ms") if base == "record_min_dur" else ()
+        cs.append(ct.Contender(f"{base}_{part}", f"pstate {' '.join(('record',) + extra)}: {label}", "record",
+                               _self("pstate", d, "record", "-q", "-o", "{out}", *extra), ready="meta"))
     cs += [c for c in ct.default_contenders() if c.key == "bpftrace"]
     return cs
 
@@ -627,6 +708,8 @@ def main() -> int:
                     help="a pair is steady when its two untraced runs agree within PCT %% (default %(default)g)")
     ap.add_argument("--toggled", type=int, metavar="N", help="the storm ratio with the tracer switched on and off "
                     "within one storm (bench/toggled.py): N on-phases per storm, --rounds storms per contender")
+    ap.add_argument("--parts", action="store_true", help="also run record with each of PARTS' changes (see there), "
+                    "with the unchanged record and record --min-dur 1ms and the floor")
     ap.add_argument("--paired", metavar="A,B", help="only bpf_stats, A and B attached at once (see the top)")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "kernel_cost.json"))
     a = ap.parse_args()
@@ -640,7 +723,10 @@ def main() -> int:
             if a.against:
                 sys.exit("--against and --against-dir: one of them")
             against, tag = os.path.abspath(a.against_dir), os.path.basename(os.path.abspath(a.against_dir))[:12]
-        cs = make_contenders(os.path.abspath(a.src), against, tag)
+        parts = part_dirs(os.path.abspath(a.src), tmp) if a.parts else None
+        cs = make_contenders(os.path.abspath(a.src), against, tag, parts)
+        if parts and not a.only:
+            a.only = ",".join(["floor_btf", "record_min_dur", "record"] + [f"{PARTS[p][0]}_{p}" for p in parts])
         labels = {c.key: c.label for c in cs}
         results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                "kernel": platform.release(), "ncpu": os.cpu_count(),

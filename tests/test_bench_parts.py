@@ -1,0 +1,69 @@
+"""bench/bench_kernel_cost.py --parts: each part's change still applies to
+bpf/record.bpf.c, once, so the bench measures what its table says."""
+
+import importlib.util
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench():
+    path = os.path.join(ROOT, "bench", "bench_kernel_cost.py")
+    spec = importlib.util.spec_from_file_location("bench_kernel_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BENCH = _bench()
+
+
+def _record() -> str:
+    with open(os.path.join(ROOT, "bpf", "record.bpf.c")) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("part", sorted(BENCH.PARTS))
+def test_each_part_changes_record_where_it_says(part):
+    text = _record()
+    out = BENCH.part_source(text, part)
+    assert out != text
+    # only the change: everything before the first differing line is the same
+    assert out.count("PSTATE_PROBE(sched, sched_switch)") == 1
+
+
+def test_a_part_whose_text_is_gone_stops_the_bench():
+    with pytest.raises(SystemExit) as e:
+        BENCH.part_source("int main(void) { return 0; }\n", "no_cgroup")
+    assert "no_cgroup" in str(e.value) and "no longer has" in str(e.value)
+
+
+def test_reserve_discard_keeps_the_reservation_and_drops_the_fill():
+    out = BENCH.part_source(_record(), "reserve_discard")
+    body = out[out.index("static __always_inline void emit("):]
+    body = body[:body.index("\n}\n")]
+    assert "reserve(irqs_on)" in body and "ringbuf_discard" in body
+    assert "e->ts" not in body and "submit(e)" not in body
+
+
+def test_ringbuf_output_fills_every_field_of_the_record():
+    """the copy from the stack writes what the reservation's fill writes"""
+    text = _record()
+    fill = text[text.index("    e->ts = now;"):text.index("    submit(e);")]
+    out = BENCH.part_source(text, "ringbuf_output")
+    body = out[out.index("static __always_inline void emit("):]
+    body = body[:body.index("\n}\n")]
+    assert "ringbuf_output(&ev" in body and "reserve(" not in body
+    assert set(re.findall(r"e->(\w+)", fill)) == set(re.findall(r"ev\.(\w+)", body))
+
+
+def test_parts_write_a_directory_each(tmp_path):
+    dirs = BENCH.part_dirs(os.path.join(ROOT, "bpf"), str(tmp_path))
+    assert sorted(dirs) == sorted(BENCH.PARTS)
+    for part, d in dirs.items():
+        with open(os.path.join(d, "record.bpf.c")) as f:
+            assert f.read() == BENCH.part_source(_record(), part)
+        assert os.path.exists(os.path.join(d, "pstate.h"))
