@@ -222,6 +222,8 @@ def part_dirs(src: str, tmp: str) -> dict[str, str]:
             f.write(part_source(record, part))
         out[part] = d
     return out
+
+
 ct.RESULT_READERS["floor"] = lambda run: {"ok": READY in run.text()} if READY in run.text() else {
     "ok": False, "error": f"exit {run.returncode}: {run.text()[-300:]}"}
 
