@@ -59,8 +59,9 @@ of A, B and B - A are printed with the pairs' quartiles.
 --parts: what each part of record's programs costs in the storm (PARTS:
 sched_switch's body, its clock read alone, sched_waking's body; reserving a
 record, filling it, reading the cgroup id, a copy from the stack instead of
-a reservation), each as record's BPF C with one change, beside the
-unchanged program and the floor. Best with --toggled.
+a reservation, one reservation for a switch's two records), each as
+record's BPF C with one change, beside the unchanged program and the floor.
+Best with --toggled.
 
     sudo .venv/bin/python bench/bench_kernel_cost.py --parts --toggled 25 --rounds 2 --stats-runs 0
 
@@ -179,6 +180,91 @@ _OUTPUT = ("    count_in(irqs_on, STAT_ATTEMPTED);\n    if (sampled_out(irqs_on)
            "    if (events.ringbuf_output(&ev, sizeof(ev), BPF_RB_NO_WAKEUP) != 0)\n"
            "        count_in(irqs_on, DROP_RINGBUF);\n}\n")
 _RETURN = "    if (1)\n        return 0;\n"
+
+# The "switch_pair" part: a switch's switch-out held on the stack and put
+# with its switch-in into one reservation of two records, each with a
+# header (the second written by the program), which user space reads as two
+# slots of its stride: one reservation and one submit per switch fewer.
+_EMIT_START = "// One event of any type, through the task and CPU filters.\n"
+_PAIR_EMIT = """static __always_inline void fill(struct event *e, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm,
+                                 u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate, u32 other_pid,
+                                 u32 other_tid, u32 stack, u64 cgroup) {
+""" + "".join(f"    e->{f.replace('cgroup_of(cg, task)', 'cgroup')};\n" for f in _FIELDS) + """    COMM_COPY(e->comm, comm);
+}
+
+static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
+                                 const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
+                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on, u8 cg,
+                                 const char *task) {
+    if (!task_match(cfg, cpu, tgid, tid, comm))
+        return;
+    struct event *e = reserve(irqs_on);
+    if (!e)
+        return;
+    fill(e, type, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid, stack,
+         cgroup_of(cg, task));
+    submit(e);
+}
+
+struct event_pair {
+    struct event a;
+    u32 len;
+    u32 pg_off;
+    struct event b;
+};
+
+static __always_inline void flush_held(struct event *held) {
+    struct event *e = events.ringbuf_reserve(sizeof(struct event));
+    if (!e) {
+        count(DROP_RINGBUF);
+        return;
+    }
+    *e = *held;
+    submit(e);
+}
+"""
+_HELD_DECL = ("    u32 prev_tgid = 0; // through current_tgid()\n    COMM_BUF(comm);\n",
+              "    u32 prev_tgid = 0; // through current_tgid()\n    COMM_BUF(comm);\n"
+              "    struct event held;\n    u8 have_held = 0;\n")
+_OUT_OLD = """            emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
+                       SW_PREV_PRIO, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0, CG_CURRENT, 0);
+"""
+_OUT_HELD = """            u32 tg = current_tgid(&prev_tgid);
+            if (task_match(cfg, cpu, tg, prev, comm)) {
+                count(STAT_ATTEMPTED);
+                if (!sampled_out(0)) {
+                    fill(&held, EV_STATE, now, cpu, tg, prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT, SW_PREV_PRIO,
+                         bits ? F_VOLUNTARY : 0, kstate, 0, next, 0, bpf_get_current_cgroup_id());
+                    have_held = 1;
+                }
+            }
+"""
+_IN_OLD = """            emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, SW_NEXT_PRIO,
+                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
+"""
+_IN_PAIR = """            if (!have_held) {
+                emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, SW_NEXT_PRIO,
+                           0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
+            } else if (task_match(cfg, cpu, tgid, next, comm)) {
+                count(STAT_ATTEMPTED);
+                if (!sampled_out(0)) {
+                    struct event_pair *pr = events.ringbuf_reserve(sizeof(struct event_pair));
+                    if (pr) {
+                        pr->a = held;
+                        pr->len = sizeof(struct event);
+                        pr->pg_off = 0;
+                        fill(&pr->b, EV_STATE, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN,
+                             SW_NEXT_PRIO, 0, 0, current_tgid(&prev_tgid), prev, 0, task_cgroup_id(SW_NEXT_TASK));
+                        events.ringbuf_submit(pr, BPF_RB_NO_WAKEUP);
+                    } else {
+                        count(DROP_RINGBUF);
+                        count(DROP_RINGBUF);
+                    }
+                    have_held = 0;
+                }
+            }
+"""
+_SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken at sched_waking"
 PARTS = {
     # part: (the contender it changes, label, [(from, new, through), ...]): the text from `from`
     # (through `through`, when given) becomes `new`
@@ -196,6 +282,10 @@ PARTS = {
                   [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
                        [(_RESERVE, _OUTPUT, _FILL_END)]),
+    "switch_pair": ("record", "a switch's two records in one reservation",
+                    [(_EMIT_START, _PAIR_EMIT, _FILL_END), (*_HELD_DECL, None), (_OUT_OLD, _OUT_HELD, None),
+                     (_IN_OLD, _IN_PAIR, None),
+                     (_SWITCH_END, "    if (have_held)\n        flush_held(&held);\n" + _SWITCH_END, None)]),
 }
 
 
