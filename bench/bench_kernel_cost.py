@@ -186,22 +186,14 @@ _RETURN = "    if (1)\n        return 0;\n"
 # header (the second written by the program), which user space reads as two
 # slots of its stride: one reservation and one submit per switch fewer.
 _EMIT_START = "// One event of any type, through the task and CPU filters.\n"
-_PAIR_EMIT = """static __always_inline void fill(struct event *e, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm,
+_FILL_FN = """static __always_inline void fill(struct event *e, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm,
                                  u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate, u32 other_pid,
                                  u32 other_tid, u32 stack, u64 cgroup) {
 """ + "".join(f"    e->{f.replace('cgroup_of(cg, task)', 'cgroup')};\n" for f in _FIELDS) + """    COMM_COPY(e->comm, comm);
 }
 
-static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
-                                 const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on, u8 cg,
-                                 const char *task) {
-    if (!task_match(cfg, cpu, tgid, tid, comm))
-        return;
-    struct event *e = reserve(irqs_on);
-    if (!e)
-        return;
-    fill(e, type, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid, stack,
+"""
+_PAIR_FILL = """    fill(e, type, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid, stack,
          cgroup_of(cg, task));
     submit(e);
 }
@@ -283,7 +275,8 @@ PARTS = {
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
                        [(_RESERVE, _OUTPUT, _FILL_END)]),
     "switch_pair": ("record", "a switch's two records in one reservation",
-                    [(_EMIT_START, _PAIR_EMIT, _FILL_END), (*_HELD_DECL, None), (_OUT_OLD, _OUT_HELD, None),
+                    [(_FILL_START, _PAIR_FILL, _FILL_END), (_EMIT_START, _FILL_FN + _EMIT_START, None),
+                     (*_HELD_DECL, None), (_OUT_OLD, _OUT_HELD, None),
                      (_IN_OLD, _IN_PAIR, None),
                      (_SWITCH_END, "    if (have_held)\n        flush_held(&held);\n" + _SWITCH_END, None)]),
 }

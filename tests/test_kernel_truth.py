@@ -201,7 +201,19 @@ def test_record_agrees_with_the_kernels_accounting(tmp_path, storm):
         (tmp_path / str(attempt)).mkdir()
         truth, recs = run_scenario(tmp_path / str(attempt), storm)
         end = recs[-1]
-        assert end["type"] == "end" and end["lost"] == 0, end
+        assert end["type"] == "end", end
+        # On the classic path the kernel skips a program's run while a bpf(2)
+        # map call of any process is under way on its CPU, pstate's own reads
+        # of its counters once a second included (lost_skipped, counted and
+        # reported: pstate-events(5)). A run whose only loss is that is run
+        # once more, and the second must lose nothing (a loss of the
+        # programs' own shows in both). A fresh clone's CI lost one event
+        # here under the storm on the classic path, when the reason was not
+        # printed; it is now.
+        if attempt == 1 and 0 < end["lost"] == end.get("lost_skipped"):
+            print(f"\n{end['lost']} run(s) skipped by the kernel: once more")
+            continue
+        assert end["lost"] == 0, {k: v for k, v in end.items() if k.startswith("lost")}
         assert isinstance(end["clamped"], int) and end["clamped"] >= 0
         print(f"\n{'storm' if storm else 'quiet'}: {end['events']} events, {end['clamped']} clamped pairs")
         slack = truth.pop("irq_steal_cpu1")
