@@ -171,14 +171,22 @@ _SUBMIT = "    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n"
 _RESERVE = "    struct event *e = reserve(irqs_on);\n"
 _FILL_START = "    e->ts = now;\n"
 _FILL_END = "    submit(e);\n}\n"
-_FIELDS = ("ts = now", "dur = dur", "pid = tgid", "tid = tid", "other_pid = other_pid", "other_tid = other_tid",
-           "kstate = kstate", "from = from", "to = to", "cpu = cpu", "type = type", "cause = cause",
-           "prio = prio", "flags = flags", "pad = 0", "stack = stack", "pad2 = 0", "cgroup = cgroup_of(cg, task)")
-_OUTPUT = ("    count_in(irqs_on, STAT_ATTEMPTED);\n    if (sampled_out(irqs_on))\n        return;\n"
-           "    struct event ev;\n" + "".join(f"    ev.{f};\n" for f in _FIELDS) +
-           "    COMM_COPY(ev.comm, comm);\n"
-           "    if (events.ringbuf_output(&ev, sizeof(ev), BPF_RB_NO_WAKEUP) != 0)\n"
-           "        count_in(irqs_on, DROP_RINGBUF);\n}\n")
+
+
+def _fill(text: str) -> str:
+    """emit()'s fill of a reserved record in record.bpf.c, `e->ts = now;`
+    up to its submit: the one list of the record's fields the parts use."""
+    i = text.index(_FILL_START)
+    return text[i:text.index(_FILL_END, i)]
+
+
+def _output(text: str) -> str:
+    return ("    count_in(irqs_on, STAT_ATTEMPTED);\n    if (sampled_out(irqs_on))\n        return;\n"
+            "    struct event ev;\n" + _fill(text).replace("e->", "ev.") +
+            "    if (events.ringbuf_output(&ev, sizeof(ev), BPF_RB_NO_WAKEUP) != 0)\n"
+            "        count_in(irqs_on, DROP_RINGBUF);\n}\n")
+
+
 _RETURN = "    if (1)\n        return 0;\n"
 
 # The "switch_pair" part: a switch's switch-out held on the stack and put
@@ -186,13 +194,15 @@ _RETURN = "    if (1)\n        return 0;\n"
 # header (the second written by the program), which user space reads as two
 # slots of its stride: one reservation and one submit per switch fewer.
 _EMIT_START = "// One event of any type, through the task and CPU filters.\n"
-_FILL_FN = """static __always_inline void fill(struct event *e, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid, const char *comm,
-                                 u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags, u32 kstate, u32 other_pid,
-                                 u32 other_tid, u32 stack, u64 cgroup) {
-""" + "".join(f"    e->{f.replace('cgroup_of(cg, task)', 'cgroup')};\n" for f in _FIELDS) + """    COMM_COPY(e->comm, comm);
-}
 
-"""
+
+def _fill_fn(text: str) -> str:
+    return ("static __always_inline void fill(struct event *e, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,\n"
+            "                                 const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,\n"
+            "                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u64 cgroup) {\n" +
+            _fill(text).replace("cgroup_of(cg, task)", "cgroup") + "}\n\n" + _EMIT_START)
+
+
 _PAIR_FILL = """    fill(e, type, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid, stack,
          cgroup_of(cg, task));
     submit(e);
@@ -259,7 +269,7 @@ _IN_PAIR = """            if (!have_held) {
 _SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken at sched_waking"
 PARTS = {
     # part: (the contender it changes, label, [(from, new, through), ...]): the text from `from`
-    # (through `through`, when given) becomes `new`
+    # (through `through`, when given) becomes `new` (a function: of record.bpf.c's text)
     "no_switch_body": ("record_min_dur", "sched_switch returns at once", [(_SWITCH, _SWITCH + _RETURN, None)]),
     "switch_clock_only": ("record_min_dur", "sched_switch reads the clock and returns",
                           [(_SWITCH + _CLOCK, _SWITCH + _CLOCK + _RETURN, None)]),
@@ -273,9 +283,9 @@ PARTS = {
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
                   [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
-                       [(_RESERVE, _OUTPUT, _FILL_END)]),
+                       [(_RESERVE, _output, _FILL_END)]),
     "switch_pair": ("record", "a switch's two records in one reservation",
-                    [(_FILL_START, _PAIR_FILL, _FILL_END), (_EMIT_START, _FILL_FN + _EMIT_START, None),
+                    [(_FILL_START, _PAIR_FILL, _FILL_END), (_EMIT_START, _fill_fn, None),
                      (*_HELD_DECL, None), (_OUT_OLD, _OUT_HELD, None),
                      (_IN_OLD, _IN_PAIR, None),
                      (_SWITCH_END, "    if (have_held)\n        flush_held(&held);\n" + _SWITCH_END, None)]),
@@ -284,12 +294,13 @@ PARTS = {
 
 def part_source(text: str, part: str) -> str:
     """record.bpf.c with one of PARTS' changes."""
+    source = text
     for old, new, through in PARTS[part][2]:
         if text.count(old) != 1 or (through and through not in text[text.find(old):]):
             sys.exit(f"--parts {part}: bpf/record.bpf.c no longer has the text it changes: {old.strip()!r}")
         i = text.index(old)
         j = text.index(through, i) + len(through) if through else i + len(old)
-        text = text[:i] + new + text[j:]
+        text = text[:i] + (new(source) if callable(new) else new) + text[j:]
     return text
 
 
