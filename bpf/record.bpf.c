@@ -398,8 +398,12 @@ static __always_inline u8 waker_context(void) {
 
 // The wake-up ending a blocked state: from -> runnable at `now`. In
 // interrupt context the waker is no task (whichever task was interrupted
-// is not it): waker 0 and the context in the flags.
+// is not it): waker 0 and the context in the flags. ctx WAKER_CURRENT: the
+// waker is the current task, its ids and this CPU's context read only when
+// the wake-up is reported (not on the path --min-dur or a filter drops).
 // task: the wakee (bpf/tpargs.h WK_TASK, SW_NEXT_TASK), for its cgroup id.
+#define WAKER_CURRENT 0xff
+
 static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tgid, struct task_state *ts,
                                   const char *comm, u8 cause, u32 target_cpu, u32 waker_pid, u32 waker_tid, u8 ctx,
                                   const char *task) {
@@ -420,6 +424,12 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         }
     }
     if (transition_match(cfg, from, ST_RUNNABLE, dur)) {
+        if (ctx == WAKER_CURRENT) {
+            u64 id = bpf_get_current_pid_tgid();
+            waker_pid = id >> 32;
+            waker_tid = (u32)id;
+            ctx = waker_context();
+        }
         // kstate carries the CPU the task was queued on (waking: the one it last ran on).
         if (ctx)
             waker_pid = waker_tid = 0;
@@ -586,8 +596,7 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
         if (st == ST_RUNNABLE || st == ST_PREEMPTED)
             return;
     }
-    u64 id = bpf_get_current_pid_tgid();
-    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, id >> 32, (u32)id, waker_context(), task);
+    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, 0, 0, WAKER_CURRENT, task);
 }
 
 PSTATE_PROBE(sched, sched_waking) {

@@ -66,3 +66,15 @@ def test_parts_write_a_directory_each(tmp_path):
         with open(os.path.join(d, "record.bpf.c")) as f:
             assert f.read() == BENCH.part_source(_record(), part)
         assert os.path.exists(os.path.join(d, "pstate.h"))
+
+
+def test_the_switch_halves_each_leave_the_other_side_out():
+    """switch_prev_only returns where next's side begins; switch_next_only
+    never enters prev's (the idle branch after it stays)"""
+    text = _record()
+    prev_only = BENCH.part_source(text, "switch_prev_only")
+    start = prev_only.index("PSTATE_PROBE(sched, sched_switch)")
+    next_side = prev_only.index("    if (next != 0) {", start)
+    assert prev_only[:next_side].endswith(BENCH._RETURN)
+    next_only = BENCH.part_source(text, "switch_next_only")
+    assert "    if (prev != 0 && 0) {\n" in next_only[next_only.index("PSTATE_PROBE(sched, sched_switch)"):]
