@@ -10,7 +10,9 @@ is bracketed by untraced ones), for:
   minimal tp_btf per-thread accounting program (two array lookups, a clock
   read, sums; pids by direct load), both built the way pstate builds its
   programs (bpf/tpargs.h, offsets from the kernel's BTF, pstate's loader):
-  the floor every change is judged against in its own sitting;
+  the floor every change is judged against in its own sitting; acct_ts, the
+  same accounting with its rows in task local storage (a helper call per
+  row, found from the task pointer, where the array needs the pid);
 - snap, record --min-dur 1ms, record (all events) on the tp_btf path, and
   the same on the classic tracepoint path (keys ending in _tp), record
   --stacks (the storm is all S: what taking D stacks costs every other
@@ -130,6 +132,39 @@ PSTATE_PROBE(sched, sched_switch) {
 PSTATE_PROBE(sched, sched_waking) {
     u32 pid = WK_PID;
     struct acct *a = acct.lookup(&pid);
+    if (a)
+        a->wakeups++;
+    return 0;
+}
+"""
+# The same accounting with the rows in task local storage (the task's own
+# storage, found from the tracepoint's task pointer: no pid read, no array)
+ACCT_TS_C = """#include "tpargs.h"
+struct acct {
+    u64 since;
+    u64 run_ns;
+    u64 switches;
+    u64 wakeups;
+};
+BPF_TASK_STORAGE(acct, struct acct);
+
+PSTATE_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    struct acct *a = acct.task_storage_get((void *)ctx[1], 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (a) {
+        if (a->since)
+            a->run_ns += now - a->since;
+        a->switches++;
+        a->since = now;
+    }
+    a = acct.task_storage_get((void *)ctx[2], 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (a)
+        a->since = now;
+    return 0;
+}
+
+PSTATE_PROBE(sched, sched_waking) {
+    struct acct *a = acct.task_storage_get((void *)ctx[0], 0, 0);
     if (a)
         a->wakeups++;
     return 0;
@@ -412,6 +447,8 @@ def make_contenders(src: str, against: str | None, tag: str,
                        _self("floor_btf"), ready=f"text:{READY}"),
           ct.Contender("acct_btf", "minimal tp_btf accounting (pstate's loader)", "floor", _self("acct_btf"),
                        ready=f"text:{READY}"),
+          ct.Contender("acct_ts", "minimal tp_btf accounting, rows in task local storage", "floor",
+                       _self("acct_ts"), ready=f"text:{READY}"),
           ct.Contender("count_tp", "bpftrace's sched_switch count as pstate's loader builds it", "floor",
                        _self("count_tp"), ready=f"text:{READY}")]
     for d, suffix, what in ((src, "", "bpf/"), (against, f"_{tag}", tag)):
@@ -792,6 +829,8 @@ def main() -> int:
         return floor_main(FLOOR_BTF_C, "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "acct_btf":
         return floor_main(ACCT_BTF_C, "tp_btf")
+    if len(sys.argv) > 1 and sys.argv[1] == "acct_ts":
+        return floor_main(ACCT_TS_C, "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "count_tp":
         return floor_main(COUNT_TP_C)
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
