@@ -302,9 +302,15 @@ _IN_PAIR = """            if (!have_held) {
             }
 """
 _SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken at sched_waking"
+# A part whose slots user space cannot read (another size than struct event's)
+# runs with a reader that only moves the consumer position to the producer's
+# (pstate-unread): every record of such a part is discarded, and the reader
+# that decodes by struct event's stride would stall on them and let the ring
+# fill, which measures dropped events, not records.
+UNREAD = "unread"
 PARTS = {
-    # part: (the contender it changes, label, [(from, new, through), ...]): the text from `from`
-    # (through `through`, when given) becomes `new` (a function: of record.bpf.c's text)
+    # part: (the contender it changes, label, [(from, new, through), ...][, UNREAD]): the text from
+    # `from` (through `through`, when given) becomes `new` (a function: of record.bpf.c's text)
     "no_switch_body": ("record_min_dur", "sched_switch returns at once", [(_SWITCH, _SWITCH + _RETURN, None)]),
     "switch_clock_only": ("record_min_dur", "sched_switch reads the clock and returns",
                           [(_SWITCH + _CLOCK, _SWITCH + _CLOCK + _RETURN, None)]),
@@ -323,6 +329,26 @@ PARTS = {
                      [(_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)]),
     "reserve_discard": ("record", "each record reserved and discarded, not filled",
                         [(_FILL_START, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n}\n", _FILL_END)]),
+    "small_discard": ("record", "each record reserved as its first 48 bytes (no name, stack, cgroup), filled, "
+                      "then discarded",
+                      [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
+                        "    struct event *e = events.ringbuf_reserve(48);\n", None),
+                       ("    COMM_COPY(e->comm, comm);\n", "", "    e->cgroup = cgroup_of(cg, task);\n"),
+                       (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+    "small56_discard": ("record", "each record reserved as 56 bytes (its first 48 and the cgroup id: no name, no "
+                        "stack), filled, then discarded",
+                        [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
+                          "    struct event *e = events.ringbuf_reserve(56);\n", None),
+                         ("    COMM_COPY(e->comm, comm);\n", "    *(u64 *)((char *)e + 48) = cgroup_of(cg, task);\n",
+                          "    e->cgroup = cgroup_of(cg, task);\n"),
+                         (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+    "unread_discard": ("record", "each record filled, then discarded, its slot never read (the reference for the "
+                       "slot sizes above)",
+                       [(_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+    "big_discard": ("record", "each record reserved as 120 bytes (a 128-byte slot), filled, then discarded",
+                    [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
+                      "    struct event *e = events.ringbuf_reserve(sizeof(struct event) + 40);\n", None),
+                     (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
                   [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
@@ -420,9 +446,21 @@ def attached_until_stopped() -> None:
         time.sleep(0.05)
 
 
-def pstate_main(src_dir: str, args: list[str], prefix: str = "") -> int:
-    """pstate with its BPF C taken from src_dir (after `prefix`)."""
+def pstate_main(src_dir: str, args: list[str], prefix: str = "", unread: bool = False) -> int:
+    """pstate with its BPF C taken from src_dir (after `prefix`); `unread`:
+    record's ring reader reads nothing and moves the consumer position to
+    the producer's (see UNREAD)."""
     _patch_source(src_dir, prefix=prefix)
+    if unread:
+        import struct
+
+        from pstate.kernel import loader
+
+        def read(self, max_records=None):
+            self._cons_pos.value = struct.unpack_from("<Q", self.prod, 0)[0]
+            return memoryview(b""), 0
+
+        loader.RingReader.read = read
     from pstate.main import main
 
     sys.argv = ["pstate"] + args
@@ -487,8 +525,9 @@ def make_contenders(src: str, against: str | None, tag: str,
     for part, d in (parts or {}).items():
         base, label = PARTS[part][:2]
         extra = ("--min-dur", "1ms") if base == "record_min_dur" else ()
+        mode = "pstate-unread" if UNREAD in PARTS[part][3:] else "pstate"
         cs.append(ct.Contender(f"{base}_{part}", f"pstate {' '.join(('record',) + extra)}: {label}", "record",
-                               _self("pstate", d, "record", "-q", "-o", "{out}", *extra), ready="meta"))
+                               _self(mode, d, "record", "-q", "-o", "{out}", *extra), ready="meta"))
     cs += [c for c in ct.default_contenders() if c.key == "bpftrace"]
     return cs
 
@@ -835,6 +874,8 @@ def main() -> int:
         return floor_main(COUNT_TP_C)
     if len(sys.argv) > 2 and sys.argv[1] == "pstate":
         return pstate_main(sys.argv[2], sys.argv[3:])
+    if len(sys.argv) > 2 and sys.argv[1] == "pstate-unread":
+        return pstate_main(sys.argv[2], sys.argv[3:], unread=True)
     if len(sys.argv) > 2 and sys.argv[1] == "pstate-nohist":
         return pstate_main(sys.argv[2], sys.argv[3:], NO_HIST)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],

@@ -78,3 +78,17 @@ def test_the_switch_halves_each_leave_the_other_side_out():
     assert prev_only[:next_side].endswith(BENCH._RETURN)
     next_only = BENCH.part_source(text, "switch_next_only")
     assert "    if (prev != 0 && 0) {\n" in next_only[next_only.index("PSTATE_PROBE(sched, sched_switch)"):]
+
+
+@pytest.mark.parametrize("part,size,beyond", [("small_discard", "48", 0), ("small56_discard", "56", 1)])
+def test_small_records_write_nothing_past_their_reservation(part, size, beyond):
+    """the fields after the first 48 bytes (name, stack, cgroup) are gone
+    from the fill; small56 writes the cgroup id at byte 48, inside its 56"""
+    out = BENCH.part_source(_record(), part)
+    assert f"events.ringbuf_reserve({size});" in out
+    body = out[out.index("static __always_inline void emit("):]
+    body = body[:body.index("\n}\n")]
+    for field in ("comm", "stack", "pad2", "cgroup"):
+        assert f"e->{field}" not in body
+    assert body.count("(char *)e + 48") == beyond
+    assert "ringbuf_discard" in out and "ringbuf_submit" not in out
