@@ -349,6 +349,12 @@ PARTS = {
                     [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
                       "    struct event *e = events.ringbuf_reserve(sizeof(struct event) + 40);\n", None),
                      (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+    "no_switch_in_records": ("record", "no switch-in records (switch-outs and wake-ups only)",
+                             [(_IN_OLD, "            (void)comm;\n", None)]),
+    "no_wakeup_records": ("record", "no wake-up records (switch-outs and switch-ins only)",
+                          [("        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, "
+                            "ST_RUNNABLE, dur, cause, -1, ctx,\n",
+                            "        (void)comm;\n", "CG_TASK, task);\n")]),
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
                   [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",

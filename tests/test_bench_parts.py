@@ -92,3 +92,15 @@ def test_small_records_write_nothing_past_their_reservation(part, size, beyond):
         assert f"e->{field}" not in body
     assert body.count("(char *)e + 48") == beyond
     assert "ringbuf_discard" in out and "ringbuf_submit" not in out
+
+
+def test_the_record_parts_drop_one_kind_of_record_only():
+    text = _record()
+    no_in = BENCH.part_source(text, "no_switch_in_records")
+    assert "CAUSE_SWITCH_IN, SW_NEXT_PRIO,\n                       0, 0" not in no_in
+    assert no_in.count("CAUSE_SWITCH_OUT") == text.count("CAUSE_SWITCH_OUT")
+    no_wake = BENCH.part_source(text, "no_wakeup_records")
+    woken = no_wake[no_wake.index("static __always_inline void woken("):]
+    woken = woken[:woken.index("\n}\n")]
+    assert "emit_state(" not in woken and "set_state(" in woken
+    assert no_wake.count("CAUSE_SWITCH_IN") == text.count("CAUSE_SWITCH_IN")

@@ -111,15 +111,22 @@ def link_info(fd: int) -> dict:
     return {"type": ltype, "id": lid, "prog_id": prog_id}
 
 
-def prog_stats(prog_id: int) -> dict:
-    """bpfsys.prog_info of a program by its id: name, run_time_ns and
-    run_cnt (counted while kernel.bpf_stats_enabled is 1), recursion_misses."""
+@contextlib.contextmanager
+def prog_fd(prog_id: int):
+    """An fd of the program with this id, closed on leaving."""
     attr = bpfsys._attr("<I", prog_id)
     fd = _check(bpfsys.bpf(PROG_GET_FD_BY_ID, attr), f"opening program {prog_id}")
     try:
-        return bpfsys.prog_info(fd)
+        yield fd
     finally:
         os.close(fd)
+
+
+def prog_stats(prog_id: int) -> dict:
+    """bpfsys.prog_info of a program by its id: name, run_time_ns and
+    run_cnt (counted while kernel.bpf_stats_enabled is 1), recursion_misses."""
+    with prog_fd(prog_id) as fd:
+        return bpfsys.prog_info(fd)
 
 
 def object_id(fd: int) -> int:

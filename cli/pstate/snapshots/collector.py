@@ -218,11 +218,12 @@ class PinnedProgram:
         for target in self.doc.get("links", []):
             with contextlib.suppress(OSError):
                 ids.append(pins.link_info(self.found.fd(_pin_name("link", target)))["prog_id"])
-        total = 0
-        for prog_id in set(ids):
-            with contextlib.suppress(OSError):
-                total += pins.prog_stats(prog_id)["recursion_misses"]
-        return total
+        with contextlib.ExitStack() as stack:
+            fds = []
+            for prog_id in set(ids):
+                with contextlib.suppress(OSError):
+                    fds.append(stack.enter_context(pins.prog_fd(prog_id)))
+            return loader.skipped_runs(fds)
 
     def close(self) -> None:
         self._tables.clear()
