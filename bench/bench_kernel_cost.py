@@ -355,6 +355,13 @@ PARTS = {
                           [("        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, "
                             "ST_RUNNABLE, dur, cause, -1, ctx,\n",
                             "        (void)comm;\n", "CG_TASK, task);\n")]),
+    "bare_reserve_discard": ("record", "each record only reserved and discarded: no filter test, count or fill",
+                             [("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n"
+                               "    struct event *e = reserve(irqs_on);\n",
+                               "    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n"
+                               "    if (e)\n        events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n}\n", _FILL_END)]),
+    "no_attempted_count": ("record", "no count of the events tried (STAT_ATTEMPTED)",
+                           [("    count_in(irqs_on, STAT_ATTEMPTED);\n", "", None)]),
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
                   [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",

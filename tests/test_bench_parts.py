@@ -104,3 +104,12 @@ def test_the_record_parts_drop_one_kind_of_record_only():
     woken = woken[:woken.index("\n}\n")]
     assert "emit_state(" not in woken and "set_state(" in woken
     assert no_wake.count("CAUSE_SWITCH_IN") == text.count("CAUSE_SWITCH_IN")
+
+
+def test_bare_reserve_discard_keeps_nothing_but_the_two_ring_calls():
+    out = BENCH.part_source(_record(), "bare_reserve_discard")
+    body = out[out.index("static __always_inline void emit("):]
+    body = body[:body.index("\n}\n")]
+    assert "ringbuf_reserve(sizeof(struct event))" in body and "ringbuf_discard(e, BPF_RB_NO_WAKEUP)" in body
+    assert "task_match(" not in body and "reserve(irqs_on)" not in body and "e->" not in body
+    assert "STAT_ATTEMPTED" not in BENCH.part_source(_record(), "no_attempted_count").split("reserve(u8 irqs_on)")[1][:300]
