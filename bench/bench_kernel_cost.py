@@ -206,6 +206,9 @@ _SUBMIT = "    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n"
 _RESERVE = "    struct event *e = reserve(irqs_on);\n"
 _FILL_START = "    e->ts = now;\n"
 _FILL_END = "    submit(e);\n}\n"
+_DISCARD = "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n"
+_TO_DISCARD = (_SUBMIT, _DISCARD, None)  # submit() discards instead
+_RB_RESERVE = "    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n"
 
 
 def _fill(text: str) -> str:
@@ -223,6 +226,7 @@ def _output(text: str) -> str:
 
 
 _RETURN = "    if (1)\n        return 0;\n"
+_NEXT_SIDE = "    if (next != 0) {\n        struct task_state *ts = task_row(next);\n"
 
 # The "switch_pair" part: a switch's switch-out held on the stack and put
 # with its switch-in into one reservation of two records, each with a
@@ -318,37 +322,33 @@ PARTS = {
                        [("PSTATE_PROBE(sched, sched_waking) {\n",
                          "PSTATE_PROBE(sched, sched_waking) {\n" + _RETURN, None)]),
     "switch_prev_only": ("record_min_dur", "sched_switch does prev's side only (returns before next's)",
-                         [("    if (next != 0) {\n        struct task_state *ts = task_row(next);\n",
-                           _RETURN + "    if (next != 0) {\n        struct task_state *ts = task_row(next);\n", None)]),
+                         [(_NEXT_SIDE, _RETURN + _NEXT_SIDE, None)]),
     "switch_next_only": ("record_min_dur", "sched_switch does next's side only (skips prev's)",
                          [("    if (prev != 0) {\n", "    if (prev != 0 && 0) {\n", None)]),
     "no_irq_clear": ("record_min_dur", "sched_switch does not clear the CPU's interrupt marks",
                      [("        struct irq_ctx *ic = irq_state.lookup(&zero);\n        if (ic && *(u64 *)ic)\n",
                        "        struct irq_ctx *ic = irq_state.lookup(&zero);\n        if (0)\n", None)]),
     "fill_discard": ("record", "each record filled, then discarded (bpf_ringbuf_discard)",
-                     [(_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)]),
+                     [_TO_DISCARD]),
     "reserve_discard": ("record", "each record reserved and discarded, not filled",
-                        [(_FILL_START, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n}\n", _FILL_END)]),
+                        [(_FILL_START, _DISCARD + "}\n", _FILL_END)]),
     "small_discard": ("record", "each record reserved as its first 48 bytes (no name, stack, cgroup), filled, "
                       "then discarded",
-                      [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
-                        "    struct event *e = events.ringbuf_reserve(48);\n", None),
+                      [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "48"), None),
                        ("    COMM_COPY(e->comm, comm);\n", "", "    e->cgroup = cgroup_of(cg, task);\n"),
-                       (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+                       _TO_DISCARD], UNREAD),
     "small56_discard": ("record", "each record reserved as 56 bytes (its first 48 and the cgroup id: no name, no "
                         "stack), filled, then discarded",
-                        [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
-                          "    struct event *e = events.ringbuf_reserve(56);\n", None),
+                        [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "56"), None),
                          ("    COMM_COPY(e->comm, comm);\n", "    *(u64 *)((char *)e + 48) = cgroup_of(cg, task);\n",
                           "    e->cgroup = cgroup_of(cg, task);\n"),
-                         (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+                         _TO_DISCARD], UNREAD),
     "unread_discard": ("record", "each record filled, then discarded, its slot never read (the reference for the "
                        "slot sizes above)",
-                       [(_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+                       [_TO_DISCARD], UNREAD),
     "big_discard": ("record", "each record reserved as 120 bytes (a 128-byte slot), filled, then discarded",
-                    [("    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n",
-                      "    struct event *e = events.ringbuf_reserve(sizeof(struct event) + 40);\n", None),
-                     (_SUBMIT, "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n", None)], UNREAD),
+                    [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "sizeof(struct event) + 40"), None),
+                     _TO_DISCARD], UNREAD),
     "no_switch_in_records": ("record", "no switch-in records (switch-outs and wake-ups only)",
                              [(_IN_OLD, "            (void)comm;\n", None)]),
     "no_wakeup_records": ("record", "no wake-up records (switch-outs and switch-ins only)",
@@ -358,8 +358,7 @@ PARTS = {
     "bare_reserve_discard": ("record", "each record only reserved and discarded: no filter test, count or fill",
                              [("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n"
                                "    struct event *e = reserve(irqs_on);\n",
-                               "    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n"
-                               "    if (e)\n        events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n}\n", _FILL_END)]),
+                               _RB_RESERVE + "    if (e)\n    " + _DISCARD + "}\n", _FILL_END)]),
     "no_attempted_count": ("record", "no count of the events tried (STAT_ATTEMPTED)",
                            [("    count_in(irqs_on, STAT_ATTEMPTED);\n", "", None)]),
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
@@ -465,12 +464,10 @@ def pstate_main(src_dir: str, args: list[str], prefix: str = "", unread: bool = 
     the producer's (see UNREAD)."""
     _patch_source(src_dir, prefix=prefix)
     if unread:
-        import struct
-
         from pstate.kernel import loader
 
         def read(self, max_records=None):
-            self._cons_pos.value = struct.unpack_from("<Q", self.prod, 0)[0]
+            self.skip()
             return memoryview(b""), 0
 
         loader.RingReader.read = read

@@ -573,6 +573,11 @@ class RingReader:
         start = self.page + (cons_pos & self.mask)
         return self.view[start:start + n * self.stride], n
 
+    def skip(self) -> None:
+        """Give up every record committed so far, unread: the consumer
+        position moves to the producer's (records of any size)."""
+        self._cons_pos.value = struct.unpack_from("<Q", self.prod, 0)[0]
+
     def commit(self, nrecords: int) -> None:
         if nrecords:
             # An aligned 8-byte store; the kernel reads it with smp_load_acquire.
