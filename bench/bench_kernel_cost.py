@@ -203,9 +203,9 @@ READY = "bench-kernel-cost: attached"
 _SWITCH = "PSTATE_PROBE(sched, sched_switch) {\n"
 _CLOCK = "    u64 now = bpf_ktime_get_ns();\n"
 _SUBMIT = "    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n"
-_RESERVE = "    struct event *e = reserve(irqs_on);\n"
+_RESERVE = "    struct slot_pos *pos = 0;\n    struct event *e = reserve(irqs_on, &pos);\n"
 _FILL_START = "    e->ts = now;\n"
-_FILL_END = "    submit(e);\n}\n"
+_FILL_END = "    submit(e, pos);\n}\n"
 _DISCARD = "    events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);\n"
 _TO_DISCARD = (_SUBMIT, _DISCARD, None)  # submit() discards instead
 _RB_RESERVE = "    struct event *e = events.ringbuf_reserve(sizeof(struct event));\n"
@@ -226,6 +226,12 @@ def _output(text: str) -> str:
 
 
 _RETURN = "    if (1)\n        return 0;\n"
+# Every record through the ring buffer, none into the per-CPU slots: record as
+# it was before the slots (the parts that take the ring buffer apart need it).
+_SLOT_START = "    u32 cpu = bpf_get_smp_processor_id();\n    struct slot_pos *p = slot_pos.lookup(&cpu);\n"
+_RING_ONLY = (_SLOT_START, _RETURN + _SLOT_START, None)
+_NO_FALLBACK = ("        if (se || full)\n            return se;\n", "        return se;\n", None)
+_SLOT_INDEX = "    u32 i = cpu * CPU_SLOTS + (u32)(head & (CPU_SLOTS - 1));\n"
 _NEXT_SIDE = "    if (next != 0) {\n        struct task_state *ts = task_row(next);\n"
 
 # The "switch_pair" part: a switch's switch-out held on the stack and put
@@ -244,7 +250,7 @@ def _fill_fn(text: str) -> str:
 
 _PAIR_FILL = """    fill(e, type, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid, other_tid, stack,
          cgroup_of(cg, task));
-    submit(e);
+    submit(e, pos);
 }
 
 struct event_pair {
@@ -261,7 +267,7 @@ static __always_inline void flush_held(struct event *held) {
         return;
     }
     *e = *held;
-    submit(e);
+    submit(e, 0);
 }
 """
 _HELD_DECL = ("    u32 prev_tgid = 0; // through current_tgid()\n    COMM_BUF(comm);\n",
@@ -306,6 +312,36 @@ _IN_PAIR = """            if (!have_held) {
             }
 """
 _SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken at sched_waking"
+# "staged_output", the other way to fewer ring calls, measured before the
+# per-CPU slots (bpf/record.bpf.c struct slot) were built: each record is
+# written to a per-CPU staging buffer of STAGE_N and the buffer is copied
+# into the ring by one bpf_ringbuf_output when it is full (one call per
+# STAGE_N records instead of two per record). It measures a CPU's own
+# records only: it ignores nesting and the flush of a quiet CPU, which a
+# real producer must handle (0.834 against the slots' 0.849 in one sitting).
+_RB_DECL = "BPF_RINGBUF_OUTPUT(events, RB_PAGES);\n"
+_STAGE_DECL = _RB_DECL + """#define STAGE_N 16
+struct stage_buf {
+    u32 n;
+    u32 pad;
+    struct event ev[STAGE_N];
+};
+BPF_PERCPU_ARRAY(stage, struct stage_buf, 1);
+"""
+_TAKE = ("    count_in(irqs_on, STAT_ATTEMPTED);\n    if (sampled_out(irqs_on))\n        return;\n"
+         "    u32 zero = 0;\n")
+
+
+def _staged(text: str) -> str:
+    return (_TAKE + "    struct stage_buf *sb = stage.lookup(&zero);\n    if (!sb)\n        return;\n"
+            "    u32 n = sb->n;\n    if (n >= STAGE_N)\n        n = 0;\n    struct event *e = &sb->ev[n];\n" +
+            _fill(text) +
+            "    if (n + 1 < STAGE_N) {\n        sb->n = n + 1;\n        return;\n    }\n    sb->n = 0;\n"
+            "    void *out = &sb->ev[0]; // (BCC's rewriter aborts on sizeof(sb->ev))\n"
+            "    if (events.ringbuf_output(out, STAGE_N * sizeof(struct event), BPF_RB_NO_WAKEUP) != 0)\n"
+            "        count_in(irqs_on, DROP_RINGBUF);\n}\n")
+
+
 # A part whose slots user space cannot read (another size than struct event's)
 # runs with a reader that only moves the consumer position to the producer's
 # (pstate-unread): every record of such a part is discarded, and the reader
@@ -328,45 +364,68 @@ PARTS = {
     "no_irq_clear": ("record_min_dur", "sched_switch does not clear the CPU's interrupt marks",
                      [("        struct irq_ctx *ic = irq_state.lookup(&zero);\n        if (ic && *(u64 *)ic)\n",
                        "        struct irq_ctx *ic = irq_state.lookup(&zero);\n        if (0)\n", None)]),
+    "ring_buffer": ("record", "every record through the ring buffer (record before the per-CPU slots)",
+                    [_RING_ONLY]),
+    "slots_unread": ("record", "the per-CPU slots never read (the reader only moves the tails to the heads)",
+                     [("#include \"pstate.h\"\n", "// records never read (UNREAD)\n#include \"pstate.h\"\n", None)],
+                     UNREAD),
+    "slots_no_busy": ("record", "the per-CPU slots without their busy mark (unsafe where programs nest)",
+                      [("    if (!p || p->busy)\n", "    if (!p)\n", None), ("    p->busy = 1;\n", "", None),
+                       ("        pos->busy = 0;\n", "", None)]),
+    "slots_no_fallback": ("record", "the sched programs' records never fall back to the ring buffer (no ring call "
+                          "in their code)", [_NO_FALLBACK]),
+    "slots_bare": ("record", "the per-CPU slots with no fallback, no busy mark and no check for room",
+                   [_NO_FALLBACK, ("    if (!p || p->busy)\n", "    if (!p)\n", None), ("    p->busy = 1;\n", "", None),
+                    ("        pos->busy = 0;\n", "", None),
+                    ("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS) {\n", "    if (0) {\n", None)]),
+    "slots_no_tail": ("record", "the per-CPU slots never checked for room (overwrite the oldest)",
+                      [("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS) {\n", "    if (0) {\n", None)]),
+    **{f"slots_{n}_unread": ("record", f"the per-CPU slots never read, each CPU's index wrapping at {n} "
+                                   f"({n * 96 // 1024} KiB a CPU: fewer cache lines cycled through)",
+                                   [(_SLOT_INDEX, _SLOT_INDEX.replace("(CPU_SLOTS - 1)", str(n - 1)), None)], UNREAD)
+        for n in (1024, 8192)},
     "fill_discard": ("record", "each record filled, then discarded (bpf_ringbuf_discard)",
-                     [_TO_DISCARD]),
+                     [_RING_ONLY, _TO_DISCARD]),
     "reserve_discard": ("record", "each record reserved and discarded, not filled",
-                        [(_FILL_START, _DISCARD + "}\n", _FILL_END)]),
+                        [_RING_ONLY, (_FILL_START, _DISCARD + "}\n", _FILL_END)]),
     "small_discard": ("record", "each record reserved as its first 48 bytes (no name, stack, cgroup), filled, "
                       "then discarded",
-                      [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "48"), None),
+                      [_RING_ONLY, (_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "48"), None),
                        ("    COMM_COPY(e->comm, comm);\n", "", "    e->cgroup = cgroup_of(cg, task);\n"),
                        _TO_DISCARD], UNREAD),
     "small56_discard": ("record", "each record reserved as 56 bytes (its first 48 and the cgroup id: no name, no "
                         "stack), filled, then discarded",
-                        [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "56"), None),
+                        [_RING_ONLY, (_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "56"), None),
                          ("    COMM_COPY(e->comm, comm);\n", "    *(u64 *)((char *)e + 48) = cgroup_of(cg, task);\n",
                           "    e->cgroup = cgroup_of(cg, task);\n"),
                          _TO_DISCARD], UNREAD),
     "unread_discard": ("record", "each record filled, then discarded, its slot never read (the reference for the "
                        "slot sizes above)",
-                       [_TO_DISCARD], UNREAD),
+                       [_RING_ONLY, _TO_DISCARD], UNREAD),
     "big_discard": ("record", "each record reserved as 120 bytes (a 128-byte slot), filled, then discarded",
-                    [(_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "sizeof(struct event) + 40"), None),
+                    [_RING_ONLY,
+                     (_RB_RESERVE, _RB_RESERVE.replace("sizeof(struct event)", "sizeof(struct event) + 40"), None),
                      _TO_DISCARD], UNREAD),
     "no_switch_in_records": ("record", "no switch-in records (switch-outs and wake-ups only)",
-                             [(_IN_OLD, "            (void)comm;\n", None)]),
+                             [_RING_ONLY, (_IN_OLD, "            (void)comm;\n", None)]),
     "no_wakeup_records": ("record", "no wake-up records (switch-outs and switch-ins only)",
-                          [("        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, "
+                          [_RING_ONLY,
+                           ("        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, "
                             "ST_RUNNABLE, dur, cause, -1, ctx,\n",
                             "        (void)comm;\n", "CG_TASK, task);\n")]),
     "bare_reserve_discard": ("record", "each record only reserved and discarded: no filter test, count or fill",
-                             [("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n"
-                               "    struct event *e = reserve(irqs_on);\n",
+                             [_RING_ONLY, ("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n" + _RESERVE,
                                _RB_RESERVE + "    if (e)\n    " + _DISCARD + "}\n", _FILL_END)]),
     "no_attempted_count": ("record", "no count of the events tried (STAT_ATTEMPTED)",
-                           [("    count_in(irqs_on, STAT_ATTEMPTED);\n", "", None)]),
+                           [_RING_ONLY, ("    count_in(irqs_on, STAT_ATTEMPTED);\n", "", None)]),
     "no_cgroup": ("record", "no cgroup id read (0 in every record)",
-                  [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
+                  [_RING_ONLY, ("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
                        [(_RESERVE, _output, _FILL_END)]),
+    "staged_output": ("record", "records staged per CPU, 16 copied into the ring by one bpf_ringbuf_output",
+                      [(_RB_DECL, _STAGE_DECL, None), (_RESERVE, _staged, _FILL_END)], UNREAD),
     "switch_pair": ("record", "a switch's two records in one reservation",
-                    [(_FILL_START, _PAIR_FILL, _FILL_END), (_EMIT_START, _fill_fn, None),
+                    [_RING_ONLY, (_FILL_START, _PAIR_FILL, _FILL_END), (_EMIT_START, _fill_fn, None),
                      (*_HELD_DECL, None), (_OUT_OLD, _OUT_HELD, None),
                      (_IN_OLD, _IN_PAIR, None),
                      (_SWITCH_END, "    if (have_held)\n        flush_held(&held);\n" + _SWITCH_END, None)]),
@@ -466,11 +525,14 @@ def pstate_main(src_dir: str, args: list[str], prefix: str = "", unread: bool = 
     if unread:
         from pstate.kernel import loader
 
+        from pstate.kernel import slotrings
+
         def read(self, max_records=None):
             self.skip()
             return memoryview(b""), 0
 
         loader.RingReader.read = read
+        slotrings.SlotRings.read = read
     from pstate.main import main
 
     sys.argv = ["pstate"] + args
@@ -530,6 +592,10 @@ def make_contenders(src: str, against: str | None, tag: str,
                          "record", _self("pstate", d, "record", "-q", "-o", "{out}", "-c", "perf",
                                          "--cpu", "1"), ready="meta"),
         ]
+        # smaller buffers: fewer cache lines cycled through by the producers (and room for fewer events)
+        cs += [ct.Contender(f"record_buffer_{size.lower()}{suffix}", f"pstate record --buffer-size {size} ({what})",
+                            "record", _self("pstate", d, "record", "-q", "-o", "{out}", "--buffer-size", size),
+                            ready="meta") for size in ("1M", "256K")]
         if suffix:  # the BPF C of an older revision may have no stack map
             cs = [c for c in cs if not c.key.startswith("record_stacks")]
     for part, d in (parts or {}).items():

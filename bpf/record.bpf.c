@@ -25,6 +25,9 @@
 //   STACK_ENTRIES  record --stacks: size of the stack-trace map (unset: no map,
 //                  no stacks; the program cache keeps no stack map)
 //   TP_BTF         the tp_btf path, with its offsets (bpf/tpargs.h)
+//   CPU_SLOTS      records of the sched programs go to per-CPU runs of this
+//                  many slots (a power of two) instead of the ring buffer
+//                  (see struct slot), for SLOT_CPUS possible CPUs
 //   LIFE_RAW       the tracepoint path, lifecycle programs as raw tracepoints
 //                  (bpf/tpargs.h), with TASK_PID and TASK_COMM
 //
@@ -100,6 +103,37 @@ BPF_HASH(seeds, u32, struct task_state, MAX_TASKS);
 BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
 #endif
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
+#ifdef CPU_SLOTS
+// Per-CPU slot rings: each CPU's run of CPU_SLOTS slots, written only by the
+// programs on that CPU, with no helper call: the ring buffer's reserve and
+// submit are two calls and a lock per record, about half of what record pays
+// over --min-dur in a switch storm. A slot is laid out as a ring buffer
+// record (user space writes every header once: the length, never busy), so
+// user space decodes both alike; it reads each CPU's run between tail and
+// head and merges the runs by time (pstate/kernel/slotrings.py).
+//
+// A slot's fields are stored before head moves past it: a compiler barrier
+// is enough where stores are not reordered (x86-64, where user space turns
+// this on); user space writes tail once it has copied the slots out.
+// Only programs that run with interrupts off write slots (those of the
+// sched tracepoints); the rest use the ring buffer, and so does a program
+// that finds its CPU's run in use by one it interrupted (busy), so two never
+// write one slot.
+struct slot {
+    u32 len; // written by user space: sizeof(struct event), never busy
+    u32 pg_off;
+    struct event ev;
+};
+struct slot_pos {
+    u64 head;  // slots written on this CPU (the program's)
+    u64 busy;  // a program on this CPU is writing a slot
+    u64 pad[6];
+    u64 tail;  // slots copied out (user space's), on a cache line of its own
+    u64 pad2[7];
+};
+BPF_F_TABLE("array", u32, struct slot, slots, SLOT_CPUS * CPU_SLOTS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", u32, struct slot_pos, slot_pos, SLOT_CPUS, BPF_F_MMAPABLE);
+#endif
 BPF_PERCPU_ARRAY(counters, u64, REC_NR_COUNTERS);
 BPF_ARRAY(settings, struct settings, 1);
 BPF_HASH(pid_filter, u32, u8, 16384); // -p values, and with TF_FOLLOW their descendants
@@ -283,11 +317,47 @@ static __always_inline int sampled_out(u8 irqs_on) {
     return 0;
 }
 
-// irqs_on: called from a program that runs with interrupts on (see count_atomic)
-static __always_inline struct event *reserve(u8 irqs_on) {
+struct slot_pos;
+
+#ifdef CPU_SLOTS
+// This CPU's next slot, marked busy (*pos: its run's positions), or 0: the
+// run is full (*full: the record is lost, counted), or in use by the program
+// this one interrupted, or this CPU has none (*pos 0: use the ring buffer).
+static __always_inline struct event *slot_take(struct slot_pos **pos, u8 *full) {
+    u32 cpu = bpf_get_smp_processor_id();
+    struct slot_pos *p = slot_pos.lookup(&cpu);
+    if (!p || p->busy)
+        return 0;
+    u64 head = p->head;
+    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS) {
+        count(DROP_RINGBUF);
+        *full = 1;
+        return 0;
+    }
+    u32 i = cpu * CPU_SLOTS + (u32)(head & (CPU_SLOTS - 1));
+    struct slot *sl = slots.lookup(&i);
+    if (!sl)
+        return 0;
+    p->busy = 1;
+    *pos = p;
+    return &sl->ev;
+}
+#endif
+
+// irqs_on: called from a program that runs with interrupts on (see count_atomic).
+// *pos: set when the record is a slot (see struct slot), left 0 for the ring buffer.
+static __always_inline struct event *reserve(u8 irqs_on, struct slot_pos **pos) {
     count_in(irqs_on, STAT_ATTEMPTED);
     if (sampled_out(irqs_on))
         return 0;
+#ifdef CPU_SLOTS
+    if (!irqs_on) {
+        u8 full = 0;
+        struct event *se = slot_take(pos, &full);
+        if (se || full)
+            return se;
+    }
+#endif
     struct event *e = events.ringbuf_reserve(sizeof(struct event));
     if (!e) {
         count_in(irqs_on, DROP_RINGBUF);
@@ -296,9 +366,17 @@ static __always_inline struct event *reserve(u8 irqs_on) {
     return e;
 }
 
-static __always_inline void submit(struct event *e) {
+static __always_inline void submit(struct event *e, struct slot_pos *pos) {
     // Emitted = attempted - dropped: not counted here, to save a map lookup
     // per event.
+#ifdef CPU_SLOTS
+    if (pos) {
+        asm volatile("" ::: "memory"); // the slot's stores before head's
+        pos->head++;
+        pos->busy = 0;
+        return;
+    }
+#endif
     // No wake-up per event: user space drains on a timer, which keeps the
     // cost per context switch low under a storm.
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -327,7 +405,8 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
                                  const char *task) {
     if (!task_match(cfg, cpu, tgid, tid, comm))
         return;
-    struct event *e = reserve(irqs_on);
+    struct slot_pos *pos = 0;
+    struct event *e = reserve(irqs_on, &pos);
     if (!e)
         return;
     e->ts = now;
@@ -349,7 +428,7 @@ static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu
     e->stack = stack;
     e->pad2 = 0;
     e->cgroup = cgroup_of(cg, task);
-    submit(e);
+    submit(e, pos);
 }
 
 // the caller has checked transition_match(from, to, dur): the cheapest

@@ -44,14 +44,14 @@ def test_reserve_discard_keeps_the_reservation_and_drops_the_fill():
     out = BENCH.part_source(_record(), "reserve_discard")
     body = out[out.index("static __always_inline void emit("):]
     body = body[:body.index("\n}\n")]
-    assert "reserve(irqs_on)" in body and "ringbuf_discard" in body
-    assert "e->ts" not in body and "submit(e)" not in body
+    assert "reserve(irqs_on, &pos)" in body and "ringbuf_discard" in body
+    assert "e->ts" not in body and "submit(e, pos)" not in body
 
 
 def test_ringbuf_output_fills_every_field_of_the_record():
     """the copy from the stack writes what the reservation's fill writes"""
     text = _record()
-    fill = text[text.index("    e->ts = now;"):text.index("    submit(e);")]
+    fill = text[text.index("    e->ts = now;"):text.index("    submit(e, pos);")]
     out = BENCH.part_source(text, "ringbuf_output")
     body = out[out.index("static __always_inline void emit("):]
     body = body[:body.index("\n}\n")]
@@ -111,7 +111,22 @@ def test_bare_reserve_discard_keeps_nothing_but_the_two_ring_calls():
     body = out[out.index("static __always_inline void emit("):]
     body = body[:body.index("\n}\n")]
     assert "ringbuf_reserve(sizeof(struct event))" in body and "ringbuf_discard(e, BPF_RB_NO_WAKEUP)" in body
-    assert "task_match(" not in body and "reserve(irqs_on)" not in body and "e->" not in body
+    assert "task_match(" not in body and "reserve(irqs_on, &pos)" not in body and "e->" not in body
     out = BENCH.part_source(_record(), "no_attempted_count")
     body = out[out.index("static __always_inline struct event *reserve("):]
     assert "STAT_ATTEMPTED" not in body[:body.index("\n}\n")]
+
+
+def test_ring_buffer_part_sends_every_record_through_the_ring():
+    out = BENCH.part_source(_record(), "ring_buffer")
+    take = out[out.index("static __always_inline struct event *slot_take("):]
+    take = take[:take.index("\n}\n")]
+    # slot_take gives up before it looks at the CPU's slots: reserve() falls to the ring buffer
+    assert take.index("return 0;") < take.index("slot_pos.lookup(")
+    assert out.replace(BENCH._RETURN + BENCH._SLOT_START, BENCH._SLOT_START) == _record()
+
+
+@pytest.mark.parametrize("part", ["fill_discard", "reserve_discard", "unread_discard", "bare_reserve_discard",
+                                  "small_discard", "switch_pair"])
+def test_the_ring_buffer_parts_keep_the_slots_out(part):
+    assert BENCH._RETURN + BENCH._SLOT_START in BENCH.part_source(_record(), part)

@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import math
 import os
+import platform
 import shutil
 import signal
 import sys
@@ -14,7 +15,7 @@ import time
 
 import click
 
-from pstate.kernel import filtermaps, identity, loader, stacks
+from pstate.kernel import bpfsys, filtermaps, identity, loader, slotrings, stacks
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
@@ -71,6 +72,7 @@ stays followed.
 SYNC_S = 5.0  # how often a regular output file is fsync'd: a crash loses seconds, not the page cache
 GOVERN_S = 0.25  # how often --max-rate looks at the kernel's event rate
 DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
+SLOT_SIZE = loader.RingReader.stride_of(EVENT_SIZE)  # bpf/record.bpf.c struct slot
 
 
 def _size(text: str) -> int:
@@ -86,6 +88,17 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
+def slots_per_cpu(rb_bytes: int, ncpus: int) -> int:
+    """Each CPU's run of slots (bpf/record.bpf.c struct slot), 0 for none:
+    as many as --buffer-size holds when shared by every possible CPU, a
+    power of two, at least 1024. Only on x86-64, where the programs' stores
+    are not reordered (pstate.kernel.slotrings)."""
+    if platform.machine() != "x86_64":
+        return 0
+    fit = max(1024, rb_bytes // SLOT_SIZE // max(1, ncpus))
+    return 1 << (fit.bit_length() - 1)
+
+
 def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool, stack_entries: int = 0) -> dict:
     """The program's -D settings. Filters are not among them: they are map
     values (pstate.kernel.filtermaps), so a new filter needs no new compile."""
@@ -96,6 +109,10 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
         "RB_PAGES": rb_pages,
         "SAMPLE": sample,
     }
+    per_cpu = slots_per_cpu(rb_pages * os.sysconf("SC_PAGE_SIZE"), bpfsys.possible_cpus())
+    if per_cpu:
+        d["CPU_SLOTS"] = per_cpu
+        d["SLOT_CPUS"] = bpfsys.possible_cpus()
     if stack_entries:
         d["STACK_ENTRIES"] = stack_entries
     if loader.pid_max() <= max_tasks:
@@ -106,11 +123,15 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
 
 class Recorder:
     def __init__(self, prog: loader.Program, ks: KernelStates, writer: LineWriter, *,
-                 drain_s: float, max_rate: int | None, rb_size: int, with_stacks: bool = False):
+                 drain_s: float, max_rate: int | None, rb_size: int, with_stacks: bool = False,
+                 slots: tuple[int, int] | None = None):
         self.prog = prog
         self.writer = writer
         self.enc = Encoder(ks)
         self.ring = loader.RingReader(prog.table("events").map_fd, rb_size, EVENT_SIZE)
+        if slots:  # (possible CPUs, slots per CPU): the sched programs' records are in per-CPU slots
+            self.ring = slotrings.SlotRings.of_maps(self.ring, prog.table("slots").map_fd,
+                                                    prog.table("slot_pos").map_fd, *slots)
         self.drain_s = drain_s
         self.max_rate = max_rate
         self.sample_every = 1
@@ -128,7 +149,7 @@ class Recorder:
         self.command = None  # record -- CMD: stop when it exits
 
     def drain(self, limit_s: float | None = None) -> int:
-        """Decode and write what the ring buffer holds. Returns records read."""
+        """Decode and write what the ring buffer and the slots hold. Returns records read."""
         total = 0
         deadline = None if limit_s is None else time.monotonic() + limit_s
         while True:
@@ -319,7 +340,9 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
               help="Stop after this long, e.g. 500ms, 30s, 1m; a plain number is seconds "
                    "(default: until Ctrl-C or SIGTERM).")
 @click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
-              help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages.")
+              help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages. On x86-64 "
+                   "as much again for the per-CPU slots of context switches and wake-ups, shared by the CPUs "
+                   "(at least 1024 slots each).")
 @click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True, metavar="N",
               help="Threads the kernel side can track at once.")
 @click.option("--drain-interval", type=Duration("s", positive=True), default="5ms", show_default=True,
@@ -419,7 +442,8 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
 
         meta = new_meta()
         rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
-                       rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states))
+                       rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states),
+                       slots=(defines["SLOT_CPUS"], defines["CPU_SLOTS"]) if "CPU_SLOTS" in defines else None)
         window = _Window(meta, rec)
         if flight:
             rec.flight = flightrec.start(flight, rec.enc, new_meta, meta["ts"], quiet, lambda: rec.lost_reported)
@@ -468,6 +492,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             prog.settle()
         else:
             prog.detach()
+        rec.ring.settle()  # nothing more comes: no record is held back for order
         rec.drain(limit_s=1.0)
         if rec.flight is not None:
             rec.flight.close()

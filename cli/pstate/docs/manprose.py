@@ -207,9 +207,16 @@ PAGES: dict[str, dict] = {
             state: its first transition has from "unknown" or dur_ns null.
 
             Events pass from the kernel through a BPF ring buffer that is
-            drained in batches. When the reader cannot keep up, the kernel
-            drops events and counts them; record writes the counts as loss
-            records and in the end trailer, and warns on standard error.
+            drained in batches. On x86-64 the context switches and wake-ups
+            take another way, cheaper by two helper calls and a lock per
+            event: each CPU's programs write them into that CPU's own run of
+            slots, and record merges the runs and the ring buffer in time
+            order (holding back the last 2 ms of each read until the next,
+            so that no event still being written can come out of order).
+            When the reader cannot keep up, the kernel drops events and
+            counts them (reason ringbuf_full, whichever buffer was full);
+            record writes the counts as loss records and in the end trailer,
+            and warns on standard error.
             `--max-rate` instead keeps one event in N above a given rate.
 
             `-o FILE` is opened before any BPF program is attached, and as

@@ -539,12 +539,17 @@ class RingReader:
 
     HDR = 8
 
+    @classmethod
+    def stride_of(cls, record_size: int) -> int:
+        """Bytes a record of record_size takes in the ring: header, record, padding to 8."""
+        return (record_size + cls.HDR + 7) & ~7
+
     def __init__(self, map_fd: int, size: int, record_size: int):
         self.page = mmap.PAGESIZE
         self.size = size
         self.mask = size - 1
         self.rec = record_size
-        self.stride = (record_size + self.HDR + 7) & ~7
+        self.stride = self.stride_of(record_size)
         self.cons = mmap.mmap(map_fd, self.page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         # producer page, then the data area mapped twice so records that wrap
         # around the end read contiguously.
@@ -572,6 +577,10 @@ class RingReader:
             return memoryview(b""), 0
         start = self.page + (cons_pos & self.mask)
         return self.view[start:start + n * self.stride], n
+
+    def settle(self) -> None:
+        """The producers have stopped (for the interface of
+        pstate.kernel.slotrings.SlotRings: this reader holds nothing back)."""
 
     def skip(self) -> None:
         """Give up every record committed so far, unread: the consumer
