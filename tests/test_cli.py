@@ -5,6 +5,7 @@ help, version, usage errors with their exact messages and exit codes,
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import orjson
@@ -12,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from pstate import __version__
-from pstate.kernel import btf, kstates, tpbtf
+from pstate.commands import record
+from pstate.kernel import bpfsys, btf, kstates, tpbtf
 from pstate.main import COMMANDS, cli
 
 needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")
@@ -130,6 +132,16 @@ def life_raw() -> dict:
     return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}}
 
 
+def slots(buffer_bytes: int) -> dict:
+    """x86-64: the switches and wake-ups go to per-CPU slots, as many as the
+    buffer size holds per possible CPU (at least 1024); elsewhere none."""
+    if platform.machine() != "x86_64":
+        return {}
+    ncpus = bpfsys.possible_cpus()
+    per_cpu = max(1024, buffer_bytes // record.SLOT_SIZE // ncpus)
+    return {"CPU_SLOTS": str(1 << (per_cpu.bit_length() - 1)), "SLOT_CPUS": str(ncpus)}
+
+
 @needs_tracefs
 def test_record_ebpf_defaults():
     r = run("record", "--ebpf", "--probes", "tracepoint")
@@ -142,7 +154,7 @@ def test_record_ebpf_defaults():
     # every tid fits in the default 65536 rows when pid_max allows: an array indexed by tid
     by_tid = {"TASKS_BY_TID": True} if int(Path("/proc/sys/kernel/pid_max").read_text()) <= 65536 else {}
     assert defines(r.stdout) == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}",
-                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **by_tid, **life_raw()}
+                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **slots(16 << 20), **by_tid, **life_raw()}
     assert "struct event {" in r.stdout and "BPF_RINGBUF_OUTPUT(events, RB_PAGES);" in r.stdout
 
 
@@ -177,7 +189,7 @@ def test_record_ebpf_filters():
     d = defines(r.stdout)
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     assert d == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}", "MAX_TASKS": "2048", "RB_PAGES": "256",
-                 "SAMPLE": True, **life_raw()}
+                 "SAMPLE": True, **slots(1 << 20), **life_raw()}
 
 
 @needs_tracefs
