@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pstate.kernel import loader, slotrings
+from pstate.kernel import eventlayout, loader, slotrings
 from pstate.kernel.eventcodec import EVENT_SIZE
 
 PAGE = mmap.PAGESIZE
@@ -43,15 +43,16 @@ class Maps:
     def tail(self, cpu):
         return struct.unpack("<Q", os.pread(self.pos, 8, cpu * slotrings.POS_SIZE + slotrings.TAIL_OFF))[0]
 
-    def slot(self, cpu, ts, mark):
-        """A record written on cpu as the program does: the event, then head."""
+    def slot(self, cpu, ts, mark, dur=1):
+        """A record written on cpu as the program does: the event (its ts,
+        dur, and `mark` as its pid), then head."""
         head = self.head(cpu)
         i = cpu * PER_CPU + head % PER_CPU
-        os.pwrite(self.slots, struct.pack("<QQ", ts, mark), i * STRIDE + 8)
+        os.pwrite(self.slots, struct.pack("<QQI", ts, dur, mark), i * STRIDE + 8)
         os.pwrite(self.pos, struct.pack("<Q", head + 1), cpu * slotrings.POS_SIZE)
 
     def ring_record(self, ts, mark, flags=0):
-        os.pwrite(self.ring, struct.pack("<IIQQ", EVENT_SIZE | flags, 0, ts, mark), 2 * PAGE + self.prod)
+        os.pwrite(self.ring, struct.pack("<IIQQI", EVENT_SIZE | flags, 0, ts, 1, mark), 2 * PAGE + self.prod)
         self.prod += STRIDE
         os.pwrite(self.ring, struct.pack("<Q", self.prod), PAGE)
 
@@ -74,7 +75,7 @@ def _read_all(r):
         if not n:
             return out
         for i in range(n):
-            hdr, _pg, ts, mark = struct.unpack_from("<IIQQ", view, i * STRIDE)
+            hdr, _pg, ts, _dur, mark = struct.unpack_from("<IIQQI", view, i * STRIDE)
             assert hdr == EVENT_SIZE  # the length, never busy: as the ring buffer's records
             out.append((ts, mark))
         view.release()
@@ -105,8 +106,19 @@ def test_a_settled_wakeup_keeps_its_place_before_the_switch_in(maps):
     r = maps.reader()
     maps.slot(0, 100, 1)  # switch-out on CPU 0
     maps.slot(1, 150, 2)
-    maps.slot(1, 100, 3)  # the wake-up settled at the switch-in: the switch-out's time
+    maps.slot(1, 100, 3, dur=0)  # the wake-up settled at the switch-in: the switch-out's time, a sleep of 0
     maps.slot(1, 180, 4)  # the switch-in
+    assert [m for _ts, m in _read_all(r)] == [1, 2, 3, 4]
+    r.close()
+
+
+@pytest.mark.parametrize("out_cpu", [0, 1])
+def test_a_settled_wakeup_comes_after_its_switch_out_at_the_same_time(maps, out_cpu):
+    r = maps.reader()
+    maps.slot(1 - out_cpu, 50, 1)
+    maps.slot(1 - out_cpu, 100, 3, dur=0)  # settled at the switch-in on this CPU, nothing here since 50
+    maps.slot(1 - out_cpu, 180, 4)
+    maps.slot(out_cpu, 100, 2)  # the switch-out it settles, on the other CPU, at the same time
     assert [m for _ts, m in _read_all(r)] == [1, 2, 3, 4]
     r.close()
 
@@ -182,3 +194,9 @@ def test_slots_per_cpu_is_a_power_of_two_from_the_buffer_size(monkeypatch):
     assert record.slots_per_cpu(4096, 1) == 1024
     monkeypatch.setattr(record.platform, "machine", lambda: "aarch64")
     assert record.slots_per_cpu(16 << 20, 2) == 0  # stores may be reordered there: the ring buffer only
+
+
+def test_time_and_dur_words_follow_struct_event():
+    # the 8-byte header, then struct event's ts and dur (bpf/pstate.h)
+    assert (slotrings.TS_WORD, slotrings.DUR_WORD) == (1, 2)
+    assert eventlayout.offset_of("cgroup") == EVENT_SIZE - 8

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import struct
 
 HEADER = "pstate.h"
 
@@ -62,6 +63,16 @@ def struct_format(fields: list[tuple[str, str]]) -> str:
 def unpacked_names(fields: list[tuple[str, str]]) -> tuple[str, ...]:
     """The names of the values struct_format(fields) unpacks, in order."""
     return tuple(name for name, _code in fields if not _is_pad(name))
+
+
+def offset_of(name: str, fields: list[tuple[str, str]] | None = None) -> int:
+    """The byte offset of a field in struct event (packed, as struct_format)."""
+    off = 0
+    for field, code in EVENT_FIELDS if fields is None else fields:
+        if field == name:
+            return off
+        off += struct.calcsize("<" + code)
+    raise KeyError(name)
 
 
 def with_prefix(prefix: str) -> dict[str, int]:

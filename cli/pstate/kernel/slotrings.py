@@ -8,13 +8,14 @@ commit and skip, and the same decoders behind them.
 
 Order. The ring buffer gives records in the order they were written; the
 runs give each CPU's records in that order, and nothing orders two CPUs.
-Each run is merged by its running maximum of timestamps (a record's key is
-the largest time seen so far in its run: a wake-up settled at a switch-in
-carries the older time of the switch-out it follows, and keeps its place
-just before that switch-in). So that a record still being written on one
-CPU cannot come out after a later one from another, records within HOLD_NS
-of the moment the positions were read wait for the next read, unless the
-producers have stopped (settle()).
+Each run is merged by its running maximum of keys, a record's key being
+its time, doubled, plus one when its dur is 0: a wake-up settled at a
+switch-in carries the older time of the switch-out it follows (a sleep of
+0), keeps its place just before that switch-in in its run, and comes after
+that switch-out, from another CPU at the same time. So that a record still
+being written on one CPU cannot come out after a later one from another,
+records within HOLD_NS of the moment the positions were read wait for the
+next read, unless the producers have stopped (settle()).
 
 Memory order: a program stores a slot's fields, then moves head (a compiler
 barrier between: stores are not reordered on x86-64, the only architecture
@@ -33,14 +34,16 @@ import struct
 import time
 
 from pstate.exitcodes import PstateError
-from pstate.kernel import bpfsys
+from pstate.kernel import bpfsys, eventlayout
 from pstate.kernel.loader import RingReader
 
 HOLD_NS = 2_000_000  # longer than any program runs between its clock read and its commit
 POS_SIZE = 128  # struct slot_pos: head and busy on one cache line, tail on the next
 HEAD_OFF, TAIL_OFF = 0, 64
 BUSY, DISCARD = 1 << 31, 1 << 30  # the ring buffer's header bits (a slot has neither)
-TS_WORD = 1  # a record's timestamp: the first field after the 8-byte header, in u64 words
+# a record's time and dur, in u64 words of a slot (after its 8-byte header)
+TS_WORD = (8 + eventlayout.offset_of("ts")) // 8
+DUR_WORD = (8 + eventlayout.offset_of("dur")) // 8
 
 
 def _mapped(fd: int, nbytes: int) -> mmap.mmap:
@@ -113,10 +116,14 @@ class SlotRings:
 
     def _run(self, src: int, data, n: int, limit: int) -> tuple[list[int], int]:
         """The keys of the first records of one run (n records in `data`)
-        that are due (key below limit), and how many they are."""
-        ts = memoryview(data).cast("Q")[TS_WORD::self.words].tolist()[:n]
-        keys = list(itertools.accumulate(ts, max, initial=self.last_key[src]))[1:]
-        k = bisect.bisect_left(keys, limit)
+        that are due (time below limit), and how many they are."""
+        words = memoryview(data).cast("Q")
+        ts = words[TS_WORD::self.words].tolist()[:n]
+        dur = words[DUR_WORD::self.words].tolist()[:n]
+        words.release()
+        keys = list(itertools.accumulate([2 * t + (d == 0) for t, d in zip(ts, dur)], max,
+                                         initial=self.last_key[src]))[1:]
+        k = bisect.bisect_left(keys, 2 * limit)
         if k:
             self.last_key[src] = keys[k - 1]
         return keys[:k], k
