@@ -230,7 +230,7 @@ _RETURN = "    if (1)\n        return 0;\n"
 # it was before the slots (the parts that take the ring buffer apart need it).
 _SLOT_START = "    u32 cpu = bpf_get_smp_processor_id();\n    struct slot_pos *p = slot_pos.lookup(&cpu);\n"
 _RING_ONLY = (_SLOT_START, _RETURN + _SLOT_START, None)
-_NO_FALLBACK = ("        if (se || full)\n            return se;\n", "        return se;\n", None)
+_NO_FALLBACK = ("        if (se)\n            return se;\n", "        return se;\n", None)
 _SLOT_INDEX = "    u32 i = cpu * CPU_SLOTS + (u32)(head & (CPU_SLOTS - 1));\n"
 _NEXT_SIDE = "    if (next != 0) {\n        struct task_state *ts = task_row(next);\n"
 
@@ -337,8 +337,10 @@ BPF_PERCPU_ARRAY(stage, struct stage_buf, 1);
 _SLOTS_DECL = "BPF_F_TABLE(\"array\", u32, struct slot_pos, slot_pos, SLOT_CPUS, BPF_F_MMAPABLE);\n"
 
 
-def _direct_decl(value: str, n: int) -> str:
-    return _SLOTS_DECL + f"BPF_ARRAY(stage, {value}, 8 * {n});\nBPF_PERCPU_ARRAY(stage_head, u64, 1);\n"
+def _direct_decl(value: str, n: int, mmapable: bool = False) -> str:
+    table = (f"BPF_F_TABLE(\"array\", u32, {value}, stage, 8 * {n}, BPF_F_MMAPABLE);\n" if mmapable
+             else f"BPF_ARRAY(stage, {value}, 8 * {n});\n")
+    return _SLOTS_DECL + table + "BPF_PERCPU_ARRAY(stage_head, u64, 1);\n"
 
 
 def _direct(value: str, n: int, pos: bool = False):
@@ -394,6 +396,9 @@ PARTS = {
                        "        struct irq_ctx *ic = irq_state.lookup(&zero);\n        if (0)\n", None)]),
     "ring_buffer": ("record", "every record through the ring buffer (record before the per-CPU slots)",
                     [_RING_ONLY]),
+    **{f"slots_{n}": ("record", f"runs of {n} slots a CPU (the rest to the ring buffer)",
+                      [("#include \"pstate.h\"\n", f"#undef CPU_SLOTS\n#define CPU_SLOTS {n}\n#include \"pstate.h\"\n",
+                        None)]) for n in (1024, 8192, 65536)},
     "slots_unread": ("record", "the per-CPU slots never read (the reader only moves the tails to the heads)",
                      [("#include \"pstate.h\"\n", "// records never read (UNREAD)\n#include \"pstate.h\"\n", None)],
                      UNREAD),
@@ -405,9 +410,9 @@ PARTS = {
     "slots_bare": ("record", "the per-CPU slots with no fallback, no busy mark and no check for room",
                    [_NO_FALLBACK, ("    if (!p || p->busy)\n", "    if (!p)\n", None), ("    p->busy = 1;\n", "", None),
                     ("        pos->busy = 0;\n", "", None),
-                    ("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS) {\n", "    if (0) {\n", None)]),
+                    ("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS)\n", "    if (0)\n", None)]),
     "slots_no_tail": ("record", "the per-CPU slots never checked for room (overwrite the oldest)",
-                      [("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS) {\n", "    if (0) {\n", None)]),
+                      [("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS)\n", "    if (0)\n", None)]),
     **{f"slots_{n}_unread": ("record", f"the per-CPU slots never read, each CPU's index wrapping at {n} "
                                    f"({n * 96 // 1024} KiB a CPU: fewer cache lines cycled through)",
                                    [(_SLOT_INDEX, _SLOT_INDEX.replace("(CPU_SLOTS - 1)", str(n - 1)), None)], UNREAD)
@@ -451,12 +456,15 @@ PARTS = {
     "ringbuf_output": ("record", "each record built on the stack, copied in by bpf_ringbuf_output",
                        [(_RESERVE, _output, _FILL_END)]),
     **{f"direct_slots{tag}": ("record", f"records written straight into a per-CPU run of {n} {value} slots of a plain "
-                                        "array (no ring call, no reader" + ("; its head in slot_pos)" if tag == "_pos"
-                                                                           else ")"),
-                                        [(_SLOTS_DECL, _direct_decl(value, n), None),
+                                        "array (no ring call, no reader" + {"_pos": "; its head in slot_pos)",
+                                                                           "_mm": "; the array mmap-able)",
+                                                                           "_65536_mm": "; the array mmap-able)"
+                                                                           }.get(tag, ")"),
+                                        [(_SLOTS_DECL, _direct_decl(value, n, tag.endswith("_mm")), None),
                                          (_RESERVE, _direct(value, n, tag == "_pos"), _FILL_END)], UNREAD)
        for tag, value, n in (("", "struct event", 1024), ("_96", "struct slot", 1024),
-                             ("_65536", "struct event", 65536), ("_pos", "struct event", 1024))},
+                             ("_65536", "struct event", 65536), ("_pos", "struct event", 1024),
+                             ("_mm", "struct event", 1024), ("_65536_mm", "struct event", 65536))},
     "staged_output": ("record", "records staged per CPU, 16 copied into the ring by one bpf_ringbuf_output",
                       [(_RB_DECL, _STAGE_DECL, None), (_RESERVE, _staged, _FILL_END)], UNREAD),
     "switch_pair": ("record", "a switch's two records in one reservation",

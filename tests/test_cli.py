@@ -133,12 +133,13 @@ def life_raw() -> dict:
 
 
 def slots(buffer_bytes: int) -> dict:
-    """x86-64: the switches and wake-ups go to per-CPU slots, as many as the
-    buffer size holds per possible CPU (at least 1024); elsewhere none."""
+    """x86-64: the switches and wake-ups go to per-CPU runs of slots first,
+    as many as the buffer size holds per possible CPU, 1024 to 8192 (a power
+    of two); elsewhere none."""
     if platform.machine() != "x86_64":
         return {}
     ncpus = bpfsys.possible_cpus()
-    per_cpu = max(1024, buffer_bytes // record.SLOT_SIZE // ncpus)
+    per_cpu = max(1024, min(8192, buffer_bytes // 96 // ncpus))
     return {"CPU_SLOTS": str(1 << (per_cpu.bit_length() - 1)), "SLOT_CPUS": str(ncpus)}
 
 

@@ -72,7 +72,6 @@ stays followed.
 SYNC_S = 5.0  # how often a regular output file is fsync'd: a crash loses seconds, not the page cache
 GOVERN_S = 0.25  # how often --max-rate looks at the kernel's event rate
 DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
-SLOT_SIZE = loader.RingReader.stride_of(EVENT_SIZE)  # bpf/record.bpf.c struct slot
 
 
 def _size(text: str) -> int:
@@ -88,14 +87,17 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
+SLOTS_MIN, SLOTS_MAX = 1024, 8192  # a CPU's run of slots: 96 to 768 KiB (bpf/record.bpf.c struct slot)
+
+
 def slots_per_cpu(rb_bytes: int, ncpus: int) -> int:
-    """Each CPU's run of slots (bpf/record.bpf.c struct slot), 0 for none:
-    as many as --buffer-size holds when shared by every possible CPU, a
-    power of two, at least 1024. Only on x86-64, where the programs' stores
-    are not reordered (pstate.kernel.slotrings)."""
+    """Each CPU's run of slots, 0 for none: what --buffer-size holds when
+    shared by the possible CPUs, a power of two from SLOTS_MIN to SLOTS_MAX
+    (what a run cannot hold goes to the ring buffer). Only on x86-64, where
+    the programs' stores are not reordered (pstate.kernel.slotrings)."""
     if platform.machine() != "x86_64":
         return 0
-    fit = max(1024, rb_bytes // SLOT_SIZE // max(1, ncpus))
+    fit = max(SLOTS_MIN, min(SLOTS_MAX, rb_bytes // loader.RingReader.stride_of(EVENT_SIZE) // max(1, ncpus)))
     return 1 << (fit.bit_length() - 1)
 
 
@@ -124,14 +126,14 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
 class Recorder:
     def __init__(self, prog: loader.Program, ks: KernelStates, writer: LineWriter, *,
                  drain_s: float, max_rate: int | None, rb_size: int, with_stacks: bool = False,
-                 slots: tuple[int, int] | None = None):
+                 slot_cpus: int = 0):
         self.prog = prog
         self.writer = writer
         self.enc = Encoder(ks)
         self.ring = loader.RingReader(prog.table("events").map_fd, rb_size, EVENT_SIZE)
-        if slots:  # (possible CPUs, slots per CPU): the sched programs' records are in per-CPU slots
+        if slot_cpus:  # the sched programs' records are in per-CPU slots first, for this many CPUs
             self.ring = slotrings.SlotRings.of_maps(self.ring, prog.table("slots").map_fd,
-                                                    prog.table("slot_pos").map_fd, *slots)
+                                                    prog.table("slot_pos").map_fd, slot_cpus)
         self.drain_s = drain_s
         self.max_rate = max_rate
         self.sample_every = 1
@@ -341,8 +343,8 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
                    "(default: until Ctrl-C or SIGTERM).")
 @click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
               help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages. On x86-64 "
-                   "as much again for the per-CPU slots of context switches and wake-ups, shared by the CPUs "
-                   "(at least 1024 slots each).")
+                   "context switches and wake-ups go first to per-CPU runs of slots (as much again, shared by the "
+                   "CPUs, 96 to 768 KiB each), and to the ring buffer when those are full.")
 @click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True, metavar="N",
               help="Threads the kernel side can track at once.")
 @click.option("--drain-interval", type=Duration("s", positive=True), default="5ms", show_default=True,
@@ -443,7 +445,7 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         meta = new_meta()
         rec = Recorder(prog, ks, writer, drain_s=drain_interval / 1e9, max_rate=max_rate,
                        rb_size=rb_pages * os.sysconf("SC_PAGE_SIZE"), with_stacks=bool(stack_states),
-                       slots=(defines["SLOT_CPUS"], defines["CPU_SLOTS"]) if "CPU_SLOTS" in defines else None)
+                       slot_cpus=defines.get("SLOT_CPUS", 0))
         window = _Window(meta, rec)
         if flight:
             rec.flight = flightrec.start(flight, rec.enc, new_meta, meta["ts"], quiet, lambda: rec.lost_reported)

@@ -208,13 +208,14 @@ PAGES: dict[str, dict] = {
 
             Events pass from the kernel through a BPF ring buffer that is
             drained in batches. On x86-64 the context switches and wake-ups
-            take another way, cheaper by two helper calls and a lock per
-            event: each CPU's programs write them into that CPU's own run of
-            slots, and record merges the runs and the ring buffer in time
+            take another way first, cheaper by two helper calls and a lock
+            per event: each CPU's programs write them into that CPU's own
+            small run of slots (what a run cannot hold goes to the ring
+            buffer), and record merges the runs and the ring buffer in time
             order (holding back the last 2 ms of each read until the next,
             so that no event still being written can come out of order).
             When the reader cannot keep up, the kernel drops events and
-            counts them (reason ringbuf_full, whichever buffer was full);
+            counts them (reason ringbuf_full);
             record writes the counts as loss records and in the end trailer,
             and warns on standard error.
             `--max-rate` instead keeps one event in N above a given rate.

@@ -182,14 +182,15 @@ class SlotRings:
         self.pending, self.offset, self.npending = blob, 0, len(keys)
 
     @classmethod
-    def of_maps(cls, ring: RingReader, slots_fd: int, positions_fd: int, ncpus: int, per_cpu: int) -> SlotRings:
-        """SlotRings over a loaded program's maps, once their sizes are
-        checked against what this reads."""
+    def of_maps(cls, ring: RingReader, slots_fd: int, positions_fd: int, ncpus: int) -> SlotRings:
+        """SlotRings over a loaded program's maps (ncpus runs in the slots
+        array), once their layout is checked against what this reads."""
         info = bpfsys.map_info(slots_fd)
-        if info["value_size"] != ring.stride or info["max_entries"] != ncpus * per_cpu:
+        per_cpu = info["max_entries"] // ncpus
+        if info["value_size"] != ring.stride or per_cpu * ncpus != info["max_entries"] or per_cpu & (per_cpu - 1):
             raise PstateError(f"the BPF program's slots ({info['max_entries']} of {info['value_size']} bytes) "
-                              f"are not the {ncpus} x {per_cpu} of {ring.stride} bytes this pstate reads: "
-                              "bpf/record.bpf.c and pstate/kernel/slotrings.py disagree")
+                              f"are not {ncpus} runs of a power of two slots of {ring.stride} bytes, which this "
+                              "pstate reads: bpf/record.bpf.c and pstate/kernel/slotrings.py disagree")
         return cls(ring, slots_fd, positions_fd, ncpus, per_cpu)
 
     def close(self) -> None:
