@@ -111,10 +111,10 @@ BPF_RINGBUF_OUTPUT(events, RB_PAGES);
 // record (user space writes every header once: the length, never busy), so
 // user space decodes both alike; it reads each CPU's run between tail and
 // head and merges the runs and the ring buffer by time
-// (pstate/kernel/slotrings.py). A run is small (the lines a CPU writes over
-// and over stay in its cache: a run of 65536 slots cost 0.02 of a switch
-// storm more than one of 1024), and what it cannot hold, between two reads
-// of user space, goes to the ring buffer, which takes bursts.
+// (pstate/kernel/slotrings.py). A run holds what --buffer-size holds per
+// CPU, 1024 to 8192 slots (pstate/commands/record.py slots_per_cpu); what
+// it cannot hold between two reads of user space goes to the ring buffer,
+// which takes bursts.
 //
 // A slot's fields are stored before head moves past it: a compiler barrier
 // is enough where stores are not reordered (x86-64, where user space turns

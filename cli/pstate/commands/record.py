@@ -111,10 +111,11 @@ def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool
         "RB_PAGES": rb_pages,
         "SAMPLE": sample,
     }
-    per_cpu = slots_per_cpu(rb_pages * os.sysconf("SC_PAGE_SIZE"), bpfsys.possible_cpus())
+    ncpus = bpfsys.possible_cpus()
+    per_cpu = slots_per_cpu(rb_pages * os.sysconf("SC_PAGE_SIZE"), ncpus)
     if per_cpu:
         d["CPU_SLOTS"] = per_cpu
-        d["SLOT_CPUS"] = bpfsys.possible_cpus()
+        d["SLOT_CPUS"] = ncpus
     if stack_entries:
         d["STACK_ENTRIES"] = stack_entries
     if loader.pid_max() <= max_tasks:

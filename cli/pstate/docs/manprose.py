@@ -210,8 +210,8 @@ PAGES: dict[str, dict] = {
             drained in batches. On x86-64 the context switches and wake-ups
             take another way first, cheaper by two helper calls and a lock
             per event: each CPU's programs write them into that CPU's own
-            small run of slots (what a run cannot hold goes to the ring
-            buffer), and record merges the runs and the ring buffer in time
+            run of slots (what a run cannot hold goes to the ring buffer),
+            and record merges the runs and the ring buffer in time
             order (holding back the last 2 ms of each read until the next,
             so that no event still being written can come out of order).
             When the reader cannot keep up, the kernel drops events and

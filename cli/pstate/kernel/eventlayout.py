@@ -65,10 +65,10 @@ def unpacked_names(fields: list[tuple[str, str]]) -> tuple[str, ...]:
     return tuple(name for name, _code in fields if not _is_pad(name))
 
 
-def offset_of(name: str, fields: list[tuple[str, str]] | None = None) -> int:
+def offset_of(name: str) -> int:
     """The byte offset of a field in struct event (packed, as struct_format)."""
     off = 0
-    for field, code in EVENT_FIELDS if fields is None else fields:
+    for field, code in EVENT_FIELDS:
         if field == name:
             return off
         off += struct.calcsize("<" + code)

@@ -35,15 +35,16 @@ import time
 
 from pstate.exitcodes import PstateError
 from pstate.kernel import bpfsys, eventlayout
+from pstate.kernel.eventcodec import BUSY, DISCARD
 from pstate.kernel.loader import RingReader
 
 HOLD_NS = 2_000_000  # longer than any program runs between its clock read and its commit
 POS_SIZE = 128  # struct slot_pos: head and busy on one cache line, tail on the next
 HEAD_OFF, TAIL_OFF = 0, 64
-BUSY, DISCARD = 1 << 31, 1 << 30  # the ring buffer's header bits (a slot has neither)
-# a record's time and dur, in u64 words of a slot (after its 8-byte header)
-TS_WORD = (8 + eventlayout.offset_of("ts")) // 8
-DUR_WORD = (8 + eventlayout.offset_of("dur")) // 8
+# a record's time and dur, in u64 words of a slot (after its header; a slot has neither of the
+# ring buffer's header bits, BUSY and DISCARD)
+TS_WORD = (RingReader.HDR + eventlayout.offset_of("ts")) // 8
+DUR_WORD = (RingReader.HDR + eventlayout.offset_of("dur")) // 8
 
 
 def _mapped(fd: int, nbytes: int) -> mmap.mmap:
@@ -132,7 +133,6 @@ class SlotRings:
         limit = (1 << 64) if self.settled else time.monotonic_ns() - HOLD_NS
         keys: list[int] = []
         parts: list[bytes] = []
-        starts: list[int] = []  # where each run's keys begin in `keys`
         for c in range(self.ncpus):
             tail = self._tails[c].value
             n = min(self.head(c) - tail, self.per_cpu)
@@ -147,7 +147,6 @@ class SlotRings:
                 data += self.slots[base * self.stride:(base + n - seg) * self.stride]
             run_keys, k = self._run(c, data, n, limit)
             if k:
-                starts.append(len(keys))
                 keys += run_keys
                 parts.append(data[:k * self.stride])
                 self._tails[c].value = tail + k  # copied out: the program may reuse them
@@ -166,7 +165,6 @@ class SlotRings:
                     data = b"".join(data[i * self.stride:(i + 1) * self.stride] for i in kept)
                     run_keys = [run_keys[i] for i in kept]
                 if kept:
-                    starts.append(len(keys))
                     keys += run_keys
                     parts.append(data[:len(kept) * self.stride])
                 self.ring.commit(k)
