@@ -33,9 +33,9 @@ class Maps:
         self.pos = _fd("slot_pos", NCPUS * slotrings.POS_SIZE)
         self.prod = 0
 
-    def reader(self):
+    def reader(self, gather=slotrings.GATHER):
         return slotrings.SlotRings(loader.RingReader(self.ring, RING, EVENT_SIZE), self.slots, self.pos,
-                                   NCPUS, PER_CPU)
+                                   NCPUS, PER_CPU, gather)
 
     def head(self, cpu):
         return struct.unpack("<Q", os.pread(self.pos, 8, cpu * slotrings.POS_SIZE))[0]
@@ -157,6 +157,28 @@ def test_ring_records_stop_at_a_busy_one_and_skip_discarded_ones(maps):
     maps.ring_record(40, 4, slotrings.BUSY)
     assert [m for _ts, m in _read_all(r)] == [1, 3]
     assert r.available() == STRIDE  # the busy one: still being written
+    r.close()
+
+
+@pytest.mark.parametrize("gather", [3, 6])  # 1 and 2 records of each source a read
+def test_a_read_copies_out_a_bounded_part_of_each_source_in_order(maps, gather):
+    r = maps.reader(gather)
+    cap = gather // (NCPUS + 1)
+    for i in range(4):
+        maps.slot(0, 10 * i + 1, 10 * i + 1)
+        maps.slot(1, 10 * i + 2, 10 * i + 2)
+    for i in range(6):
+        maps.ring_record(10 * i + 3, 10 * i + 3)
+    out = []
+    while True:
+        view, n = r.read()
+        if not n:
+            break
+        assert n <= (NCPUS + 1) * cap
+        out += [struct.unpack_from("<Q", view, i * STRIDE + 8)[0] for i in range(n)]
+        view.release()
+        r.commit(n)
+    assert out == sorted(out) and len(out) == 14  # a source read in part holds the others back
     r.close()
 
 

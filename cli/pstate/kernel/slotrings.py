@@ -39,6 +39,7 @@ from pstate.kernel.eventcodec import BUSY, DISCARD
 from pstate.kernel.loader import RingReader
 
 HOLD_NS = 2_000_000  # longer than any program runs between its clock read and its commit
+GATHER = 16384  # records one read copies out of all the sources together: bounds its memory
 POS_SIZE = 128  # struct slot_pos: head and busy on one cache line, tail on the next
 HEAD_OFF, TAIL_OFF = 0, 64
 # a record's time and dur, in u64 words of a slot (after its header; a slot has neither of the
@@ -57,7 +58,8 @@ class SlotRings:
     (ncpus x per_cpu slots, each ring.stride bytes) with their positions in
     the `positions` array, read as one."""
 
-    def __init__(self, ring: RingReader, slots_fd: int, positions_fd: int, ncpus: int, per_cpu: int):
+    def __init__(self, ring: RingReader, slots_fd: int, positions_fd: int, ncpus: int, per_cpu: int,
+                 gather: int = GATHER):
         if per_cpu & (per_cpu - 1):
             raise ValueError(f"slots per CPU must be a power of two, not {per_cpu}")
         self.ring = ring
@@ -80,6 +82,7 @@ class SlotRings:
         self.offset = 0  # records of `pending` already committed
         self.npending = 0
         self.settled = False
+        self.cap = max(1, gather // (ncpus + 1))  # records copied out of one source per read
 
     def settle(self) -> None:
         """The producers have stopped: from now on nothing is held back."""
@@ -115,27 +118,36 @@ class SlotRings:
             self._tails[c].value = self.head(c)
         self.pending, self.offset, self.npending = b"", 0, 0
 
-    def _run(self, src: int, data, n: int, limit: int) -> tuple[list[int], int]:
-        """The keys of the first records of one run (n records in `data`)
-        that are due (time below limit), and how many they are."""
+    def _keys(self, src: int, data, n: int) -> list[int]:
+        """The keys of the n records of one source in `data`: running maxima."""
         words = memoryview(data).cast("Q")
         ts = words[TS_WORD::self.words].tolist()[:n]
         dur = words[DUR_WORD::self.words].tolist()[:n]
         words.release()
-        keys = list(itertools.accumulate([2 * t + (d == 0) for t, d in zip(ts, dur)], max,
+        return list(itertools.accumulate([2 * t + (d == 0) for t, d in zip(ts, dur)], max,
                                          initial=self.last_key[src]))[1:]
-        k = bisect.bisect_left(keys, 2 * limit)
-        if k:
-            self.last_key[src] = keys[k - 1]
-        return keys[:k], k
 
     def _gather(self) -> None:
-        limit = (1 << 64) if self.settled else time.monotonic_ns() - HOLD_NS
-        keys: list[int] = []
-        parts: list[bytes] = []
+        """Copy out the next records of every source that are due, at most
+        self.cap of each, and merge them. A source that has more than the cap
+        bounds what the others give: its next records' keys are at least its
+        last one's."""
+        bound = (1 << 66) if self.settled else 2 * (time.monotonic_ns() - HOLD_NS)
+        found = []  # per source: (src, data, keys, more), the ring buffer first
+        view, n = self.ring.read(self.cap)
+        if n:
+            words = view.cast("I")
+            hdrs = words[0::self.stride // 4].tolist()
+            words.release()
+            end = next((i for i, h in enumerate(hdrs) if h & BUSY), n)
+            data = bytes(view[:end * self.stride])
+            found.append((self.ncpus, data, self._keys(self.ncpus, data, end), hdrs,
+                          end == self.cap and self.ring.available() > end * self.stride))
+        view.release()
         for c in range(self.ncpus):
             tail = self._tails[c].value
-            n = min(self.head(c) - tail, self.per_cpu)
+            waiting = min(self.head(c) - tail, self.per_cpu)
+            n = min(waiting, self.cap)
             if n <= 0:
                 continue
             first = tail & (self.per_cpu - 1)
@@ -145,39 +157,38 @@ class SlotRings:
             data = self.slots[lo:lo + seg * self.stride]
             if seg < n:
                 data += self.slots[base * self.stride:(base + n - seg) * self.stride]
-            run_keys, k = self._run(c, data, n, limit)
-            if k:
-                keys += run_keys
-                parts.append(data[:k * self.stride])
-                self._tails[c].value = tail + k  # copied out: the program may reuse them
-        view, n = self.ring.read()
-        if n:
-            words = view.cast("I")
-            hdrs = words[0::self.stride // 4].tolist()
-            words.release()
-            end = next((i for i, h in enumerate(hdrs) if h & BUSY), n)
-            data = bytes(view[:end * self.stride])
-            view.release()
-            run_keys, k = self._run(self.ncpus, data, end, limit)
-            if k:
+            found.append((c, data, self._keys(c, data, n), None, waiting > n))
+        for _src, _data, keys, _hdrs, more in found:
+            if more and keys and keys[-1] < bound:
+                bound = keys[-1] + 1  # the records it still holds come at or after its last one
+        keys_out: list[int] = []
+        parts: list[bytes] = []
+        for src, data, keys, hdrs, _more in found:
+            k = bisect.bisect_left(keys, bound)
+            if not k:
+                continue
+            self.last_key[src] = keys[k - 1]
+            keys = keys[:k]
+            if src == self.ncpus:
+                self.ring.commit(k)
                 kept = [i for i in range(k) if not hdrs[i] & DISCARD]
                 if len(kept) < k:
                     data = b"".join(data[i * self.stride:(i + 1) * self.stride] for i in kept)
-                    run_keys = [run_keys[i] for i in kept]
-                if kept:
-                    keys += run_keys
-                    parts.append(data[:len(kept) * self.stride])
-                self.ring.commit(k)
-        else:
-            view.release()
+                    keys = [keys[i] for i in kept]
+                k = len(kept)
+            else:
+                self._tails[src].value += k  # copied out: the program may reuse them
+            if k:
+                keys_out += keys
+                parts.append(data[:k * self.stride])
         blob = b"".join(parts)
         if len(parts) > 1:
-            order = sorted(range(len(keys)), key=keys.__getitem__)  # stable: ties keep the runs' order
+            order = sorted(range(len(keys_out)), key=keys_out.__getitem__)  # stable: ties keep the sources' order
             s = self.stride
             mv = memoryview(blob)
             blob = b"".join([mv[i * s:i * s + s] for i in order])
             mv.release()
-        self.pending, self.offset, self.npending = blob, 0, len(keys)
+        self.pending, self.offset, self.npending = blob, 0, len(keys_out)
 
     @classmethod
     def of_maps(cls, ring: RingReader, slots_fd: int, positions_fd: int, ncpus: int) -> SlotRings:
