@@ -414,7 +414,7 @@ PARTS = {
     "slots_no_tail": ("record", "the per-CPU slots never checked for room (overwrite the oldest)",
                       [("    if (head - *(volatile u64 *)&p->tail >= CPU_SLOTS)\n", "    if (0)\n", None)]),
     **{f"slots_{n}_unread": ("record", f"the per-CPU slots never read, each CPU's index wrapping at {n} "
-                                   f"({n * 96 // 1024} KiB a CPU: fewer cache lines cycled through)",
+                                   "(fewer cache lines cycled through)",
                                    [(_SLOT_INDEX, _SLOT_INDEX.replace("(CPU_SLOTS - 1)", str(n - 1)), None)], UNREAD)
         for n in (1024, 8192)},
     "fill_discard": ("record", "each record filled, then discarded (bpf_ringbuf_discard)",

@@ -233,7 +233,7 @@ def test_doctor_json_structure():
         assert r.exit_code in (69, 77)
     else:
         assert [row["check"] for row in rows] == ["privileges", "bcc", "tracefs", "tracepoints", "state decoding",
-                                                  "probes", "kernel headers", "snap collector", "live test"]
+                                                  "probes", "record buffers", "kernel headers", "snap collector", "live test"]
         probes = rows[5]["detail"]
         assert probes.startswith("tp_btf: " if os.path.exists(btf.VMLINUX) else "tracepoint: "), probes
         assert r.stderr == ""

@@ -211,7 +211,7 @@ def test_runs_only_where_stores_keep_their_order(monkeypatch):
     from pstate.commands import record
 
     monkeypatch.setattr(record.platform, "machine", lambda: "x86_64")
-    assert record.slots_per_cpu(16 << 20, 2) == 8192  # at most 768 KiB a CPU: the rest goes to the ring buffer
+    assert record.slots_per_cpu(16 << 20, 2) == 8192  # at most 704 KiB a CPU: the rest goes to the ring buffer
     assert record.slots_per_cpu(1 << 20, 2) == 4096  # the buffer's size, shared by the CPUs
     assert record.slots_per_cpu(16 << 20, 256) == 1024  # at least 1024, however many CPUs share it
     assert record.slots_per_cpu(4096, 1) == 1024

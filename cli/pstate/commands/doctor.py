@@ -116,6 +116,10 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
                   "please report this kernel's events/sched/sched_switch/format")
             code = code or ExitCode.UNAVAILABLE
     plan = _probes(r, ks)
+    from pstate.commands import record
+
+    rb_bytes = record._pow2_pages(record._size(record.DEFAULT_BUFFER)) * os.sysconf("SC_PAGE_SIZE")
+    r.add("record buffers", OK, record.buffers_summary(rb_bytes) + f" (--buffer-size {record.DEFAULT_BUFFER})")
 
     # kernel headers
     tree = None
@@ -274,7 +278,9 @@ def cli(kernel_headers, live, fmt):
 
     Checks privileges, the bcc module, tracefs (mounting it when missing),
     the sched tracepoints, state decoding from the kernel's own format, the
-    kernel header tree BCC will use, and, live, that the BPF program
+    probes record and snap attach (tp_btf or tracepoint) and where record's
+    events are buffered, the kernel header tree BCC will use, the snap
+    collector, and, live, that the BPF program
     compiles, attaches and reports correctly decoded events. Prints a table
     of ok / PROBLEM / fix; exits non-zero when something is missing.
     """

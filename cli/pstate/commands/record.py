@@ -87,7 +87,8 @@ def _pow2_pages(nbytes: int) -> int:
     return 1 << (pages - 1).bit_length()
 
 
-SLOTS_MIN, SLOTS_MAX = 1024, 8192  # a CPU's run of slots: 96 to 768 KiB (bpf/record.bpf.c struct slot)
+DEFAULT_BUFFER = "16M"
+SLOTS_MIN, SLOTS_MAX = 1024, 8192  # a CPU's run of slots: 88 to 704 KiB (bpf/record.bpf.c struct slot)
 
 
 def slots_per_cpu(rb_bytes: int, ncpus: int) -> int:
@@ -99,6 +100,19 @@ def slots_per_cpu(rb_bytes: int, ncpus: int) -> int:
         return 0
     fit = max(SLOTS_MIN, min(SLOTS_MAX, rb_bytes // loader.RingReader.stride_of(EVENT_SIZE) // max(1, ncpus)))
     return 1 << (fit.bit_length() - 1)
+
+
+def buffers_summary(rb_bytes: int) -> str:
+    """Where record's events go on this machine, for doctor."""
+    ncpus = bpfsys.possible_cpus()
+    rb = f"the {rb_bytes >> 20} MiB ring buffer" if rb_bytes >= 1 << 20 else f"the {rb_bytes >> 10} KiB ring buffer"
+    per_cpu = slots_per_cpu(rb_bytes, ncpus)
+    if not per_cpu:
+        return (f"{rb} only (per-CPU slots are used on x86-64 alone, where the programs' stores keep "
+                f"their order; this is {platform.machine()})")
+    kib = per_cpu * loader.RingReader.stride_of(EVENT_SIZE) >> 10
+    return (f"switches and wake-ups go to per-CPU runs of {per_cpu} slots ({kib} KiB each, {ncpus} possible "
+            f"CPUs), then to {rb}; the other events to the ring buffer")
 
 
 def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool, stack_entries: int = 0) -> dict:
@@ -342,10 +356,10 @@ def _install_signals(rec: Recorder, reopen_on_hup: bool):
 @click.option("-d", "--duration", type=Duration("s", positive=True), metavar="DURATION",
               help="Stop after this long, e.g. 500ms, 30s, 1m; a plain number is seconds "
                    "(default: until Ctrl-C or SIGTERM).")
-@click.option("--buffer-size", default="16M", show_default=True, metavar="SIZE",
+@click.option("--buffer-size", default=DEFAULT_BUFFER, show_default=True, metavar="SIZE",
               help="BPF ring buffer size (k/M/G suffixes); rounded up to a power of two pages. On x86-64 "
                    "context switches and wake-ups go first to per-CPU runs of slots (as much again, shared by the "
-                   "CPUs, 96 to 768 KiB each), and to the ring buffer when those are full.")
+                   "CPUs, 88 to 704 KiB each), and to the ring buffer when those are full.")
 @click.option("--max-tasks", type=click.IntRange(1024, 4_194_304), default=65536, show_default=True, metavar="N",
               help="Threads the kernel side can track at once.")
 @click.option("--drain-interval", type=Duration("s", positive=True), default="5ms", show_default=True,

@@ -31,28 +31,20 @@ import orjson
 from pstate import native
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
+from pstate.kernel.loader import RingReader
 from pstate.stream import schema
 from pstate.stream.durations import Duration, fmt_ns, parse_ns
 from pstate.stream.meta import rfc3339, wall_time_at
 from pstate.stream.outfiles import invoking_user
 from pstate.snapshots.writer import SnapDir, _rename_noreplace
 
-HDR = 8  # the ring buffer's own header before each struct event
-STRIDE = (eventcodec.EVENT_SIZE + HDR + 7) & ~7
+HDR = RingReader.HDR  # the ring buffer's own header before each struct event
+STRIDE = RingReader.stride_of(eventcodec.EVENT_SIZE)
 BATCH_OVERHEAD = 200  # bytes a kept batch costs beyond its slots (the bytes object, the deque entry)
 ENCODE_CHUNK = 8192  # slots encoded per write while a dump is written
 
 
-def _offsets() -> dict[str, int]:
-    """Byte offset of every struct event field within a ring-buffer slot."""
-    out, pos = {}, HDR
-    for name, code in eventlayout.EVENT_FIELDS:
-        out[name] = pos
-        pos += struct.calcsize("<" + code)
-    return out
-
-
-OFF = _offsets()
+OFF = {name: HDR + eventlayout.offset_of(name) for name, _code in eventlayout.EVENT_FIELDS}  # within a slot
 assert STRIDE % 8 == 0 and OFF["dur"] % 8 == 0 and OFF["ts"] % 8 == 0 and OFF["from"] % 2 == 0
 WAIT_CODES = frozenset(eventcodec.CODES[s] for s in (schema.RUNNABLE, schema.PREEMPTED, schema.NEW))
 _COND = re.compile(r"^(?:comm=(?P<comm>[^:]{1,15}):)?(?P<state>[A-Za-z_+-]+)(?:>=(?P<dur>.+))?$")
