@@ -20,9 +20,22 @@ path = sys.argv[1] if len(sys.argv) > 1 else {path!r}
 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
 buf = mmap.mmap(-1, 65536)
 buf.write(b"x" * 65536)
-for _ in range({n}):
+
+
+def voluntary():
+    with open("/proc/self/status") as f:
+        return int(next(x for x in f if x.startswith("voluntary_ctxt_switches")).split()[1])
+
+
+v0 = voluntary()
+for i in range({n}):
     os.pwrite(fd, buf, 0)
     {between}
+    # How many writes sleep depends on the host's disk (a write whose completion comes
+    # before the writer is off its CPU never blocks): up to n writes, until the kernel
+    # has counted `blocked` sleeps.
+    if {blocked} and i % 50 == 49 and voluntary() - v0 >= {blocked}:
+        break
 os.close(fd)
 """
 
@@ -73,12 +86,12 @@ def _blocked(recs: list[dict], tid: int, state: str) -> list[dict]:
 
 
 def test_direct_writes_block_in_io_with_a_reason(disk_file):
-    recs, child = record_workload(DIRECT_WRITES.format(path=disk_file, n=200, between="pass"), "--stacks")
+    code = DIRECT_WRITES.format(path=disk_file, n=20_000, between="pass", blocked=60)
+    recs, child = record_workload(code, "--stacks")
     stacks = _stacks(recs)
     ds = _blocked(recs, child.pid, "uninterruptible")
-    # How many of the 200 writes sleep in D depends on the host's disk: most do, but on
-    # 2026-12-02 two runs saw 35 and 22 (a write whose completion comes before the writer is
-    # off its CPU never blocks). What is checked here is why they block, not how often.
+    # 200 writes gave 104 sleeps in one run, 2 in another, on 2026-12-03: the workload
+    # writes until it has slept 60 times. What is checked here is why they block.
     assert len(ds) >= 20, len(ds)
     total = sum(r["dur_ns"] for r in ds)
     io = sum(r["dur_ns"] for r in ds if "stack_id" in r and any(f in stacks[r["stack_id"]] for f in IO_FRAMES))
@@ -123,7 +136,7 @@ def test_a_reused_kernel_slot_never_redefines_a_stream_id(disk_file):
     # the slot free.
     spin = "t = time.monotonic() + 0.02\n    while time.monotonic() < t:\n        pass"
     spin = f"{spin}\n    time.sleep(0.002)\n    {spin}"
-    code = DIRECT_WRITES.format(path=disk_file, n=60, between=spin)
+    code = DIRECT_WRITES.format(path=disk_file, n=60, between=spin, blocked=0)
     recs, child = record_workload(code, "--stacks=D,S", "--stack-entries", "1")
     stacks = _stacks(recs)
     assert len(stacks) >= 2

@@ -51,7 +51,8 @@ def group(rep: dict, key) -> dict:
 
 
 def test_direct_writes_d_time_is_in_the_io_path_and_folded_sums_to_it(tmp_path, disk_file):  # noqa: F811
-    recs, child = workloads.record_workload(DIRECT_WRITES.format(path=disk_file, n=300, between="pass"),
+    recs, child = workloads.record_workload(DIRECT_WRITES.format(path=disk_file, n=20_000, between="pass",
+                                                                         blocked=60),
                                             "--stacks")
     rep = report(tmp_path, recs, "--stacks=D", "--top", "1000")
     g = group(rep, child.pid)
