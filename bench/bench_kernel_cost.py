@@ -13,6 +13,9 @@ is bracketed by untraced ones), for:
   the floor every change is judged against in its own sitting; acct_ts, the
   same accounting with its rows in task local storage (a helper call per
   row, found from the task pointer, where the array needs the pid);
+  floor_btf_wakeup and acct_btf_wakeup, floor_btf and acct_btf with their
+  wake-up program on sched_wakeup (snap's) instead of sched_waking
+  (record's), for what the tracepoint itself costs;
 - snap, record --min-dur 1ms, record (all events) on the tp_btf path, and
   the same on the classic tracepoint path (keys ending in _tp), record
   --stacks (the storm is all S: what taking D stacks costs every other
@@ -97,6 +100,15 @@ FLOOR_TRACEPOINTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wake
                      "sched_process_exec", "sched_process_exit", "sched_process_free")
 FLOOR_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in FLOOR_TRACEPOINTS)
 FLOOR_C += "TRACEPOINT_PROBE(task, task_newtask) { return 0; }\n"
+
+
+def on_wakeup(source: str) -> str:
+    """A floor program with its wake-up on sched_wakeup (snap's) instead of sched_waking (record's)."""
+    if source.count("PSTATE_PROBE(sched, sched_waking)") != 1:
+        sys.exit("on_wakeup: the program has no sched_waking probe to move")
+    return source.replace("PSTATE_PROBE(sched, sched_waking)", "PSTATE_PROBE(sched, sched_wakeup)")
+
+
 # Only the two that fire at the storm's rate in snap (a switch and a wake-up)
 FLOOR2_C = "".join(f"TRACEPOINT_PROBE(sched, {tp}) {{ return 0; }}\n" for tp in ("sched_switch", "sched_wakeup"))
 # The tp_btf path's floor (see the top): on the two tracepoints that fire at
@@ -399,6 +411,11 @@ PARTS = {
     **{f"slots_{n}": ("record", f"runs of {n} slots a CPU (the rest to the ring buffer)",
                       [("#include \"pstate.h\"\n", f"#undef CPU_SLOTS\n#define CPU_SLOTS {n}\n#include \"pstate.h\"\n",
                         None)]) for n in (1024, 8192, 65536)},
+    # small runs read often: fewer pages cycled through by the producers, more wake-ups of the reader
+    **{f"slots_{n}_drain_{every}": ("record", f"runs of {n} slots a CPU, drained every {every}",
+                                    [("#include \"pstate.h\"\n",
+                                      f"#undef CPU_SLOTS\n#define CPU_SLOTS {n}\n#include \"pstate.h\"\n", None)])
+       for n, every in ((1024, "1ms"), (2048, "2ms"))},
     "slots_unread": ("record", "the per-CPU slots never read (the reader only moves the tails to the heads)",
                      [("#include \"pstate.h\"\n", "// records never read (UNREAD)\n#include \"pstate.h\"\n", None)],
                      UNREAD),
@@ -465,6 +482,12 @@ PARTS = {
        for tag, value, n in (("", "struct event", 1024), ("_96", "struct slot", 1024),
                              ("_65536", "struct event", 65536), ("_pos", "struct event", 1024),
                              ("_mm", "struct event", 1024), ("_65536_mm", "struct event", 65536))},
+    # the code size test: emit() reduced to a count, the filters' branches kept. With --min-dur
+    # the storm never takes them, so the path run is the same; only the program is smaller.
+    "emit_count_only": ("record_min_dur", "emit() only counts (the same path run, a program without the "
+                        "code that fills records)",
+                        [("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n",
+                          "    count(STAT_ATTEMPTED);\n}\n", _FILL_END)]),
     "staged_output": ("record", "records staged per CPU, 16 copied into the ring by one bpf_ringbuf_output",
                       [(_RB_DECL, _STAGE_DECL, None), (_RESERVE, _staged, _FILL_END)], UNREAD),
     "switch_pair": ("record", "a switch's two records in one reservation",
@@ -600,6 +623,11 @@ def make_contenders(src: str, against: str | None, tag: str,
                        _self("floor_btf"), ready=f"text:{READY}"),
           ct.Contender("acct_btf", "minimal tp_btf accounting (pstate's loader)", "floor", _self("acct_btf"),
                        ready=f"text:{READY}"),
+          # the same on sched_wakeup, snap's wake-up, in place of sched_waking, record's
+          ct.Contender("floor_btf_wakeup", "empty tp_btf programs on sched_switch and sched_wakeup", "floor",
+                       _self("floor_btf_wakeup"), ready=f"text:{READY}"),
+          ct.Contender("acct_btf_wakeup", "minimal tp_btf accounting, its wake-ups at sched_wakeup", "floor",
+                       _self("acct_btf_wakeup"), ready=f"text:{READY}"),
           ct.Contender("acct_ts", "minimal tp_btf accounting, rows in task local storage", "floor",
                        _self("acct_ts"), ready=f"text:{READY}"),
           ct.Contender("count_tp", "bpftrace's sched_switch count as pstate's loader builds it", "floor",
@@ -635,6 +663,11 @@ def make_contenders(src: str, against: str | None, tag: str,
                          "record", _self("pstate", d, "record", "-q", "-o", "{out}", "-c", "perf",
                                          "--cpu", "1"), ready="meta"),
         ]
+        # how often user space wakes to drain (default 5ms), where the kernel side reports little
+        cs += [ct.Contender(f"record_min_dur_drain_{every}{suffix}",
+                            f"pstate record --min-dur 1ms --drain-interval {every} ({what})", "record",
+                            _self("pstate", d, "record", "-q", "-o", "{out}", "--min-dur", "1ms", "--drain-interval",
+                                  every), ready="meta") for every in ("1s", "500us")]
         # smaller buffers: fewer cache lines cycled through by the producers (and room for fewer events)
         cs += [ct.Contender(f"record_buffer_{size.lower()}{suffix}", f"pstate record --buffer-size {size} ({what})",
                             "record", _self("pstate", d, "record", "-q", "-o", "{out}", "--buffer-size", size),
@@ -644,6 +677,8 @@ def make_contenders(src: str, against: str | None, tag: str,
     for part, d in (parts or {}).items():
         base, label = PARTS[part][:2]
         extra = ("--min-dur", "1ms") if base == "record_min_dur" else ()
+        if "_drain_" in part:
+            extra += ("--drain-interval", part.rpartition("_")[2])
         mode = "pstate-unread" if UNREAD in PARTS[part][3:] else "pstate"
         cs.append(ct.Contender(f"{base}_{part}", f"pstate {' '.join(('record',) + extra)}: {label}", "record",
                                _self(mode, d, "record", "-q", "-o", "{out}", *extra), ready="meta"))
@@ -987,6 +1022,10 @@ def main() -> int:
         return floor_main(FLOOR_BTF_C, "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "acct_btf":
         return floor_main(ACCT_BTF_C, "tp_btf")
+    if len(sys.argv) > 1 and sys.argv[1] == "floor_btf_wakeup":
+        return floor_main(on_wakeup(FLOOR_BTF_C), "tp_btf")
+    if len(sys.argv) > 1 and sys.argv[1] == "acct_btf_wakeup":
+        return floor_main(on_wakeup(ACCT_BTF_C), "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "acct_ts":
         return floor_main(ACCT_TS_C, "tp_btf")
     if len(sys.argv) > 1 and sys.argv[1] == "count_tp":

@@ -130,3 +130,26 @@ def test_ring_buffer_part_sends_every_record_through_the_ring():
                                   "small_discard", "switch_pair"])
 def test_the_ring_buffer_parts_keep_the_slots_out(part):
     assert BENCH._RETURN + BENCH._SLOT_START in BENCH.part_source(_record(), part)
+
+
+def test_the_emit_count_only_part_keeps_the_filters_and_drops_the_fill():
+    text = BENCH.part_source(_record(), "emit_count_only")
+    body = text[text.index("// One event of any type"):text.index("// the caller has checked transition_match")]
+    assert "count(STAT_ATTEMPTED);" in body and "reserve(" not in body and "e->ts" not in body
+    assert text.count("transition_match(cfg,") == _record().count("transition_match(cfg,")
+
+
+def test_small_run_parts_drain_as_often_as_they_say():
+    cs = {c.key: c for c in BENCH.make_contenders(os.path.join(ROOT, "bpf"), None, "", parts={p: "/x" for p in BENCH.PARTS})}
+    argv = cs["record_slots_1024_drain_1ms"].argv
+    assert argv[argv.index("--drain-interval") + 1] == "1ms"
+    assert "#define CPU_SLOTS 1024\n" in BENCH.part_source(_record(), "slots_1024_drain_1ms")
+    assert "--drain-interval" not in cs["record_slots_1024"].argv
+
+
+@pytest.mark.parametrize("name", ["FLOOR_BTF_C", "ACCT_BTF_C"])
+def test_the_wakeup_floors_move_only_the_wake_up_probe(name):
+    source = getattr(BENCH, name)
+    moved = BENCH.on_wakeup(source)
+    assert "sched_waking" not in moved and moved.count("PSTATE_PROBE(sched, sched_wakeup)") == 1
+    assert moved.replace("sched_wakeup)", "sched_waking)") == source
