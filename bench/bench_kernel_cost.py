@@ -482,6 +482,14 @@ PARTS = {
        for tag, value, n in (("", "struct event", 1024), ("_96", "struct slot", 1024),
                              ("_65536", "struct event", 65536), ("_pos", "struct event", 1024),
                              ("_mm", "struct event", 1024), ("_65536_mm", "struct event", 65536))},
+    # the wake-up program on sched_wakeup, as snap's (see floor_btf_wakeup): what the tracepoint
+    # costs record. Not record's semantics: there the waker is not current when the wake-up goes
+    # through the target CPU's wake list.
+    **{f"wakeup_probe{tag}": (base, "wake-ups taken at sched_wakeup instead of sched_waking (the waker wrong "
+                                    "where the wake-up goes through a wake list)",
+                              [("PSTATE_PROBE(sched, sched_waking) {\n", "PSTATE_PROBE(sched, sched_wakeup) {\n",
+                                None)])
+       for tag, base in (("", "record_min_dur"), ("_all", "record"))},
     # the code size test: emit() reduced to a count, the filters' branches kept. With --min-dur
     # the storm never takes them, so the path run is the same; only the program is smaller.
     "emit_count_only": ("record_min_dur", "emit() only counts (the same path run, a program without the "
