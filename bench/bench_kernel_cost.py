@@ -323,7 +323,7 @@ _IN_PAIR = """            if (!have_held) {
                 }
             }
 """
-_SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken at sched_waking"
+_SWITCH_END = "    return 0;\n}\n\n// Wake-ups are taken where the waker is current"
 # "staged_output", the other way to fewer ring calls, measured before the
 # per-CPU slots (bpf/record.bpf.c struct slot) were built: each record is
 # written to a per-CPU staging buffer of STAGE_N and the buffer is copied
@@ -482,13 +482,9 @@ PARTS = {
        for tag, value, n in (("", "struct event", 1024), ("_96", "struct slot", 1024),
                              ("_65536", "struct event", 65536), ("_pos", "struct event", 1024),
                              ("_mm", "struct event", 1024), ("_65536_mm", "struct event", 65536))},
-    # the wake-up program on sched_wakeup, as snap's (see floor_btf_wakeup): what the tracepoint
-    # costs record. Not record's semantics: there the waker is not current when the wake-up goes
-    # through the target CPU's wake list.
-    **{f"wakeup_probe{tag}": (base, "wake-ups taken at sched_wakeup instead of sched_waking (the waker wrong "
-                                    "where the wake-up goes through a wake list)",
-                              [("PSTATE_PROBE(sched, sched_waking) {\n", "PSTATE_PROBE(sched, sched_wakeup) {\n",
-                                None)])
+    # record as it was before WAKE_AT_WAKEUP: its wake-ups at sched_waking (see floor_btf_wakeup)
+    **{f"waking_probe{tag}": (base, "wake-ups taken at sched_waking (as before the wake list's note)",
+                              [("#include \"pstate.h\"\n", "#undef WAKE_AT_WAKEUP\n#include \"pstate.h\"\n", None)])
        for tag, base in (("", "record_min_dur"), ("_all", "record"))},
     # the code size test: emit() reduced to a count, the filters' branches kept. With --min-dur
     # the storm never takes them, so the path run is the same; only the program is smaller.

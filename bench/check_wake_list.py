@@ -1,25 +1,24 @@
 """Who wakes a task whose wake-up goes through the target CPU's wake list.
 
-record takes its wake-ups at sched_waking, which runs in the waker's context.
-An empty program there costs the pinned storm 0.03 more than on sched_wakeup
-(bench_kernel_cost.py floor_btf_wakeup), and record's programs with the
-wake-up at sched_wakeup keep 0.915 (--min-dur 1ms) and 0.856 (all) where they
-keep 0.880 and 0.799 (--parts wakeup_probe, wakeup_probe_all). But
-sched_wakeup runs in the waker's context only when the waker activates the
-task itself; a wake-up queued on the target CPU's wake list (a task woken
-onto an idle CPU) is activated there, from an IPI or the idle loop. The
-waker queues it through __smp_call_single_queue, whose tracepoint
-csd:csd_queue_cpu (Linux 6.5+) runs in the waker's context with the queued
-entry: the task's wake_entry, so the task is found from it (its offset from
-the kernel's BTF).
+record takes its wake-ups at sched_wakeup where the kernel allows it
+(bpf/record.bpf.c WAKE_AT_WAKEUP): an empty program on sched_waking costs
+the pinned storm 0.03 more than on sched_wakeup (bench_kernel_cost.py
+floor_btf_wakeup). But sched_wakeup runs in the waker's context only when
+the waker activates the task itself; a wake-up queued on the target CPU's
+wake list (a task woken onto an idle CPU) is activated there, from an IPI or
+the idle loop. The waker queues it through __smp_call_single_queue, whose
+tracepoint csd:csd_queue_cpu (Linux 6.5+) runs in the waker's context with
+the queued entry: the task's wake_entry, so the task is found from it (its
+offset from the kernel's BTF), and record notes the waker there.
 
-This checks that plan against sched_waking's own current, on classic
-tracepoints (the check's cost does not matter): for every sched_wakeup, the
-waker is sched_waking's current; the plan's waker is the one csd_queue_cpu
-noted for the task when there is one, else sched_wakeup's current. Run it
-beside a workload:
+This checks that way of naming the waker against sched_waking's own
+current, on classic tracepoints (the check's cost does not matter): for
+every sched_wakeup, the waker is sched_waking's current; record's is the one
+csd_queue_cpu noted for the task when there is one, else sched_wakeup's
+current. It runs a cross-CPU workload of its own (a waker on CPU 0, two
+sleepers on CPU 1) and exits 1 if any waker differs:
 
-    sudo .venv/bin/python bench/check_wake_list.py 5        5 seconds, a cross-CPU workload of its own
+    sudo .venv/bin/python bench/check_wake_list.py 5        for 5 seconds
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@
 //                  struct slot), for SLOT_CPUS possible CPUs
 //   LIFE_RAW       the tracepoint path, lifecycle programs as raw tracepoints
 //                  (bpf/tpargs.h), with TASK_PID and TASK_COMM
+//   WAKE_AT_WAKEUP wake-ups at sched_wakeup, with the waker of one queued on
+//                  the target CPU's wake list noted at csd_queue_cpu (see
+//                  there), where the kernel has them: TASK_WAKE_ENTRY
+//                  CSD_FLAGS CSD_TYPE_TTWU CSD_TYPE_MASK (pstate.kernel.btf
+//                  wake_list); else at sched_waking
 //
 // Filters are map values, written by user space before the first event
 // (pstate/filtermaps.py), so one compiled program serves every filter: the
@@ -44,6 +49,7 @@
 #define CLONE_THREAD_FLAG 0x00010000
 #define ALL_STATES 0xffffffffffffffffULL
 #define WAKE_PENDING 0x80 // task_state.wake_flags: a waker is kept for the switch-in
+#define WAKE_QUEUED 0x40  // task_state.wake_flags: the waker of a wake-up on a wake list (WAKE_AT_WAKEUP)
 
 struct task_state {
     u64 since; // when the task entered state; 0 = not seen
@@ -58,7 +64,7 @@ struct task_state {
     u32 wake_pid;
     u32 wake_tid;
     u32 wake_cpu;
-    u8 wake_flags; // WAKE_PENDING | F_WAKER_*
+    u8 wake_flags; // WAKE_PENDING or WAKE_QUEUED, | F_WAKER_*
     u8 pad[3];
     u32 stack; // stack map id + 1 of the kernel stack it blocked with (settings.stack_mask); 0: none
     u32 pad2;
@@ -645,12 +651,22 @@ PSTATE_PROBE(sched, sched_switch) {
     return 0;
 }
 
-// Wake-ups are taken at sched_waking, which runs in the waker's context (so
-// the waker is simply "current") and only once the wake-up is certain to
-// happen; sched_wakeup can run later on the target CPU, where current is not
-// the waker. A wake-up that finds the row still running is settled at the
-// task's next switch (see task_state.wake_flags): no program on sched_wakeup,
-// which would run at every wake-up for that rare case.
+// Wake-ups are taken where the waker is current, so that its ids and its
+// CPU's interrupt context are simply read. With WAKE_AT_WAKEUP at
+// sched_wakeup, as the task is queued: the waker's context, except for a
+// wake-up queued on the target CPU's wake list (a task woken onto an idle
+// CPU, say), which that CPU activates from an IPI or its idle loop;
+// csd_queue_cpu noted its waker on the row, in the waker's context (see
+// there). A wake-up that finds the row running or queued never ended a
+// blocked state: sched_wakeup runs once the task's switch-out, if it had
+// one, is traced (the waker waits for it to finish, or the task's own CPU
+// activates it after), so this path needs no waker kept for a switch.
+// Without WAKE_AT_WAKEUP at sched_waking, which runs in the waker's context
+// and only once the wake-up is certain to happen, but may run before the
+// task's switch-out is traced: a wake-up that finds the row still running is
+// settled at the task's next switch (see task_state.wake_flags). An empty
+// program on sched_waking costs the pinned pipe storm 0.03 more than one on
+// sched_wakeup (bench/bench_kernel_cost.py floor_btf_wakeup).
 // tgid: the wakee's, where the path knows it (tp_btf), else 0
 static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause, u32 target_cpu,
                                    const char *task) {
@@ -658,6 +674,24 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
     if (!cfg)
         return;
     struct task_state *ts = task_row(tid);
+#ifdef WAKE_AT_WAKEUP
+    u8 ctx = WAKER_CURRENT;
+    u32 waker_pid = 0, waker_tid = 0;
+    if (ts) {
+        u8 wf = ts->wake_flags;
+        if (wf & WAKE_QUEUED) {
+            ctx = wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ);
+            waker_pid = ts->wake_pid;
+            waker_tid = ts->wake_tid;
+        }
+        u16 st = ts->state;
+        if (st == ST_RUNNING || st == ST_RUNNABLE || st == ST_PREEMPTED) {
+            ts->wake_flags = 0; // woken before it got off its CPU, or still queued: it never blocked
+            return;
+        }
+    }
+    woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, waker_pid, waker_tid, ctx, task);
+#else
     if (ts) {
         u16 st = ts->state;
         if (st == ST_RUNNING) {
@@ -676,13 +710,57 @@ static __always_inline void waking(u32 tid, u32 tgid, const char *comm, u8 cause
             return;
     }
     woken(cfg, bpf_ktime_get_ns(), tid, tgid, ts, comm, cause, target_cpu, 0, 0, WAKER_CURRENT, task);
+#endif
 }
 
+#ifdef WAKE_AT_WAKEUP
+PSTATE_PROBE(sched, sched_wakeup) {
+    COMM_BUF(buf);
+    waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
+    return 0;
+}
+
+// A wake-up the waker queues on the target CPU's wake list (an entry of
+// type CSD_TYPE_TTWU: the task's wake_entry) runs its sched_wakeup there,
+// where current is not the waker: the waker is noted on the task's row now,
+// in its own context, for that sched_wakeup. Other entries (function calls
+// on another CPU) return at once. The entry is read with
+// bpf_probe_read_kernel, as the task around it: it is at a negative offset
+// from the pointer the tracepoint gives, which the verifier would not
+// follow; this runs only for wake-ups that cross CPUs through a wake list.
+PSTATE_PROBE(csd, csd_queue_cpu) {
+    u64 csd = CSD_ENTRY;
+    u32 flags = 0;
+    bpf_probe_read_kernel(&flags, sizeof(flags), (const void *)(csd + CSD_FLAGS));
+    if ((flags & CSD_TYPE_MASK) != CSD_TYPE_TTWU)
+        return 0;
+    u32 tid = 0;
+    bpf_probe_read_kernel(&tid, sizeof(tid), (const void *)(csd - TASK_WAKE_ENTRY + TASK_PID));
+    u64 id = bpf_get_current_pid_tgid();
+    u8 wf = WAKE_QUEUED | waker_context();
+    struct task_state *ts = task_row(tid);
+    if (ts) {
+        ts->wake_pid = id >> 32;
+        ts->wake_tid = (u32)id;
+        ts->wake_flags = wf;
+        return 0;
+    }
+    // a task not seen yet: a row for it, its state not known
+    struct task_state fresh = {};
+    fresh.wake_pid = id >> 32;
+    fresh.wake_tid = (u32)id;
+    fresh.wake_flags = wf;
+    if (tasks.update(&tid, &fresh) != 0)
+        count_atomic(DROP_MAP_FULL);
+    return 0;
+}
+#else
 PSTATE_PROBE(sched, sched_waking) {
     COMM_BUF(buf);
     waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP, WK_TARGET_CPU, WK_TASK);
     return 0;
 }
+#endif
 
 PSTATE_PROBE(sched, sched_wakeup_new) {
     COMM_BUF(buf);

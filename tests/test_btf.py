@@ -141,7 +141,7 @@ def test_offsets_match_bpftool():
     assert set(offsets) == set(btf.MEMBERS)
     for define, (struct_name, path, _size) in btf.MEMBERS.items():
         assert offsets[define] * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
-    assert set(btf.facts(b)["offsets"]) == btf.offset_defines()
+    assert set(btf.facts(b)["offsets"]) == btf.offset_defines() | set(btf.wake_list(b)[0])  # those optional
     for path in ("__state", "cgroups", "thread_info"):  # more members, resolved the same way
         assert b.member("task_struct", path)[0] * 8 == _bpftool_member(types, "task_struct", path), path
     for event, tid in btf.check_tracepoints(b).items():
@@ -158,3 +158,42 @@ def test_known_offsets_of_this_kernel_family():
     assert size == 16
     assert b.tracepoint("sched_switch")[1] == ["_Bool", "struct task_struct *", "struct task_struct *",
                                                "unsigned int"]
+
+
+def _bpftool_enum(dump: str, name: str) -> int:
+    m = re.search(rf"^\s+'{name}' val=(-?\d+)", dump, re.M)
+    assert m, name
+    return int(m.group(1))
+
+
+def test_wake_list_matches_bpftool():
+    """The wake list's members, constants and tracepoint (record's wake-ups at sched_wakeup)."""
+    dump = _bpftool_dump()
+    types = _types(dump)
+    b = btf.Btf.read()
+    offsets, targets = btf.wake_list(b)
+    assert set(offsets) == set(btf.WAKE_LIST_MEMBERS) | set(btf.WAKE_LIST_ENUMS), "this kernel (6.18) has them"
+    for define, (struct_name, path, _size) in btf.WAKE_LIST_MEMBERS.items():
+        assert offsets[define] * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
+    for define, name in btf.WAKE_LIST_ENUMS.items():
+        assert offsets[define] == _bpftool_enum(dump, name)
+    (event, tid), = targets.items()
+    assert types[tid][:2] == ("TYPEDEF", f"btf_trace_{event}")
+    got = btf.facts(b)
+    assert set(offsets) <= set(got["offsets"]) and event in got["targets"]
+
+
+def test_no_wake_list_is_no_error():
+    if not os.path.exists(btf.VMLINUX):
+        pytest.skip("no kernel BTF")
+    b = btf.Btf.read()
+    b.enum_value("CSD_TYPE_TTWU")  # present
+    with pytest.raises(btf.BtfError):
+        b.enum_value("NO_SUCH_ENUMERATOR_HERE")
+    saved = dict(btf.WAKE_LIST_MEMBERS)
+    try:
+        btf.WAKE_LIST_MEMBERS["TASK_WAKE_ENTRY"] = ("task_struct", "no_such_member", 16)
+        assert btf.wake_list(b) == ({}, {})
+    finally:
+        btf.WAKE_LIST_MEMBERS.clear()
+        btf.WAKE_LIST_MEMBERS.update(saved)

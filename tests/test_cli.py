@@ -128,8 +128,15 @@ def life_raw() -> dict:
     programs where the kernel has BTF (bpf/tpargs.h LIFE_RAW)."""
     if not os.path.exists(btf.VMLINUX):
         return {}
-    offsets = btf.facts(btf.Btf.read())["offsets"]
-    return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}}
+    facts = btf.facts(btf.Btf.read())
+    offsets = facts["offsets"]
+    return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}, **wake_list(facts)}
+
+
+def wake_list(facts: dict) -> dict:
+    """Wake-ups at sched_wakeup, where the kernel's BTF has the wake list (bpf/record.bpf.c WAKE_AT_WAKEUP)."""
+    wake = tpbtf.wake_list_defines(facts["offsets"], facts["targets"])
+    return {k: v if v is True else str(v) for k, v in wake.items()}
 
 
 def slots(buffer_bytes: int) -> dict:
@@ -209,10 +216,10 @@ def test_ebpf_tp_btf_defines(command):
     assert r.exit_code == 0 and r.stderr == ""
     assert r.stdout.startswith(f"// pstate: bpf/{command}.bpf.c as compiled on the tp_btf path (--probes tp_btf), ")
     d = defines(r.stdout.split(f"// pstate {command}:")[0])
-    offsets = btf.facts(btf.Btf.read())["offsets"]
+    facts = btf.facts(btf.Btf.read())
     ks = kstates.read_kernel_states()
-    assert d == {**classic, "TP_BTF": True, **{k: str(v) for k, v in offsets.items()},
-                 **tpbtf.raw_state_defines(ks.report_mask)}
+    assert d == {**classic, "TP_BTF": True, **{k: str(v) for k, v in facts["offsets"].items()},
+                 **tpbtf.raw_state_defines(ks.report_mask), **wake_list(facts)}
 
 
 def test_doctor_json_structure():

@@ -243,3 +243,55 @@ def test_duration_ends_within_50ms(tmp_path):
     assert 1.0e9 <= end["duration_ns"] <= 1.05e9, end
     events = [r for r in recs if r["type"] in ("state", "fork", "exec", "exit")]
     assert events and max(r["ts"] for r in events) <= meta["ts"] + 1.05e9
+
+
+CROSS_CPU_WAKES = """
+import os, sys, threading, time
+sys.stdin.read(1)
+os.sched_setaffinity(0, {0})
+evs = [threading.Event() for _ in range(2)]
+stop = False
+
+
+def sleeper(ev):
+    os.sched_setaffinity(0, {1})
+    while not stop:
+        ev.wait(0.5)
+        ev.clear()
+
+
+ts = [threading.Thread(target=sleeper, args=(ev,)) for ev in evs]
+for t in ts:
+    t.start()
+for _ in range(1000):
+    for ev in evs:
+        ev.set()
+    time.sleep(0.0005)
+stop = True
+for ev in evs:
+    ev.set()
+for t in ts:
+    t.join()
+"""
+
+
+def test_a_wake_up_onto_another_cpu_names_its_waker():
+    """The main thread on CPU 0 wakes two threads on CPU 1, often idle: the
+    kernel queues many of those wake-ups on CPU 1's wake list and CPU 1
+    activates them (taken there: cpu 1), where current is the idle task or
+    whichever task an IPI interrupted, not the waker. Each wake-up names a
+    thread of the process (the main one, or the other sleeper handing over
+    the GIL) or an interrupt, never the idle task."""
+    if os.cpu_count() < 2:
+        pytest.fail("this test needs two CPUs")
+    recs, child = record_workload(CROSS_CPU_WAKES)
+    main = child.pid
+    tids = {r["tid"] for r in states(recs) if r["pid"] == main}
+    wakes = [r for r in states(recs) if r["pid"] == main and r["tid"] != main and r["cause"] == "wakeup"
+             and r["from"] == "sleeping"]
+    assert len(wakes) >= 500, len(wakes)
+    wrong = [r for r in wakes if r["waker_tid"] not in tids and r.get("waker") not in ("irq", "softirq")]
+    assert not wrong, wrong[:3]
+    remote = [r for r in wakes if r["cpu"] == 1 and r["waker_tid"] == main]
+    if recs[0].get("probes") == "tp_btf":  # this kernel has the wake list's tracepoint (Linux 6.5+)
+        assert len(remote) >= 20, (len(remote), len(wakes))  # taken on CPU 1: through the wake list

@@ -206,6 +206,18 @@ PAGES: dict[str, dict] = {
             thread already running when recording starts has an unknown first
             state: its first transition has from "unknown" or dur_ns null.
 
+            A wake-up is taken as the task is queued to run (sched_wakeup),
+            and its waker is the task or interrupt that woke it, on whichever
+            CPU: where the kernel queues the wake-up on the target CPU's wake
+            list (a task woken onto an idle CPU, say), which then activates it
+            from an interrupt or its idle loop, record notes the waker as it
+            queues the entry (csd_queue_cpu). The wake-up's cpu is the one it
+            was taken on: the target's for such a wake-up, the waker's for
+            the others. Kernels before 6.5 have no csd_queue_cpu, and without
+            BTF record cannot find the task from the entry: there wake-ups are
+            taken at sched_waking, in the waker's context, as the wake-up
+            begins, which costs a context-switch storm about 3 % more.
+
             Events pass from the kernel through a BPF ring buffer that is
             drained in batches. On x86-64 the context switches and wake-ups
             take another way first, cheaper by two helper calls and a lock

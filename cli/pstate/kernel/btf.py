@@ -131,6 +131,24 @@ class Btf:
                     return tid
         raise BtfError(f"this kernel's BTF has no {_KIND_NAMES.get(kind, kind)} {name!r}")
 
+    def enum_value(self, name: str) -> int:
+        """The value of an enumerator (of a named or anonymous enum); BtfError when there is none."""
+        offs = self._string_offsets(name)
+        if offs:
+            for tid in range(1, len(self._at)):
+                _n, kind, vlen, _flag, _size = self._type(tid)
+                if kind not in (ENUM, ENUM64):
+                    continue
+                step = 8 if kind == ENUM else 12
+                for i in range(vlen):
+                    at = self._at[tid] + 12 + i * step
+                    if struct.unpack_from("<I", self.data, at)[0] in offs:
+                        if kind == ENUM:
+                            return struct.unpack_from("<i", self.data, at + 4)[0]
+                        lo, hi = struct.unpack_from("<II", self.data, at + 4)
+                        return lo | hi << 32
+        raise BtfError(f"this kernel's BTF has no enumerator {name!r}")
+
     def _string_offsets(self, name: str) -> set[int]:
         """Offsets in the string section of every copy of name."""
         want = b"\0" + name.encode() + b"\0"
@@ -338,14 +356,54 @@ def check_tracepoints(b: Btf) -> dict[str, int]:
     return out
 
 
+# The wake list. record takes its wake-ups at sched_wakeup where the kernel
+# has what follows, else at sched_waking (bpf/record.bpf.c WAKE_AT_WAKEUP):
+# sched_wakeup runs in the waker's context except for a wake-up queued on
+# the target CPU's wake list, which that CPU activates (from an IPI or its
+# idle loop). The waker queues it in its own context through
+# csd_queue_cpu (Linux 6.5+), whose entry is the task's wake_entry: an
+# entry of type CSD_TYPE_TTWU in its flags. Optional: a kernel without
+# one of them gets the sched_waking programs.
+WAKE_LIST_MEMBERS = {
+    "TASK_WAKE_ENTRY": ("task_struct", "wake_entry", 16),
+    "CSD_FLAGS": ("__call_single_data", "node.u_flags", 4),
+}
+WAKE_LIST_ENUMS = {"CSD_TYPE_TTWU": "CSD_TYPE_TTWU", "CSD_TYPE_MASK": "CSD_FLAG_TYPE_MASK"}
+WAKE_LIST_TRACEPOINT = ("csd_queue_cpu", ("unsigned int", "long unsigned int", "prototype *",
+                                          "struct __call_single_data *"))
+
+
+def wake_list(b: Btf) -> tuple[dict[str, int], dict[str, int]]:
+    """(offsets and constants, {"csd_queue_cpu": target}) of the wake list,
+    or two empty dicts when this kernel lacks one of them."""
+    try:
+        out = {}
+        for define, (struct_name, path, want) in WAKE_LIST_MEMBERS.items():
+            off, size = b.member(struct_name, path)
+            if size != want:
+                return {}, {}
+            out[define] = off
+        for define, name in WAKE_LIST_ENUMS.items():
+            out[define] = b.enum_value(name)
+        event, want = WAKE_LIST_TRACEPOINT
+        tid, args = b.tracepoint(event)
+        if tuple(args[:len(want)]) != want:
+            return {}, {}
+    except BtfError:
+        return {}, {}
+    return out, {event: tid}
+
+
 def facts(b: Btf) -> dict:
     """What the tp_btf path takes from a kernel's BTF: the task_struct
     offsets (task_offsets), those of other structs (member_offsets)
     and the attach targets (check_tracepoints), each
     sorted by name: they become -D settings, whose order is part of the
     program cache's key, and a copy kept as JSON must give the same key."""
-    offsets = {**task_offsets(b), **member_offsets(b)}
-    return {"offsets": dict(sorted(offsets.items())), "targets": dict(sorted(check_tracepoints(b).items()))}
+    wl_offsets, wl_targets = wake_list(b)
+    offsets = {**task_offsets(b), **member_offsets(b), **wl_offsets}
+    targets = {**check_tracepoints(b), **wl_targets}
+    return {"offsets": dict(sorted(offsets.items())), "targets": dict(sorted(targets.items()))}
 
 
 def offset_defines() -> frozenset:
@@ -353,10 +411,16 @@ def offset_defines() -> frozenset:
     return frozenset(TASK_MEMBERS) | frozenset(MEMBERS)
 
 
+def optional_defines() -> frozenset:
+    """The -D names facts() gives where the kernel has them (the wake list's)."""
+    return frozenset(WAKE_LIST_MEMBERS) | frozenset(WAKE_LIST_ENUMS)
+
+
 def wanted() -> str:
     """What facts() looks for, as text: facts kept from a BTF (the program
     cache's) are those of this text only."""
-    return repr((sorted(TASK_MEMBERS.items()), sorted(MEMBERS.items()), sorted(TRACEPOINT_ARGS.items())))
+    return repr((sorted(TASK_MEMBERS.items()), sorted(MEMBERS.items()), sorted(TRACEPOINT_ARGS.items()),
+                 sorted(WAKE_LIST_MEMBERS.items()), sorted(WAKE_LIST_ENUMS.items()), WAKE_LIST_TRACEPOINT))
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

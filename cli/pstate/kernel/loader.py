@@ -258,10 +258,11 @@ class Program:
         key = self._from_cache(name, text, cflags)
         if self.cached is None:
             self._compile(text, cflags)
+            compiled = tpbtf.active_source(text, defines)  # the programs these settings compile
             if self.plan.path == tpbtf.TP_BTF:
-                self.btf_progs = tpbtf.attach_module(self.bpf, text, self.plan.targets)
+                self.btf_progs = tpbtf.attach_module(self.bpf, compiled, self.plan.targets)
             if key:
-                self._to_cache(key, name, text)
+                self._to_cache(key, name, compiled)
             _trim_heap()
 
     def _from_cache(self, name: str, text: str, cflags: list[str]) -> str | None:

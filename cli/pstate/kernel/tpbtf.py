@@ -56,6 +56,7 @@ _PROBE = re.compile(r"^PSTATE_(?:PROBE|LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)", re.
 # the offsets the raw tracepoint programs of the tracepoint path read: the
 # lifecycle ones' (LIFE_RAW, bpf/tpargs.h LF_*) and record's hrtimer tracker's
 LIFE_OFFSETS = ("TASK_PID", "TASK_COMM", "HRTIMER_IS_SOFT")
+_COND = re.compile(r"^\s*#\s*(ifdef|ifndef|if|elif|else|endif|define|undef)\b\s*(\w*)")
 
 
 class Refused(Exception):
@@ -126,16 +127,61 @@ def plan(option: str | None, report_mask: int, path: str = btf.VMLINUX, facts=re
                                     "programs", forced=True)
         return Plan(TRACEPOINT, f"no usable kernel BTF ({e})")
     if choice == TRACEPOINT:
-        return Plan(TRACEPOINT, "--probes tracepoint", forced=True, defines=life_raw_defines(offsets))
-    defines = {"TP_BTF": True, **offsets, **raw_state_defines(report_mask)}
+        return Plan(TRACEPOINT, "--probes tracepoint", forced=True, defines=life_raw_defines(offsets, targets))
+    defines = {"TP_BTF": True, **offsets, **raw_state_defines(report_mask), **wake_list_defines(offsets, targets)}
     why = "--probes tp_btf" if choice == TP_BTF else f"the kernel has BTF ({path})"
     return Plan(TP_BTF, why, forced=choice == TP_BTF, defines=defines, targets=targets)
 
 
-def life_raw_defines(offsets: dict) -> dict:
+def life_raw_defines(offsets: dict, targets: dict | None = None) -> dict:
     """The -D settings of raw tracepoint lifecycle programs on the
-    tracepoint path (LIFE_RAW, bpf/tpargs.h), from btf.facts' offsets."""
-    return {"LIFE_RAW": True, **{k: offsets[k] for k in LIFE_OFFSETS}}
+    tracepoint path (LIFE_RAW, bpf/tpargs.h), from btf.facts' offsets, with
+    the wake list's where the kernel has it (wake_list_defines)."""
+    return {"LIFE_RAW": True, **{k: offsets[k] for k in LIFE_OFFSETS}, **wake_list_defines(offsets, targets or {})}
+
+
+def wake_list_defines(offsets: dict, targets: dict) -> dict:
+    """WAKE_AT_WAKEUP and the wake list's offsets (btf.wake_list), or
+    nothing when the kernel lacks them: record then takes its wake-ups at
+    sched_waking (bpf/record.bpf.c)."""
+    event = btf.WAKE_LIST_TRACEPOINT[0]
+    names = (*btf.WAKE_LIST_MEMBERS, *btf.WAKE_LIST_ENUMS)
+    if event not in targets or any(n not in offsets for n in names):
+        return {}
+    return {"WAKE_AT_WAKEUP": True, **{n: offsets[n] for n in names}}
+
+
+def active_source(text: str, defines: dict) -> str:
+    """text with the lines that `defines` (the -D settings: a name is defined
+    unless its value is None or False) leave out of an #ifdef or #ifndef
+    blanked, so that probes_in() names only the programs that compile; the
+    text's own #define and #undef lines count from where they stand. An #if
+    or #elif keeps every branch (no probe is put under one)."""
+    defined = {k for k, v in defines.items() if v is not None and v is not False}
+    stack: list[tuple[bool, bool]] = []  # (this branch kept, the #if's branches are all kept)
+    out = []
+    for line in text.split("\n"):
+        m = _COND.match(line)
+        outer = all(kept for kept, _ in stack)
+        if m:
+            kind, name = m.groups()
+            if kind == "define" and outer:
+                defined.add(name)
+            elif kind == "undef" and outer:
+                defined.discard(name)
+            elif kind in ("ifdef", "ifndef"):
+                stack.append(((name in defined) == (kind == "ifdef"), False))
+            elif kind == "if":
+                stack.append((True, True))
+            elif kind in ("else", "elif") and stack:
+                kept, both = stack[-1]
+                stack[-1] = (both or not kept, both)
+            elif kind == "endif" and stack:
+                stack.pop()
+            out.append(line)
+            continue
+        out.append(line if outer else "")
+    return "\n".join(out)
 
 
 def fallback(p: Plan, why: str) -> Plan:

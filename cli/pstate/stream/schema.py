@@ -72,7 +72,8 @@ def state_category(name: str) -> str:
 CAUSES = {
     "switch_out": "sched_switch: the task left the CPU (from is running)",
     "switch_in": "sched_switch: the task got a CPU (to is running); dur_ns is its run-queue wait",
-    "wakeup": "sched_waking: a blocked task is being woken (runnable from now); dur_ns is the time it was blocked",
+    "wakeup": ("sched_wakeup (sched_waking before Linux 6.5 or without BTF): a blocked task was woken (runnable "
+               "from now); dur_ns is the time it was blocked"),
     "wakeup_new": "sched_wakeup_new: a new task became runnable for the first time",
     "reap": ("sched_process_free: the kernel freed the task (after zombie or dead), in an RCU callback "
              "after its reaping, usually within 100 ms; until then the task stays in its final state, "
