@@ -44,7 +44,7 @@ def test_either_task_map_gives_the_same_truth(kind, request):
     sleeps(recs, child.pid, 10, 49e6, 70e6)
     end = recs[-1]
     assert all(r["pid"] == child.pid for r in states(recs, child.pid))
-    assert end["type"] == "end" and end["lost"] == 0
+    assert end["type"] == "end" and end["lost"] == 0, {k: v for k, v in end.items() if k.startswith("lost")}
 
 
 def test_sigstop_300ms():
