@@ -118,8 +118,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     plan = _probes(r, ks)
     from pstate.commands import record
 
-    rb_bytes = record._pow2_pages(record._size(record.DEFAULT_BUFFER)) * os.sysconf("SC_PAGE_SIZE")
-    r.add("record buffers", OK, record.buffers_summary(rb_bytes) + f" (--buffer-size {record.DEFAULT_BUFFER})")
+    r.add("record buffers", OK, record.buffers_summary())
 
     # kernel headers
     tree = None

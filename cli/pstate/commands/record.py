@@ -102,17 +102,18 @@ def slots_per_cpu(rb_bytes: int, ncpus: int) -> int:
     return 1 << (fit.bit_length() - 1)
 
 
-def buffers_summary(rb_bytes: int) -> str:
-    """Where record's events go on this machine, for doctor."""
+def buffers_summary(buffer_size: str = DEFAULT_BUFFER) -> str:
+    """Where record's events go on this machine with --buffer-size buffer_size, for doctor."""
+    rb_bytes = _pow2_pages(_size(buffer_size)) * os.sysconf("SC_PAGE_SIZE")
     ncpus = bpfsys.possible_cpus()
     rb = f"the {rb_bytes >> 20} MiB ring buffer" if rb_bytes >= 1 << 20 else f"the {rb_bytes >> 10} KiB ring buffer"
     per_cpu = slots_per_cpu(rb_bytes, ncpus)
     if not per_cpu:
         return (f"{rb} only (per-CPU slots are used on x86-64 alone, where the programs' stores keep "
-                f"their order; this is {platform.machine()})")
+                f"their order; this is {platform.machine()}; --buffer-size {buffer_size})")
     kib = per_cpu * loader.RingReader.stride_of(EVENT_SIZE) >> 10
     return (f"switches and wake-ups go to per-CPU runs of {per_cpu} slots ({kib} KiB each, {ncpus} possible "
-            f"CPUs), then to {rb}; the other events to the ring buffer")
+            f"CPUs), then to {rb}; the other events to the ring buffer (--buffer-size {buffer_size})")
 
 
 def defines_for(ks: KernelStates, *, max_tasks: int, rb_pages: int, sample: bool, stack_entries: int = 0) -> dict:

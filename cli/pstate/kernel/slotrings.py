@@ -133,7 +133,7 @@ class SlotRings:
         bounds what the others give: its next records' keys are at least its
         last one's."""
         bound = (1 << 66) if self.settled else 2 * (time.monotonic_ns() - HOLD_NS)
-        found = []  # per source: (src, data, keys, more), the ring buffer first
+        found = []  # per source: (src, data, keys, ring headers or None, more waiting), the ring buffer first
         view, n = self.ring.read(self.cap)
         if n:
             words = view.cast("I")
