@@ -12,7 +12,7 @@ APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-tracepoint test-fast bench artifacts install print-install-dirs clean
+.PHONY: setup run test test-tracepoint test-waking test-fast bench artifacts install print-install-dirs clean
 
 setup: $(VENV)/.installed
 	@$(PSTATE) doctor
@@ -56,6 +56,13 @@ test-tracepoint: setup
 	PSTATE_PROBES=tracepoint $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
 		tests/test_snap_bpf.py tests/test_progcache.py tests/test_flight_bpf.py tests/test_stacks_bpf.py \
 		tests/test_collector_bpf.py tests/test_fold_bpf.py tests/test_cgroup_bpf.py $(PYTEST_ARGS)
+
+# record's BPF tests once more with its wake-ups at sched_waking, the path of
+# kernels without the wake list's tracepoint (before Linux 6.5, or no BTF),
+# which this kernel would not otherwise take
+test-waking: setup
+	PSTATE_WAKE_LIST=off $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
+		tests/test_stacks_bpf.py $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/run.py

@@ -98,8 +98,6 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 // is filled only where the name is not read in place.
 #define WK_COMM_AT(buf) TASK_COMM_AT(TP_TASK(0), buf)
 
-// csd_queue_cpu: (cpu, callsite, func, csd), the address of the entry queued
-#define CSD_ENTRY ((u64)ctx[3])
 
 #else // classic tracepoints
 
@@ -121,7 +119,6 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define WK_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
 #define WK_COMM_AT(buf) ((void)__builtin_memcpy(buf, args->comm, 16), (const char *)(buf))
 
-#define CSD_ENTRY ((u64)args->csd)
 
 #endif
 
@@ -200,6 +197,11 @@ static __always_inline u32 lf_task_u32(u64 task, u32 off) {
 #define LF_TASK_COMM(i, dst) bpf_probe_read_kernel(dst, 16, (const void *)(ctx->args[i] + TASK_COMM))
 #endif
 
+// csd_queue_cpu(cpu, callsite, func, csd): the address of the entry queued.
+// Only with WAKE_AT_WAKEUP, which needs the BTF: never a classic tracepoint
+// (it runs with interrupts on where the kernel calls a function on other
+// CPUs, a TLB shootdown say).
+#define LF_CSD_ENTRY ((u64)LF_ARG(3))
 #define LF_NEW_PID LF_TASK_PID(0)
 #define LF_NEW_CLONE_FLAGS ((u64)LF_ARG(1))
 #define LF_NEW_COMM(dst) LF_TASK_COMM(0, dst)
@@ -219,6 +221,9 @@ static __always_inline u32 lf_task_u32(u64 task, u32 off) {
 
 #else // classic tracepoints: the trace record's fields
 
+#ifdef WAKE_AT_WAKEUP
+#error "WAKE_AT_WAKEUP needs TP_BTF or LIFE_RAW (csd_queue_cpu as no classic tracepoint)"
+#endif
 #define PSTATE_LIFE(category, event) TRACEPOINT_PROBE(category, event)
 #define LF_NEW_PID ((u32)args->pid)
 #define LF_NEW_CLONE_FLAGS args->clone_flags

@@ -102,13 +102,14 @@ def test_no_btf_takes_the_tracepoint_path(tmp_path, monkeypatch):
 
 # --- the lifecycle programs on the tracepoint path ------------------------------------------
 
-def _life(name: str) -> tuple[set, set]:
-    """The lifecycle events a program attaches (PSTATE_LIFE), by name and as classic tracepoints."""
+def _life(name: str, defines: dict) -> tuple[set, set]:
+    """The lifecycle events a program attaches (PSTATE_LIFE) under its -D
+    settings, by name and as classic tracepoints."""
     import re
 
     from pstate.kernel import loader
 
-    found = re.findall(r"^PSTATE_LIFE\((\w+), (\w+)\)", loader.source(name), re.M)
+    found = re.findall(r"^PSTATE_LIFE\((\w+), (\w+)\)", tpbtf.active_source(loader.source(name), defines), re.M)
     assert len(found) >= 4, found
     return {e for _c, e in found}, {f"{c}:{e}" for c, e in found}
 
@@ -138,10 +139,10 @@ def test_lifecycle_programs_on_the_tracepoint_path(root_cache, monkeypatch, name
     if facts == "no_btf":
         monkeypatch.setattr(progcache, "btf_facts", _no_btf)
     d = _defines() if name == "record" else snap.defines_for(loader.kernel_states(), 4096)
-    life, life_classic = _life(name)
     for origin in ("compiled", "cache"):
         p = loader.Program(name, d, probes="tracepoint")
         try:
+            life, life_classic = _life(name, {**d, **p.plan.defines})
             assert (p.origin, p.plan.path) == (origin, tpbtf.TRACEPOINT), p.cache_note
             classic, raw = _attached(p)
             if facts == "btf":

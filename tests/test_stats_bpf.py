@@ -78,7 +78,7 @@ def test_sleeper_sleeps_one_second():
     # every nap's end is a wake-up, but for those this VM did not trace
     # (workloads.sleeps): a switch-in straight from sleeping, or the next
     # switch-out with no duration, whose time stats gives no state
-    wakes, untraced = workloads.sleeps(recs, child.pid, 20, 49e6, 70e6)
+    wakes, untraced = workloads.sleeps(recs, child.pid, 20, 49e6, 95e6)
     mine = workloads.states(recs, child.pid)
     unknown = sum(workloads.untraced_runs(mine))
     g = group(rep, child.pid)

@@ -197,25 +197,26 @@ def _probes(r: Report, ks):
     """The path record and snap take here (tp_btf or tracepoint) and why,
     as far as it is known without loading (the live test loads); the plan,
     or None when it cannot be told."""
-    from pstate.kernel import loader
+    from pstate.kernel import loader, tpbtf
 
     if ks is None:
         return None
     try:
         plan = loader.probe_plan({"REPORT_MASK": ks.report_mask}, None)
     except PstateError as e:
-        r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES, or set it to auto")
+        r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES and PSTATE_WAKE_LIST, or set them to auto")
         return None
     wake = ("; record's wake-ups at sched_wakeup, the waker of one on a wake list noted at csd_queue_cpu"
             if plan.defines.get("WAKE_AT_WAKEUP") else
+            "; record's wake-ups at sched_waking (PSTATE_WAKE_LIST=off)" if os.environ.get(tpbtf.WAKE_LIST_ENV) == "off" else
             "; record's wake-ups at sched_waking (no csd_queue_cpu: Linux 6.5+ with BTF takes the cheaper "
             "sched_wakeup)")
     if plan.path == "tp_btf":
         r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch, the wake-ups and the task "
               f"lifecycle, task_struct offsets from the kernel's BTF ({plan.reason}){wake}")
     else:
-        life = ("; fork, exec, exit and free as raw tracepoints, offsets from the kernel's BTF"
-                if plan.life == "raw_tracepoint" else "")
+        life = ("; fork, exec, exit and free" + (" and csd_queue_cpu" if plan.defines.get("WAKE_AT_WAKEUP") else "")
+                + " as raw tracepoints, offsets from the kernel's BTF" if plan.life == "raw_tracepoint" else "")
         r.add("probes", OK if plan.forced else WARN, f"tracepoint: classic tracepoints ({plan.reason}){life}{wake}",
               "" if plan.forced else "a kernel with CONFIG_DEBUG_INFO_BTF=y (Linux 5.5+) gets the cheaper tp_btf path")
     return plan

@@ -91,7 +91,7 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "record and snap take the tp_btf path, reading the offsets of the task_struct fields they load "
         "from it, never from a header tree; without it, or when the kernel refuses the programs, the "
         "classic tracepoints (`pstate doctor` says which). On the tracepoint path the programs on fork, "
-        "exec, exit and the task's free are raw tracepoints reading the offsets from it; only without it "
+        "exec, exit, the task's free and record's csd_queue_cpu are raw tracepoints reading the offsets from it; only without it "
         "are they classic tracepoints, which run with interrupts on, and while one runs the kernel skips "
         "any other classic tracepoint's program on its CPU: a wake-up an interrupt makes meanwhile is "
         "lost, and the sleep it ends reads as running without a wake-up (rare, more often under fork "
@@ -193,6 +193,10 @@ PAGES: dict[str, dict] = {
                                  "rules apply)."),
             ("PSTATE_CACHE_DEBUG", "When set to 1, say on standard error whether the BPF program "
                                    "was compiled or loaded from the cache, and why."),
+            ("PSTATE_WAKE_LIST", "When set to off, record takes its wake-ups at sched_waking even where "
+                                 "the kernel has the wake list's tracepoint (csd_queue_cpu, Linux 6.5+ with "
+                                 "BTF): the path older kernels get, for testing and comparison; it costs a "
+                                 "switch storm more. auto (the default) takes them at sched_wakeup there."),
             ("PSTATE_PURE", "When set to 1, use the pure-Python code paths instead of the "
                             "compiled ones (record's encoder, the readers' parsers): the same "
                             "output, slower; for comparison and debugging."),

@@ -41,6 +41,9 @@ from pstate.kernel import bpfsys, btf
 AUTO, TP_BTF, TRACEPOINT = "auto", "tp_btf", "tracepoint"
 CHOICES = (AUTO, TP_BTF, TRACEPOINT)
 ENV = "PSTATE_PROBES"
+# "off": record takes its wake-ups at sched_waking even where the kernel has
+# the wake list (wake_list_defines): the path of older kernels, kept testable
+WAKE_LIST_ENV = "PSTATE_WAKE_LIST"
 PREFIX = "tp_btf__"  # the function of a tp_btf probe: PREFIX + event (bpf/tpargs.h)
 
 # The kernel's task state bits (include/linux/sched.h, the same since Linux
@@ -146,9 +149,18 @@ def wake_list_defines(offsets: dict, targets: dict) -> dict:
     sched_waking (bpf/record.bpf.c)."""
     event = btf.WAKE_LIST_TRACEPOINT[0]
     names = (*btf.WAKE_LIST_MEMBERS, *btf.WAKE_LIST_ENUMS)
-    if event not in targets or any(n not in offsets for n in names):
+    if not wake_list_wanted() or event not in targets or any(n not in offsets for n in names):
         return {}
     return {"WAKE_AT_WAKEUP": True, **{n: offsets[n] for n in names}}
+
+
+def wake_list_wanted() -> bool:
+    """False when PSTATE_WAKE_LIST=off asks for the sched_waking path."""
+    value = os.environ.get(WAKE_LIST_ENV, "auto")
+    if value not in ("auto", "off"):
+        raise PstateError(f"{WAKE_LIST_ENV}={value!r} is not auto or off", ExitCode.USAGE,
+                          hint=f"unset {WAKE_LIST_ENV}, or set it to off")
+    return value == "auto"
 
 
 def active_source(text: str, defines: dict) -> str:

@@ -132,6 +132,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "max_rate": ("int?", "record: the --max-rate in force, events/s"),
             "probes": ("string?", "record, snap: how the programs attached to sched_switch and the wake-ups: "
                        "tp_btf or tracepoint (--probes)"),
+            "wakeups_at": ("string?", "record: the tracepoint wake-ups are taken at: sched_wakeup (as the task "
+                           "is queued; Linux 6.5+ with BTF) or sched_waking (as the wake-up begins)"),
             "probes_reason": ("string?", "record, snap: why that path (--probes, the kernel has BTF, or why the "
                               "kernel refused tp_btf)"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
