@@ -492,6 +492,12 @@ PARTS = {
                         "code that fills records)",
                         [("    if (!task_match(cfg, cpu, tgid, tid, comm))\n        return;\n",
                           "    count(STAT_ATTEMPTED);\n}\n", _FILL_END)]),
+    # one part of each record at a time, with the slots (the parts above without them take the ring buffer)
+    "slots_no_attempted": ("record", "no count of the events tried (STAT_ATTEMPTED)",
+                           [("    count_in(irqs_on, STAT_ATTEMPTED);\n", "", None)]),
+    "slots_no_cgroup": ("record", "no cgroup id read (0 in every record)",
+                        [("    e->cgroup = cgroup_of(cg, task);\n", "    e->cgroup = 0;\n", None)]),
+    "slots_no_comm": ("record", "no name copied into the records", [("    COMM_COPY(e->comm, comm);\n", "", None)]),
     "staged_output": ("record", "records staged per CPU, 16 copied into the ring by one bpf_ringbuf_output",
                       [(_RB_DECL, _STAGE_DECL, None), (_RESERVE, _staged, _FILL_END)], UNREAD),
     "switch_pair": ("record", "a switch's two records in one reservation",
