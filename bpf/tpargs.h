@@ -98,7 +98,6 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 // is filled only where the name is not read in place.
 #define WK_COMM_AT(buf) TASK_COMM_AT(TP_TASK(0), buf)
 
-
 #else // classic tracepoints
 
 #define PSTATE_PROBE(category, event) TRACEPOINT_PROBE(category, event)
@@ -118,7 +117,6 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 #define WK_TARGET_CPU args->target_cpu
 #define WK_COMM(dst) __builtin_memcpy(dst, args->comm, 16)
 #define WK_COMM_AT(buf) ((void)__builtin_memcpy(buf, args->comm, 16), (const char *)(buf))
-
 
 #endif
 

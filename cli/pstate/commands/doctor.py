@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import click
@@ -162,6 +163,8 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     r.add("compile, attach, events", OK if ok else PROBLEM, detail, fix)
     if not ok:
         code = code or ExitCode.OSERR
+    else:
+        r.add("unseen switches", *_unseen_switches(kernel_headers))
     return r, code
 
 
@@ -270,6 +273,69 @@ def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
                   f"lost {end.get('lost', '?')}, on the {path} path; run took {elapsed:.1f} s"), ""
 
 
+UNSEEN_MIN = 2  # switches the kernel counts, none traced: a thread record cannot see switch
+UNSEEN_LOOK_S, UNSEEN_RECORD_S = 0.5, 2  # the first look, the recording
+
+
+def _unseen_switches(kernel_headers: str | None) -> tuple[str, str, str]:
+    """(status, detail, fix): threads whose context switches the kernel
+    counts (/proc) while record traces no switch-out of theirs, so that
+    they read as running all the time (pstate.kernel.switchcounts). Records
+    the threads that switched in a first look, for two seconds."""
+    import orjson
+
+    from pstate.kernel import switchcounts
+
+    first = switchcounts.read()
+    time.sleep(UNSEEN_LOOK_S)
+    mine = {int(t) for t in os.listdir(f"/proc/{os.getpid()}/task") if t.isdigit()}
+    tids = switchcounts.busiest(first, switchcounts.read(), 1, 1000, exclude=mine)
+    if not tids:
+        return OK, f"no thread switched in {UNSEEN_LOOK_S} s: nothing to compare", ""
+    cmd = [sys.executable, "-m", "pstate", "record", "-q", "-d", str(UNSEEN_RECORD_S)]
+    if kernel_headers:
+        cmd += ["--kernel-headers", kernel_headers]
+    cmd += [x for t in tids for x in ("-t", str(t))]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    watchdog = threading.Timer(60, p.kill)
+    watchdog.start()
+    before, after, outs, end = None, None, {}, {}
+    try:
+        for line in p.stdout:
+            rec = orjson.loads(line)
+            kind = rec.get("type")
+            if kind == "meta" and before is None:
+                before = switchcounts.read()  # the programs report from here on
+            elif kind == "state" and rec.get("cause") == "switch_out":
+                outs[rec["tid"]] = outs.get(rec["tid"], 0) + 1
+            elif kind == "end" and not end:
+                # the programs stopped before the final drain: read now, not
+                # after record's exit (detaching them wakes kernel threads)
+                after, end = switchcounts.read(), rec
+        p.wait()
+    except orjson.JSONDecodeError:
+        p.kill()
+        p.wait()
+        return WARN, "not checked: record wrote a line that is not JSON", "please report this"
+    finally:
+        watchdog.cancel()
+    if p.returncode != 0 or before is None or after is None:
+        return WARN, f"not checked: record of {len(tids)} threads failed (exit {p.returncode})", \
+            "run `pstate record -d 1` to see why"
+    if end.get("lost"):
+        return WARN, f"not checked: record lost {end['lost']} events", ""
+    found = switchcounts.unseen(before, after, outs, UNSEEN_MIN, tids)
+    if not found:
+        return OK, f"every switch of {len(tids)} busy threads traced ({UNSEEN_RECORD_S} s)", ""
+    names = ", ".join(f"{name} (tid {tid}, {n} switches)" for tid, name, n in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    return WARN, (f"{len(found)} thread{'s' if len(found) > 1 else ''} switched with no switch-out traced in {UNSEEN_RECORD_S} s: {names}{more}; "
+                  "record, snap and "
+                  "heat show them running all the time"), \
+        ("the kernel traces nothing on a CPU while they run (a hypervisor agent's threads, say); read their "
+         "time from /proc/PID/task/TID/schedstat, or leave them out (-p, -c)")
+
+
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--kernel-headers", type=click.Path(file_okay=False), envvar="PSTATE_KERNEL_HEADERS",
               metavar="DIR", help="Kernel header tree to check instead of the one found automatically.")
@@ -284,9 +350,12 @@ def cli(kernel_headers, live, fmt):
     the sched tracepoints, state decoding from the kernel's own format, the
     probes record and snap attach (tp_btf or tracepoint) and where record's
     events are buffered, the kernel header tree BCC will use, the snap
-    collector, and, live, that the BPF program
-    compiles, attaches and reports correctly decoded events. Prints a table
-    of ok / PROBLEM / fix; exits non-zero when something is missing.
+    collector, and, live, that the BPF program compiles, attaches and
+    reports correctly decoded events, and whether any thread switches with
+    no switch-out traced (the kernel's own counts in /proc against two seconds
+    of recording of the threads that switch): such a thread reads as running
+    all the time. Prints a table of ok / PROBLEM / fix; exits non-zero when
+    something is missing.
     """
     report, code = run_checks(kernel_headers, live)
     if fmt == "json":

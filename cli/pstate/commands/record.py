@@ -629,6 +629,7 @@ class _Window:
         self.attempted = counters[loader.STAT_ATTEMPTED] if counters else 0
         self.clamped = counters[loader.STAT_CLAMPED] if counters else 0
         self.stack_failed = counters[loader.STAT_STACK_FAILED] if counters else 0
+        self.skipped_notes = rec.prog.skipped_notes() if counters else 0
         self.stack_lost = rec.enc.stacks.lost if rec.enc.stacks is not None else 0
         self.rec = rec
 
@@ -641,6 +642,7 @@ class _Window:
             **{f"lost_{r}": n for r, n in lost.items()},
             "kernel_events": counters[loader.STAT_ATTEMPTED] - self.attempted,
             "clamped": counters[loader.STAT_CLAMPED] - self.clamped,
+            "skipped_notes": self.rec.prog.skipped_notes() - self.skipped_notes,
             "duration_ns": now - self.meta_ts,
             "wall_time": wall_time_at(self.meta, now),
         }

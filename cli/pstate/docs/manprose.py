@@ -99,7 +99,9 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "the CPU (a tool that reads BPF maps in a loop makes that frequent); the tp_btf path is not "
         "skipped so. Linux 6.7 and later count the runs skipped: record reports them as loss (reason "
         "skipped, the end record's lost_skipped, a warning on stderr) and snap in its meta record "
-        "(skipped) and as pstate_skipped_runs_total.")
+        "(skipped) and as pstate_skipped_runs_total. Skipped runs of record's programs that only note "
+        "context for other records (csd_queue_cpu's waker, the interrupt marks) lose no transition and "
+        "are counted apart, in the end record's skipped_notes.")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,
     _BTF,

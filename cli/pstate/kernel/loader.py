@@ -39,6 +39,14 @@ STAT_ATTEMPTED, STAT_CLAMPED = _D["STAT_ATTEMPTED"], _D["STAT_CLAMPED"]
 STAT_STACK_FAILED = _D["STAT_STACK_FAILED"]
 DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
 SKIPPED = "skipped"  # the loss reason of Program.skipped(): not a counter of the programs' own
+# Programs whose runs only note context for other records: record's waker of
+# a wake-up queued on a wake list (csd_queue_cpu) and the interrupt marks. A
+# run of one the kernel skips (another run of it under way on the CPU: the
+# csd program, running with interrupts on, interrupted by one that queues an
+# entry too) loses no transition, at most the waker or context a wake-up
+# names: Program.skipped() leaves them out, Program.skipped_notes() counts them.
+NOTE_EVENTS = ("csd_queue_cpu", "irq_handler_entry", "irq_handler_exit", "softirq_entry", "softirq_exit",
+               "hrtimer_expire_entry", "hrtimer_expire_exit")
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 
@@ -326,14 +334,20 @@ class Program:
         """Sum over CPUs of the counters per-CPU array."""
         return percpu_sums(self.table("counters"))
 
+    def named_prog_fds(self) -> dict[str, int]:
+        """The module's loaded programs: function (or tp_btf event) name -> fd."""
+        if self.cached is not None:
+            return dict(self.cached.prog_fds)
+        out = {}
+        if self.bpf is not None:
+            out.update({k.decode() if isinstance(k, bytes) else k: f.fd for k, f in self.bpf.funcs.items()})
+        if self.btf_progs is not None:
+            out.update(self.btf_progs.prog_fds)
+        return out
+
     def prog_fds(self) -> list[int]:
         """The fds of the module's loaded programs."""
-        if self.cached is not None:
-            return list(self.cached.prog_fds.values())
-        fds = [f.fd for f in self.bpf.funcs.values()] if self.bpf is not None else []
-        if self.btf_progs is not None:
-            fds += list(self.btf_progs.prog_fds.values())
-        return fds
+        return list(self.named_prog_fds().values())
 
     def skipped(self) -> int:
         """Runs of the module's programs that the kernel skipped since they
@@ -341,8 +355,14 @@ class Program:
         or wake-up they never saw. On the classic tracepoint path the kernel
         runs no tracepoint program on a CPU while another BPF program, or a
         bpf(2) map call of any process, is under way there; tp_btf and raw
-        tracepoint programs are skipped only while the same program runs."""
-        return skipped_runs(self.prog_fds())
+        tracepoint programs are skipped only while the same program runs.
+        The programs of NOTE_EVENTS are left out (skipped_notes)."""
+        return skipped_runs(fd for name, fd in self.named_prog_fds().items() if not _is_note(name))
+
+    def skipped_notes(self) -> int:
+        """Runs of the programs of NOTE_EVENTS the kernel skipped: no
+        transition lost, at most a wake-up's waker or context."""
+        return skipped_runs(fd for name, fd in self.named_prog_fds().items() if _is_note(name))
 
     def maps(self) -> dict[str, dict]:
         """Every map of the program: name -> fd, type, max_entries, flags and
@@ -444,6 +464,10 @@ class Program:
         else:
             return False
         return True
+
+
+def _is_note(name: str) -> bool:
+    return name.endswith(NOTE_EVENTS)
 
 
 def skipped_runs(prog_fds) -> int:
