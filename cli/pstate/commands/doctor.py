@@ -209,11 +209,13 @@ def _probes(r: Report, ks):
     except PstateError as e:
         r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES and PSTATE_WAKE_LIST, or set them to auto")
         return None
-    wake = ("; record's wake-ups at sched_wakeup, the waker of one on a wake list noted at csd_queue_cpu"
-            if plan.defines.get("WAKE_AT_WAKEUP") else
-            "; record's wake-ups at sched_waking (PSTATE_WAKE_LIST=off)" if os.environ.get(tpbtf.WAKE_LIST_ENV) == "off" else
-            "; record's wake-ups at sched_waking (no csd_queue_cpu: Linux 6.5+ with BTF takes the cheaper "
-            "sched_wakeup)")
+    if plan.defines.get("WAKE_AT_WAKEUP"):
+        wake = "; record's wake-ups at sched_wakeup, the waker of one on a wake list noted at csd_queue_cpu"
+    elif os.environ.get(tpbtf.WAKE_LIST_ENV) == "off":
+        wake = f"; record's wake-ups at sched_waking ({tpbtf.WAKE_LIST_ENV}=off)"
+    else:
+        wake = ("; record's wake-ups at sched_waking (no csd_queue_cpu: Linux 6.5+ with BTF takes the cheaper "
+                "sched_wakeup)")
     if plan.path == "tp_btf":
         r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch, the wake-ups and the task "
               f"lifecycle, task_struct offsets from the kernel's BTF ({plan.reason}){wake}")
@@ -320,8 +322,8 @@ def _unseen_switches(kernel_headers: str | None) -> tuple[str, str, str]:
     finally:
         watchdog.cancel()
     if p.returncode != 0 or before is None or after is None:
-        return WARN, f"not checked: record of {len(tids)} threads failed (exit {p.returncode})", \
-            "run `pstate record -d 1` to see why"
+        why = f"exit {p.returncode}" if p.returncode != 0 else "no meta or end record"
+        return WARN, f"not checked: record of {len(tids)} threads failed ({why})", "run `pstate record -d 1` to see why"
     if end.get("lost"):
         return WARN, f"not checked: record lost {end['lost']} events", ""
     found = switchcounts.unseen(before, after, outs, UNSEEN_MIN, tids)
@@ -329,9 +331,9 @@ def _unseen_switches(kernel_headers: str | None) -> tuple[str, str, str]:
         return OK, f"every switch of {len(tids)} busy threads traced ({UNSEEN_RECORD_S} s)", ""
     names = ", ".join(f"{name} (tid {tid}, {n} switches)" for tid, name, n in found[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-    return WARN, (f"{len(found)} thread{'s' if len(found) > 1 else ''} switched with no switch-out traced in {UNSEEN_RECORD_S} s: {names}{more}; "
-                  "record, snap and "
-                  "heat show them running all the time"), \
+    threads = f"{len(found)} thread{'s' if len(found) > 1 else ''}"
+    return WARN, (f"{threads} switched with no switch-out traced in {UNSEEN_RECORD_S} s: {names}{more}; record, "
+                  "snap and heat show them running all the time"), \
         ("the kernel traces nothing on a CPU while they run (a hypervisor agent's threads, say); read their "
          "time from /proc/PID/task/TID/schedstat, or leave them out (-p, -c)")
 
