@@ -98,7 +98,8 @@ def background(code: str, secs: float) -> subprocess.Popen:
 def test_a_d_state_of_200ms_fires_once_and_the_file_holds_before_and_after(tmp_path, vfork_hold, pstate):
     loop = background(SLEEP_AND_SPIN, 14)
     try:
-        fl = Flight(tmp_path / "out", "--flight", "5s", "--trigger", "D>=100ms", "--after", "1s")
+        # the holder's own D state: any other thread's of 100 ms (a journal thread's on a busy disk, say) would fire too
+        fl = Flight(tmp_path / "out", "--flight", "5s", "--trigger", "comm=hold:D>=100ms", "--after", "1s")
         time.sleep(6)
         hold = subprocess.Popen([vfork_hold, "200"])
         hold.wait(timeout=10)
@@ -112,7 +113,7 @@ def test_a_d_state_of_200ms_fires_once_and_the_file_holds_before_and_after(tmp_p
     recs = fl.read(files[0])
     meta, trig, end = recs[0], recs[1], recs[-1]
     assert (meta["type"], trig["type"], end["type"]) == ("meta", "trigger", "end")
-    assert trig["cause"] == "condition" and trig["condition"] == "D>=100ms"
+    assert trig["cause"] == "condition" and trig["condition"] == "comm=hold:D>=100ms"
     assert trig["tid"] == hold.pid and trig["from"] == "uninterruptible" and trig["dur_ns"] >= 190 * MS
     assert trig["triggers"] == 1 and trig["shrunk"] is False
     assert meta["window_begin_ts"] == trig["window_begin_ts"] <= trig["ts"] - 5000 * MS
