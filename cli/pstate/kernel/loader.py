@@ -625,26 +625,35 @@ class RingReader:
             self.prod.close()
 
 
-def seed_tasks() -> Iterable[tuple[int, int, str, bytes, int]]:
-    """(tgid, tid, state letter, comm, start time in clock ticks since boot) of
-    every thread alive now, from /proc/<pid>/task/<tid>/stat."""
-    for pid_dir in os.scandir("/proc"):
-        if not pid_dir.name.isdigit():
-            continue
-        tgid = int(pid_dir.name)
+def proc_threads(proc: str = "/proc") -> Iterable[tuple[int, int]]:
+    """(tgid, tid) of every thread alive now, from proc's <pid>/task
+    directories; a process that ends while it is listed is left out."""
+    try:
+        pids = [int(d.name) for d in os.scandir(proc) if d.name.isdigit()]
+    except OSError:
+        return
+    for tgid in pids:
         try:
-            tids = os.listdir(f"/proc/{tgid}/task")
+            tids = os.listdir(f"{proc}/{tgid}/task")
         except OSError:
             continue
         for t in tids:
-            try:
-                with open(f"/proc/{tgid}/task/{t}/stat", "rb") as f:
-                    data = f.read()
-                # comm may hold ')' and spaces: the fields follow its last ')'
-                close = data.rindex(b")")
-                comm = data[data.index(b"(") + 1:close]
-                fields = data[close + 2:].split()
-                # fields[0] is field 3 (state); starttime is field 22
-                yield tgid, int(t), chr(fields[0][0]), comm[:15], int(fields[19])
-            except (OSError, ValueError, IndexError):
-                continue
+            if t.isdigit():
+                yield tgid, int(t)
+
+
+def seed_tasks() -> Iterable[tuple[int, int, str, bytes, int]]:
+    """(tgid, tid, state letter, comm, start time in clock ticks since boot) of
+    every thread alive now, from /proc/<pid>/task/<tid>/stat."""
+    for tgid, t in proc_threads():
+        try:
+            with open(f"/proc/{tgid}/task/{t}/stat", "rb") as f:
+                data = f.read()
+            # comm may hold ')' and spaces: the fields follow its last ')'
+            close = data.rindex(b")")
+            comm = data[data.index(b"(") + 1:close]
+            fields = data[close + 2:].split()
+            # fields[0] is field 3 (state); starttime is field 22
+            yield tgid, t, chr(fields[0][0]), comm[:15], int(fields[19])
+        except (OSError, ValueError, IndexError):
+            continue

@@ -13,7 +13,7 @@ and names those threads.
 
 from __future__ import annotations
 
-import os
+from pstate.kernel.loader import proc_threads
 
 _COUNTERS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
 
@@ -22,24 +22,15 @@ def read(proc: str = "/proc") -> dict[int, tuple[str, int]]:
     """Every thread's name and context switches so far: tid -> (name, count).
     Threads that end while they are read are left out."""
     out: dict[int, tuple[str, int]] = {}
-    try:
-        pids = [p for p in os.listdir(proc) if p.isdigit()]
-    except OSError:
-        return out
-    for pid in pids:
+    for pid, tid in proc_threads(proc):
         try:
-            tids = [t for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit()]
+            with open(f"{proc}/{pid}/task/{tid}/status") as f:
+                text = f.read()
         except OSError:
             continue
-        for tid in tids:
-            try:
-                with open(f"{proc}/{pid}/task/{tid}/status") as f:
-                    text = f.read()
-            except OSError:
-                continue
-            parsed = parse_status(text)
-            if parsed is not None:
-                out[int(tid)] = parsed
+        parsed = parse_status(text)
+        if parsed is not None:
+            out[tid] = parsed
     return out
 
 
