@@ -207,6 +207,44 @@ def test_malformed_entries_are_misses(over):
         progcache.decode(progcache.encode(e), e["key"], "record")
 
 
+STACK_MAP = {"name": "stacks", "kname": "stacks", "type": bpfsys.MAP_STACK_TRACE, "key_size": 4,
+             "value_size": 8 * bpfsys.STACK_MAX_DEPTH, "max_entries": 16384, "flags": 0, "key_desc": '"int"',
+             "leaf_desc": '["bpf_stacktrace", [["ip","unsigned long long", [127]] ], "struct_packed"]'}
+
+
+def test_stack_trace_map_round_trip():
+    """A stack-trace map (record --stacks) is kept like the other maps."""
+    e = entry(maps=entry()["maps"] + [STACK_MAP])
+    assert progcache.decode(progcache.encode(e), e["key"], "record")["maps"][1] == STACK_MAP
+
+
+@pytest.mark.parametrize("over", [
+    {"key_size": 8},
+    {"value_size": 8 * bpfsys.STACK_MAX_DEPTH + 8},  # more than a Leaf: the kernel would write past it
+    {"value_size": 1012},
+    {"value_size": 0},
+    {"max_entries": 0},
+    {"flags": bpfsys.BPF_F_NUMA_NODE},  # the node is not kept
+    {"flags": 1},  # BPF_F_NO_PREALLOC: not for a stack map
+    {"leaf_desc": '["bpf_stacktrace", [["ip","unsigned long long", [64]] ], "struct_packed"]'},
+    {"leaf_desc": '["bpf_stacktrace"]'},
+    {"key_desc": '"unsigned long long"'},
+    {"key_desc": "nonsense"},
+])
+def test_malformed_stack_maps_are_misses(over):
+    e = entry(maps=entry()["maps"] + [dict(STACK_MAP, **over)])
+    with pytest.raises(CacheMiss, match="malformed"):
+        progcache.decode(progcache.encode(e), e["key"], "record")
+
+
+def test_stack_entries_are_in_the_key(tracefs):
+    """record --stack-entries N compiles -DSTACK_ENTRIES=N (the map's size,
+    BPF_STACK_TRACE(stacks, STACK_ENTRIES)): another N, or none, is another key."""
+    keys = {progcache.key_of(material(tracefs, cflags=["-DMAX_TASKS=128"] + extra))
+            for extra in ([], ["-DSTACK_ENTRIES=16384"], ["-DSTACK_ENTRIES=1"])}
+    assert len(keys) == 3
+
+
 def test_map_refs():
     insns = MOV_R0_0 + ld_map(7) + ld_map(0, src=0) + ld_map(9) + EXIT
     assert progcache.map_refs(insns, {7: "a", 9: "b"}) == [[1, "a"], [5, "b"]]
@@ -411,6 +449,35 @@ def test_percpu_leaf_is_padded_per_cpu():
         t[ct.c_int(5)]
 
 
+class _Stacks(bpfsys.StackTraceTable):
+    """A stack-trace table whose lookups come from a dict (stack id -> addresses)."""
+
+    slots: dict = {}
+
+    def __getitem__(self, key):
+        if key.value not in self.slots:
+            raise KeyError(key)
+        leaf = self.Leaf()
+        for i, ip in enumerate(self.slots[key.value]):
+            leaf.ip[i] = ip
+        return leaf
+
+
+def test_stack_trace_table_walks_like_bccs():
+    t = bpfsys.make_table(-1, "stacks", STACK_MAP["key_desc"], STACK_MAP["leaf_desc"], bpfsys.MAP_STACK_TRACE,
+                          16384)
+    assert type(t) is bpfsys.StackTraceTable
+    assert (t.Key, ct.sizeof(t.Leaf)) == (ct.c_int, STACK_MAP["value_size"])
+    t.__class__ = _Stacks
+    t.slots = {3: [0x10, 0x20, 0x30], 4: list(range(1, bpfsys.STACK_MAX_DEPTH + 1))}  # 4: a full stack
+    assert list(t.walk(3)) == [0x10, 0x20, 0x30]  # leaf first, up to the first zero
+    assert list(t.walk(3, resolve=hex)) == ["0x10", "0x20", "0x30"]
+    assert len(list(t.walk(4))) == bpfsys.STACK_MAX_DEPTH
+    with pytest.raises(KeyError):
+        t.walk(5)
+    t.clear()  # as BCC's: nothing (ids are freed one by one)
+
+
 def test_unsupported_map_type():
     with pytest.raises(ValueError):
         bpfsys.make_table(-1, "p", '"int"', '"int"', 4, 2)
@@ -418,12 +485,12 @@ def test_unsupported_map_type():
 
 # --- with BPF ------------------------------------------------------------------------------
 
-def _record_defines():
+def _record_defines(stack_entries: int = 0):
     from pstate.kernel import loader
     from pstate.commands import record
 
     ks = loader.kernel_states()
-    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False)
+    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
 
 
 @pytest.mark.bpf
@@ -600,3 +667,183 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     assert progcache.btf_facts() == truth and progcache.btf_facts() == truth and len(parsed) == 6
     plan = tpbtf.plan("auto", 0x7f, facts=progcache.btf_facts)
     assert plan.path == tpbtf.TP_BTF and plan.targets == truth["targets"]
+
+
+# --- record --stacks from the cache ----------------------------------------------------------
+
+@pytest.fixture
+def disk_file():
+    # O_DIRECT needs a real file system on a block device (tmpfs refuses it): the root's
+    path = f"/var/tmp/pstate-progcache-{os.getpid()}.bin"
+    yield path
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def _d_bit() -> int:
+    from pstate.kernel import loader
+
+    return {letter: bit for bit, letter in loader.kernel_states().letters.items()}["D"]
+
+
+def _take_write_stacks(prog, path: str, kallsyms) -> dict[int, tuple[str, ...]]:
+    """Have the program take the kernel stack of this process's switches
+    into D (the settings row of record --stacks D -p <this process>), write
+    to path with O_DIRECT until one of those stacks blocked in a direct
+    write (how many writes block depends on the disk), stop the program
+    reporting, and give every stack id in the map with its functions, leaf
+    first (through bpfsys's table: a compiled program's map read the same)."""
+    import dataclasses
+    import mmap
+
+    from pstate.kernel import filtermaps, loader
+    from pstate.kernel import stacks as kstacks
+    from pstate.stream.filters import Filter
+
+    ks = loader.kernel_states()
+    settings = dataclasses.replace(filtermaps.settings_for(Filter(pids=(os.getpid(),)), ks), stack_mask=_d_bit())
+    m = prog.maps()["stacks"]
+    t = bpfsys.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"], m["flags"])
+
+    def functions() -> dict[int, tuple[str, ...]]:
+        return {k.value: tuple(kstacks.symbol_name(f)
+                               for f in kstacks.task_frames(list(t.walk(k.value, kallsyms.frame))))
+                for k in t}
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    buf = mmap.mmap(-1, 65536)
+    buf.write(b"x" * 65536)
+    filtermaps.start(prog, settings)
+    try:
+        for i in range(100_000):
+            os.pwrite(fd, buf, 0)
+            if i % 20 == 19 and any("__iomap_dio_rw" in f for f in functions().values()):
+                break
+    finally:
+        filtermaps.stop(prog, settings)
+        os.close(fd)
+    got = functions()
+    assert any("__iomap_dio_rw" in f for f in got.values()), got
+    return got
+
+
+@pytest.mark.bpf
+def test_cached_stack_map_reads_as_the_compiled_one(root_cache, disk_file):
+    """The stack map of record --stacks is cached: the cached program's map
+    is the compiled one's (type, sizes, flags, STACK_ENTRIES rounded up to a
+    power of two as BCC declares it), its table reads and frees stack ids as
+    BCC's StackTrace does, and it takes the same stacks of the same work."""
+    from conftest import bpf_prog_ids
+    from test_reliability_stream import leftover_programs
+
+    from pstate.kernel import loader
+    from pstate.kernel import stacks as kstacks
+
+    before = bpf_prog_ids()
+    kallsyms = kstacks.Kallsyms()
+    d = _record_defines(stack_entries=1000)
+    assert "-DSTACK_ENTRIES=1000" in loader.cflags_of(d)  # in the key (test_stack_entries_are_in_the_key)
+    cold = loader.Program("record", d)
+    try:
+        assert cold.origin == "compiled"
+        (name,) = cache_entries(root_cache)  # cached, stack map and all
+        e = json.loads(open(os.path.join(root_cache, name), "rb").read())
+        assert {m["name"]: m["type"] for m in e["maps"]}["stacks"] == bpfsys.MAP_STACK_TRACE
+        # the program that takes stacks loads the map's fd like any other (bpf_get_stackid's argument)
+        assert [p["name"] for p in e["progs"] if any(m == "stacks" for _i, m in p["maps"])], e["progs"]
+        theirs = cold.table("stacks")
+        assert type(theirs).__name__ == "StackTrace"
+        info = bpfsys.map_info(theirs.map_fd)
+        assert (info["type"], info["max_entries"]) == (bpfsys.MAP_STACK_TRACE, 1024)
+        shape = (ct.sizeof(theirs.Key), ct.sizeof(theirs.Leaf))
+        cold_stacks = _take_write_stacks(cold, disk_file, kallsyms)
+        # bpfsys's table on the compiled map and BCC's: the same stacks, the same errors
+        m = cold.maps()["stacks"]
+        ours = bpfsys.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"],
+                                 m["flags"])
+        assert type(ours) is bpfsys.StackTraceTable and (ct.sizeof(ours.Key), ct.sizeof(ours.Leaf)) == shape
+        ids = sorted(k.value for k in ours)
+        assert ids == sorted(k.value for k in theirs) and len(ours) == len(theirs) == len(ids)
+        for i in ids:
+            assert list(ours.walk(i)) == list(theirs.walk(i)) != []
+            assert list(ours.walk(i, kallsyms.frame)) == list(theirs.walk(i, kallsyms.frame))
+        for table in (ours, theirs):
+            with pytest.raises(Exception, match="Could not update table"):
+                table[table.Key(ids[0])] = table.Leaf()  # only the kernel writes a stack map
+            table.clear()  # nothing, in both
+        assert len(ours) == len(ids)
+        del ours[ours.Key(ids[0])]  # frees the id, for both
+        with pytest.raises(KeyError):
+            theirs.walk(ids[0])
+        with pytest.raises(KeyError):
+            del theirs[theirs.Key(ids[0])]
+        if len(ids) > 1:  # and the other way round
+            del theirs[theirs.Key(ids[-1])]
+            with pytest.raises(KeyError):
+                ours.walk(ids[-1])
+    finally:
+        cold.close()
+    os.unlink(disk_file)  # the second run writes a new file too
+
+    warm = loader.Program("record", d)
+    try:
+        assert warm.origin == "cache", warm.cache_note
+        t = warm.table("stacks")
+        assert type(t) is bpfsys.StackTraceTable and (ct.sizeof(t.Key), ct.sizeof(t.Leaf)) == shape
+        assert bpfsys.map_info(t.map_fd) == info
+        warm_stacks = _take_write_stacks(warm, disk_file, kallsyms)
+        # a direct write blocks with the same functions, whichever way the program was loaded
+        writes = [{f for f in stacks.values() if "__iomap_dio_rw" in f} for stacks in (cold_stacks, warm_stacks)]
+        assert writes[0] & writes[1], writes
+        i = next(iter(warm_stacks))
+        del t[t.Key(i)]
+        with pytest.raises(KeyError):
+            t.walk(i)
+    finally:
+        warm.close()
+    assert leftover_programs(before) == {}
+
+
+@pytest.mark.bpf
+def test_cold_and_warm_record_the_same_stacks(root_cache, monkeypatch, disk_file):
+    """record --stacks D loads from the cache on its second run, and its
+    stacks for a writer's D intervals (O_DIRECT writes, which block in
+    __iomap_dio_rw until the disk completes them) are the compiled run's."""
+    from test_stacks_bpf import DIRECT_WRITES
+    from workloads import Recording, go, start, states
+
+    from pstate.kernel import stacks as kstacks
+
+    monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
+    top = {}
+    for run in ("cold", "warm"):
+        if os.path.exists(disk_file):
+            os.unlink(disk_file)
+        child = start(DIRECT_WRITES.format(path=disk_file, n=20_000, between="pass", blocked=60))
+        try:
+            rec = Recording("-p", str(child.pid), "--stacks", "D")  # its meta line: attached and reporting
+            go(child)
+            child.wait(timeout=60)
+            recs = rec.stop()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert rec.returncode == 0, rec.stderr
+        want = "compiled" if run == "cold" else "loaded from the program cache"
+        assert f"pstate: record: {want}" in rec.stderr, rec.stderr
+        end = recs[-1]
+        assert end["type"] == "end" and end["stack_lost"] == 0 and end["stack_failed"] == 0, end
+        frames = {r["stack_id"]: r["frames"] for r in recs if r["type"] == "stack"}
+        ds = [r for r in states(recs, child.pid) if r["from"] == "uninterruptible" and r["to"] == "runnable"
+              and r["dur_ns"] is not None]
+        assert len(ds) >= 10, (run, len(ds))  # the writer sleeps until it has slept 60 times
+        assert all("stack_id" in r and r["stack_id"] in frames for r in ds), (run, ds)
+        # the stack that holds most of the D time: its functions, root first
+        by = {}
+        for r in ds:
+            by[r["stack_id"]] = by.get(r["stack_id"], 0) + r["dur_ns"]
+        sid = max(by, key=by.get)
+        top[run] = tuple(kstacks.symbol_name(f) for f in frames[sid].split(";"))
+        assert {"__x64_sys_pwrite64", "__iomap_dio_rw"} <= set(top[run]), (run, top[run])
+    assert top["cold"] == top["warm"], top

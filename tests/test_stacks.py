@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import orjson
+import pytest
 
 from pstate.kernel import stacks
 
@@ -94,3 +95,27 @@ def test_tracing_frames_of_a_tp_btf_program_are_left_out():
     assert stacks.task_frames(tp_btf) == tp_btf[2:]
     assert stacks.task_frames(tp_btf[2:]) == tp_btf[2:]
     assert stacks.reason_of(stacks.task_frames(tp_btf)) == "futex_do_wait"
+
+
+def test_symbols_read_in_the_background_name_the_same_frames(tmp_path):
+    """Without symbols given, a StackTable reads them in a thread of its own
+    (record --stacks writes its first line meanwhile): the same frames."""
+    p = tmp_path / "kallsyms"
+    p.write_bytes(KALLSYMS)
+    bg = stacks.BackgroundKallsyms(str(p))
+    now = stacks.Kallsyms(str(p))
+    for ip in IO + SLEEP + [0x10, 0xFFFFFFFF81400010]:
+        assert bg.frame(ip) == now.frame(ip)
+    m = FakeMap()
+    m.slots[0] = IO
+    t = stacks.StackTable(3, m, bg)
+    assert '"reason":"__iomap_dio_rw"' in t.tail(0)
+
+
+def test_background_symbols_fail_at_once_for_a_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        stacks.BackgroundKallsyms(str(tmp_path / "none"))
+
+
+def test_no_symbols_gives_addresses():
+    assert stacks.Kallsyms(None).frame(0xFFFFFFFF81100010) == "0xffffffff81100010"

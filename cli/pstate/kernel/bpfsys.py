@@ -35,9 +35,20 @@ BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 
 # map types whose user-space side this module implements
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY = 1, 2, 5, 6
-MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 9, 10, 27
-SUPPORTED_MAP_TYPES = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY,
+MAP_STACK_TRACE, MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 7, 9, 10, 27
+SUPPORTED_MAP_TYPES = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_STACK_TRACE,
                                  MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF})
+
+# A stack-trace map (BCC's BPF_STACK_TRACE): a u32 stack id -> PERF_MAX_STACK_DEPTH
+# u64 addresses, zero after the last frame; with BPF_F_STACK_BUILD_ID (BCC's
+# BPF_STACK_TRACE_BUILDID) each frame is a struct bpf_stack_build_id instead
+# (status, build id, offset or ip: 32 bytes). The flags the kernel accepts
+# for one: BPF_F_NUMA_NODE, BPF_F_RDONLY, BPF_F_WRONLY, BPF_F_STACK_BUILD_ID.
+STACK_MAX_DEPTH = 127
+STACK_KEY_SIZE = 4
+STACK_BUILD_ID_SIZE = 32
+BPF_F_NUMA_NODE, BPF_F_RDONLY, BPF_F_WRONLY, BPF_F_STACK_BUILD_ID = 1 << 2, 1 << 3, 1 << 4, 1 << 5
+STACK_MAP_FLAGS = BPF_F_NUMA_NODE | BPF_F_RDONLY | BPF_F_WRONLY | BPF_F_STACK_BUILD_ID
 
 PROG_TRACEPOINT, PROG_RAW_TRACEPOINT, PROG_TRACING = 5, 17, 26
 TRACE_RAW_TP = 23  # expected attach type of a BTF-typed raw tracepoint (tp_btf) program
@@ -607,13 +618,50 @@ class RingBufTable(Table):
         raise NotImplementedError("read this ring buffer through its map_fd (pstate.kernel.loader.RingReader)")
 
 
+class StackTraceTable(Table):
+    """A stack-trace map, as BCC's StackTrace: Key a c_int stack id, Leaf
+    BCC's struct bpf_stacktrace (ip: STACK_MAX_DEPTH u64 addresses).
+    walk(stack_id) gives a stack's addresses, leaf first, up to the first
+    zero; `del t[t.Key(id)]` frees a stack id (KeyError when it is not in
+    use), so that the kernel can give it to another stack. User space cannot
+    write one (the kernel refuses updates: an Exception, as BCC's), and, as
+    in BCC, clear() does nothing: stack ids are freed one by one, by whoever
+    read them."""
+
+    MAX_DEPTH = STACK_MAX_DEPTH
+    BPF_F_STACK_BUILD_ID = BPF_F_STACK_BUILD_ID
+    BPF_STACK_BUILD_ID_EMPTY, BPF_STACK_BUILD_ID_VALID, BPF_STACK_BUILD_ID_IP = 0, 1, 2
+
+    def walk(self, stack_id: int, resolve=None):
+        """The addresses of a stack (resolve(addr) of each, if given), leaf
+        first; KeyError when the id holds no stack. A build-id stack gives
+        its struct bpf_stack_build_id entries, up to the first that is no
+        valid build id, as BCC's walk does."""
+        leaf = self[self.Key(stack_id)]
+        build_id = self.flags & BPF_F_STACK_BUILD_ID
+        frames = leaf.trace if build_id else leaf.ip
+        out = []
+        for addr in frames[:self.MAX_DEPTH]:
+            if build_id:
+                if addr.status in (self.BPF_STACK_BUILD_ID_IP, self.BPF_STACK_BUILD_ID_EMPTY):
+                    break
+            elif addr == 0:
+                break
+            out.append(resolve(addr) if resolve else addr)
+        return iter(out)
+
+    def clear(self):
+        pass
+
+
 def make_table(map_fd: int, name: str, key_desc: str, leaf_desc: str, map_type: int, max_entries: int,
                flags: int = 0):
     """The table object for a map, from BCC's JSON key/leaf descriptions."""
     key = decode_type(json.loads(key_desc))
     leaf = decode_type(json.loads(leaf_desc))
     cls = {MAP_HASH: Table, MAP_LRU_HASH: Table, MAP_ARRAY: ArrayTable, MAP_PERCPU_HASH: PerCpuTable,
-           MAP_LRU_PERCPU_HASH: PerCpuTable, MAP_PERCPU_ARRAY: PerCpuArrayTable, MAP_RINGBUF: RingBufTable}
+           MAP_LRU_PERCPU_HASH: PerCpuTable, MAP_PERCPU_ARRAY: PerCpuArrayTable, MAP_RINGBUF: RingBufTable,
+           MAP_STACK_TRACE: StackTraceTable}
     try:
         return cls[map_type](map_fd, name, key, leaf, map_type, max_entries, flags)
     except KeyError:

@@ -62,9 +62,9 @@ MAX_ENTRY_BYTES = 16 << 20
 # PSTATE_PROBE and PSTATE_LIFE (bpf/tpargs.h) are TRACEPOINT_PROBEs on the
 # tracepoint path (PSTATE_LIFE without the kernel's BTF)
 _TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE|PSTATE_LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
-# BCC features whose maps or attachments this cache cannot reproduce
-# (a stack-trace map is refused by its type once compiled: record declares
-# one only under #ifdef STACK_ENTRIES, so the text alone cannot tell)
+# BCC features whose maps or attachments this cache cannot reproduce (a map
+# of a type bpfsys does not implement is refused by its type once compiled;
+# the stack-trace map of record --stacks is kept: bpfsys.StackTraceTable)
 _UNCACHEABLE_SOURCE = re.compile(r"\bBPF_TABLE_(PINNED|SHARED|PUBLIC)\b|\"extern\"|\bBPF_PERF_OUTPUT\b|"
                                  r"\bBPF_PROG_ARRAY\b|\bBPF_(HASH|ARRAY)_OF_MAPS\b")
 
@@ -290,6 +290,8 @@ def _validate(entry: dict) -> None:
             assert isinstance(m[f], int) and m[f] >= 0, f
         assert m["type"] in bpfsys.SUPPORTED_MAP_TYPES, m["type"]
         assert isinstance(m["name"], str) and isinstance(m["key_desc"], str) and isinstance(m["leaf_desc"], str)
+        if m["type"] == bpfsys.MAP_STACK_TRACE:
+            _validate_stack_map(m)
         names.add(m["name"])
     progs = set()
     for p in entry["progs"]:
@@ -305,6 +307,26 @@ def _validate(entry: dict) -> None:
     for a in entry["attach"]:
         assert a["kind"] in ("tracepoint", "raw_tracepoint", "tp_btf") and a["prog"] in progs
         assert isinstance(a["target"], str)
+
+
+def _validate_stack_map(m: dict) -> None:
+    """A stack-trace map as BCC declares one: a u32 stack id, a value of
+    whole frames (u64 addresses, or struct bpf_stack_build_id with
+    BPF_F_STACK_BUILD_ID), at most STACK_MAX_DEPTH of them, some slots,
+    flags the kernel takes for one, and key/leaf types of those sizes (the
+    kernel copies value_size bytes into a Leaf at every lookup)."""
+    frame = bpfsys.STACK_BUILD_ID_SIZE if m["flags"] & bpfsys.BPF_F_STACK_BUILD_ID else 8
+    assert m["key_size"] == bpfsys.STACK_KEY_SIZE, "key_size"
+    assert 0 < m["value_size"] <= frame * bpfsys.STACK_MAX_DEPTH and m["value_size"] % frame == 0, "value_size"
+    assert m["max_entries"] > 0, "max_entries"
+    # BPF_F_NUMA_NODE would need the node, which the entry does not keep
+    assert not m["flags"] & ~(bpfsys.STACK_MAP_FLAGS & ~bpfsys.BPF_F_NUMA_NODE), "flags"
+    for desc, size in (("key_desc", "key_size"), ("leaf_desc", "value_size")):
+        try:
+            t = bpfsys.decode_type(json.loads(m[desc]))
+        except (LookupError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{desc}: {e!r}") from None
+        assert ct.sizeof(t) == m[size], desc
 
 
 # --- reading and writing -----------------------------------------------------

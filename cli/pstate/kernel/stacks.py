@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import threading
 import time
 
 import orjson
@@ -68,11 +69,19 @@ def reason_of(leaf_first: list[str]) -> str:
     return symbol_name(leaf_first[-1]) if leaf_first else "unknown"
 
 
+KALLSYMS = "/proc/kallsyms"
+
+
 class Kallsyms:
     """Addresses to "function+0xoff" (" [module]" for a module's), from
-    /proc/kallsyms (root sees the addresses)."""
+    /proc/kallsyms (root sees the addresses); path None: no symbols, every
+    frame an address."""
 
-    def __init__(self, path: str = "/proc/kallsyms"):
+    def __init__(self, path: str | None = KALLSYMS):
+        self.addrs: list[int] = []
+        self.names: list[str] = []
+        if path is None:
+            return
         addrs, names = [], []
         with open(path, "rb") as f:
             for line in f:
@@ -97,6 +106,32 @@ class Kallsyms:
         return f"{name}+0x{off:x}" + (f" {mod}" if mod else "")
 
 
+class BackgroundKallsyms:
+    """Kallsyms read in a thread of its own. Reading and sorting the
+    kernel's 100 000 and more symbols takes about 80 ms, which record
+    --stacks would otherwise spend before its first line; the first frame
+    named waits for them. A file that cannot be opened fails here, at once,
+    as Kallsyms does; one that fails while read gives addresses, no names."""
+
+    def __init__(self, path: str = KALLSYMS):
+        with open(path, "rb"):
+            pass
+        self._symbols: Kallsyms | None = None
+        self._thread = threading.Thread(target=self._read, args=(path,), name="pstate-kallsyms", daemon=True)
+        self._thread.start()
+
+    def _read(self, path: str) -> None:
+        try:
+            self._symbols = Kallsyms(path)
+        except Exception:
+            self._symbols = Kallsyms(None)
+
+    def frame(self, ip: int) -> str:
+        if self._symbols is None:
+            self._thread.join()
+        return self._symbols.frame(ip)
+
+
 class StackTable:
     """Kernel stack map ids to stream stack ids, reasons and `stack` records.
 
@@ -105,10 +140,10 @@ class StackTable:
     writes the queued records (take_pending) before the lines that use them.
     """
 
-    def __init__(self, map_fd: int, calls, symbols: Kallsyms | None = None):
+    def __init__(self, map_fd: int, calls, symbols: Kallsyms | BackgroundKallsyms | None = None):
         self.fd = map_fd
         self.calls = calls
-        self.symbols = symbols or Kallsyms()
+        self.symbols = symbols or BackgroundKallsyms()  # read while recording starts
         self._by_content: dict[tuple, tuple[int, str]] = {}  # addresses -> (stream id, tail)
         self._last: dict[int, tuple] = {}  # kernel id -> addresses last read under it
         self.pending: list[dict] = []
