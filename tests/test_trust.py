@@ -183,6 +183,40 @@ def test_headers_another_user_planted_are_never_compiled(sticky, cache, tmp_path
     assert len(cache_entries(cache)) == 1
 
 
+@pytest.mark.bpf
+def test_a_header_reached_through_nobodys_link_is_never_compiled(sticky, cache, tmp_path):
+    """A root-owned tree whose kconfig.h is a root-owned link to a link
+    nobody made in a sticky directory, which points at the real kconfig.h:
+    the chain ends at a trusted file today, but nobody can repoint the
+    middle link at any time, so the tree is refused; linked straight to the
+    real file it compiles."""
+    from pstate.kernel import headers
+
+    real = Path(headers.find().path)
+    tree = tmp_path / "tree"
+    (tree / "include" / "linux").mkdir(parents=True)
+    for name in os.listdir(real / "include"):
+        if name != "linux":
+            (tree / "include" / name).symlink_to(os.path.realpath(real / "include" / name))
+    for name in os.listdir(real / "include" / "linux"):
+        if name != "kconfig.h":
+            (tree / "include" / "linux" / name).symlink_to(os.path.realpath(real / "include" / "linux" / name))
+    (tree / "arch").symlink_to(os.path.realpath(real / "arch"))
+    kconfig = os.path.realpath(real / "include" / "linux" / "kconfig.h")
+    as_nobody(f"mkdir theirs && ln -s {kconfig} theirs/kconfig.h", sticky)
+    planted = tree / "include" / "linux" / "kconfig.h"
+    planted.symlink_to(sticky / "theirs" / "kconfig.h")
+    out = tmp_path / "out.jsonl"
+    p = record("-d", "0.3", "-o", out, PSTATE_CACHE_DIR=cache, PSTATE_KERNEL_HEADERS=tree)
+    assert_refused(p, 77, f"kernel header tree {tree} is not safe to compile as root: {planted} points to "
+                          f"{kconfig}: {sticky}/theirs is owned by uid {NOBODY_UID}, not root")
+    assert not out.exists() and (not cache.exists() or cache_entries(cache) == [])
+    planted.unlink()
+    planted.symlink_to(kconfig)
+    p = record("-d", "0.3", "-o", out, PSTATE_CACHE_DIR=cache, PSTATE_KERNEL_HEADERS=tree)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+
+
 # --- 2 and 5: the program cache ------------------------------------------------------------------
 
 

@@ -126,7 +126,15 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
     try:
         tree = headers.find(kernel_headers)
         headers.verify(tree)
-        r.add("kernel headers", OK, tree.describe())
+        compiles, said = headers.compile_check(tree) if have_bcc else (True, "")
+        if compiles:
+            r.add("kernel headers", OK, tree.describe())
+        else:  # BCC cannot build even an empty program against it: record would fail the same way
+            r.add("kernel headers", PROBLEM, _short(f"{tree.describe()} does not compile: {said}", 400),
+                  "install a complete tree (apt-get install linux-headers-amd64, any version; "
+                  "dnf install kernel-devel), or pass --kernel-headers DIR of one")
+            tree = None
+            code = code or ExitCode.UNAVAILABLE
     except headers.HeadersUntrusted as e:
         tree = None
         problem, _, fix = e.message.partition("\n  fix: ")
@@ -137,7 +145,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
               "apt-get install linux-headers-amd64 (any version), or --kernel-headers DIR")
         code = code or ExitCode.UNAVAILABLE
     except OSError as e:
-        r.add("kernel headers", PROBLEM, f"cannot prepare the merged tree: {_short(e)}",
+        r.add("kernel headers", PROBLEM, f"cannot prepare the header tree: {_short(e)}",
               "check that /var/cache/pstate is writable")
         code = code or ExitCode.UNAVAILABLE
 

@@ -6,7 +6,10 @@ reach: each file and each directory on the way to it owned by root (or the
 given owner) and not writable by group or others. A world-writable directory
 on the way is accepted only when it is root-owned and sticky (/tmp): there
 nobody can rename or delete an entry root owns. Symbolic links are followed
-and their targets checked the same way.
+hop by hop as the kernel resolves them: each link on the way must be root's
+(or the given owner's), and so must every directory passed through on the
+way to each link's target, so a root-owned link to a link in another user's
+directory is refused even when the chain ends at a trusted file.
 """
 
 from __future__ import annotations
@@ -48,24 +51,74 @@ def why_untrusted(path: str, owners: tuple[int, ...] = (0,), directory: bool | N
     return why_untrusted_stat(path, st, owners, directory)
 
 
+_MAX_LINKS = 40  # the kernel's limit on links followed in one lookup
+
+
+def _why_untrusted_way(path: str, owners: tuple[int, ...], checked: set[str],
+                       check_last: bool = True) -> tuple[str | None, str]:
+    """Resolve path one component at a time, as the kernel does: why a
+    directory passed through or a symbolic link followed on the way could be
+    changed by another user (None when none could), and the resolved path.
+    Directories are held to the rule for ancestors (root or owners, a
+    root-owned sticky directory allowed); check_last=False leaves the final
+    component (once no longer a link) to the caller. checked: resolved
+    directories already found fine, added to."""
+    allowed = (0,) + tuple(o for o in owners if o != 0)
+    pending = [p for p in os.path.abspath(path).split("/") if p][::-1]  # a stack: the next one last
+    cur = "/"
+    if cur not in checked:
+        try:
+            why = why_untrusted_stat(cur, os.lstat(cur), allowed, True, ancestor=True)
+        except OSError as e:
+            return f"{cur}: {e.strerror}", cur
+        if why:
+            return why, cur
+        checked.add(cur)
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)  # a prefix of a checked directory: checked
+            continue
+        nxt = os.path.join(cur, name)
+        if nxt in checked:
+            cur = nxt
+            continue
+        try:
+            st = os.lstat(nxt)
+        except OSError as e:
+            return f"{nxt}: {e.strerror}", nxt
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                return f"{path}: too many levels of symbolic links", nxt
+            if st.st_uid not in allowed:
+                return f"{nxt} is a symbolic link owned by uid {st.st_uid}", nxt
+            try:
+                target = os.readlink(nxt)
+            except OSError as e:
+                return f"{nxt}: {e.strerror}", nxt
+            if target.startswith("/"):
+                cur = "/"
+            pending.extend(p for p in reversed(target.split("/")) if p)
+            continue  # relative targets resolve from cur, the link's directory
+        if pending or check_last:
+            why = why_untrusted_stat(nxt, st, allowed, True, ancestor=True)
+            if why:
+                return why, nxt
+            checked.add(nxt)
+        cur = nxt
+    return None, cur
+
+
 def why_untrusted_ancestors(path: str, owners: tuple[int, ...] = (0,)) -> str | None:
     """Why a directory on the way to path (from / down, path excluded) could
     be changed by another user, or None. path is taken as it is resolved:
-    symbolic links on the way are followed, each one's target checked."""
-    real = os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    parts = [p for p in real.split("/") if p]
-    cur = "/"
-    for i in range(len(parts) + 1):
-        if i:
-            cur = os.path.join(cur, parts[i - 1])
-        try:
-            st = os.lstat(cur)
-        except OSError as e:
-            return f"{cur}: {e.strerror}"
-        why = why_untrusted_stat(cur, st, (0,) + tuple(o for o in owners if o != 0), True, ancestor=True)
-        if why:
-            return why
-    return None
+    every symbolic link on the way is followed hop by hop, each link and
+    every directory on the way to each target checked."""
+    return _why_untrusted_way(os.path.dirname(os.path.abspath(path)), owners, set())[0]
 
 
 def why_untrusted_path(path: str, owners: tuple[int, ...] = (0,), directory: bool | None = None) -> str | None:
@@ -77,12 +130,13 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
     """Why anything in the tree at top (only top/<subdir> for each of
     subdirs, when given) is not safe to read as root, or None: every
     directory and file root-owned and not group/world-writable, symbolic
-    links followed and their targets and the directories above them
-    checked. About 0.15 s for a distribution's 16,500-file header tree."""
+    links followed hop by hop, each link of a chain and every directory on
+    the way to each of its targets checked, then the final target. About
+    0.15 s for a distribution's 16,500-file header tree."""
     why = why_untrusted_path(top, owners, True)
     if why:
         return why
-    checked_dirs: set[str] = set()  # resolved directories whose ancestors were checked
+    checked_dirs: set[str] = set()  # resolved directories found fine on the way to a link's target
     seen: set[tuple[int, int]] = set()  # directories walked
     stack = [os.path.join(top, s) for s in subdirs] if subdirs else [top]
     stack = [p for p in stack if os.path.lexists(p)]
@@ -95,13 +149,9 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
         if stat.S_ISLNK(st.st_mode):
             if st.st_uid not in owners:
                 return f"{path} is a symbolic link owned by uid {st.st_uid}"
-            target = os.path.realpath(path)
-            parent = os.path.dirname(target)
-            if parent not in checked_dirs:
-                why = why_untrusted_ancestors(target, owners)
-                if why:
-                    return f"{path} points to {target}: {why}"
-                checked_dirs.add(parent)
+            why, target = _why_untrusted_way(path, owners, checked_dirs, check_last=False)
+            if why:
+                return f"{path} points to {os.path.realpath(path)}: {why}"
             try:
                 st = os.lstat(target)
             except OSError as e:
