@@ -1,19 +1,18 @@
 // pstate record: scheduler state transitions of every thread, from the sched
 // tracepoints, into a BPF ring buffer that user space drains in batches.
 //
-// It reads no kernel struct through a header: on the classic tracepoint
-// path only tracepoint arguments (BCC builds their layout from the running
-// kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
-// arguments of sched_switch and the wake-ups and task_struct fields at
-// offsets from the running kernel's BTF (bpf/tpargs.h); the lifecycle
-// programs are tp_btf ones there, and on the tracepoint path raw tracepoints
-// (LIFE_RAW) that read task_struct with bpf_probe_read_kernel at those
-// offsets, classic tracepoints only without BTF. So it compiles
-// against any kernel header tree, even one of another kernel version: that
-// is what lets pstate run where no matching headers exist. Keep it so: no
-// struct from a header, no kernel memory read but at offsets from the BTF.
+// It reads no kernel struct through a header: each tracepoint is taken the
+// way the plan says (pstate.kernel.probeplan, bpf/tpargs.h): as a tp_btf
+// program (raw arguments, task_struct fields at offsets from the running
+// kernel's BTF), a raw tracepoint (the same offsets, read with
+// bpf_probe_read_kernel) or a classic one (only the tracepoint's fields, whose
+// layout BCC builds from the running kernel's tracefs format files). So it
+// compiles against any kernel header tree, even one of another kernel
+// version: that is what lets pstate run where no matching headers exist.
+// Keep it so: no struct from a header, no kernel memory read but at offsets
+// from the BTF.
 //
-// Compile-time settings (-D cflags, set by pstate/commands/record.py):
+// Compile-time settings (-D cflags, set by pstate.commands.record and the plan):
 //   REPORT_MASK    prev_state bits that name a blocked state (from print_fmt)
 //   DEAD_BITS      the bits of the dead (X) and zombie (Z) states
 //   MAX_TASKS      size of the per-thread state map
@@ -23,18 +22,17 @@
 //   RB_PAGES       ring buffer size in pages
 //   SAMPLE         keep one event in sample_every[0] (--max-rate)
 //   STACK_ENTRIES  record --stacks: size of the stack-trace map (unset: no map,
-//                  no stacks; the program cache keeps no stack map)
-//   TP_BTF         the tp_btf path, with its offsets (bpf/tpargs.h)
+//                  no stacks)
+//   PATH_<event>   how each tracepoint is taken, with the offsets and the
+//                  settings for what a kernel lacks (bpf/tpargs.h)
 //   CPU_SLOTS      records of the sched programs go to per-CPU runs of this
 //                  many slots (a power of two) before the ring buffer (see
 //                  struct slot), for SLOT_CPUS possible CPUs
-//   LIFE_RAW       the tracepoint path, lifecycle programs as raw tracepoints
-//                  (bpf/tpargs.h), with TASK_PID and TASK_COMM
 //   WAKE_AT_WAKEUP wake-ups at sched_wakeup, with the waker of one queued on
 //                  the target CPU's wake list noted at csd_queue_cpu (see
 //                  there), where the kernel has them: TASK_WAKE_ENTRY
 //                  CSD_FLAGS CSD_TYPE_TTWU CSD_TYPE_MASK (pstate.kernel.btf
-//                  wake_list); else at sched_waking
+//                  MEMBERS, probeplan); else at sched_waking
 //
 // Filters are map values, written by user space before the first event
 // (pstate/filtermaps.py), so one compiled program serves every filter: the
@@ -164,6 +162,12 @@ BPF_STACK_TRACE(stacks, STACK_ENTRIES);
 #ifdef SAMPLE
 BPF_ARRAY(sample_every, u32, 1);
 BPF_PERCPU_ARRAY(sample_tick, u32, 1);
+#endif
+#ifdef EXIT_GROUP_DEAD_FROM_SIGNAL
+// sched_process_exit's group_dead where the kernel's tracepoint lacks it
+// (bpf/tpargs.h): tgid -> the signal_struct of the process whose last thread
+// a thread claimed; removed when the process's main thread is freed.
+BPF_HASH(exit_claims, u32, u64, 16384);
 #endif
 
 // The sched programs run with interrupts off; the fork, exec, exit and free
@@ -582,7 +586,7 @@ PSTATE_PROBE(sched, sched_switch) {
             bpf_get_current_comm(comm, sizeof(comm)); // prev is current
             if (task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm)) {
                 // BCC rewrites no map call with a macro in it: the context by name
-#ifdef TP_BTF
+#if PATH_sched_switch == PSTATE_TP_BTF
                 int id = stacks.get_stackid(ctx, 0);
 #else
                 int id = stacks.get_stackid(args, 0);
@@ -730,13 +734,13 @@ PSTATE_PROBE(sched, sched_wakeup) {
 // bpf_probe_read_kernel, as the task around it: it is at a negative offset
 // from the pointer the tracepoint gives, which the verifier would not
 // follow; this runs only for wake-ups that cross CPUs through a wake list.
-// It is declared as a lifecycle program (PSTATE_LIFE, bpf/tpargs.h): a raw
-// tracepoint on the classic path, never a classic one, since the kernel
+// The plan takes it as a tp_btf or raw tracepoint (pstate.kernel.probeplan),
+// never a classic one, since the kernel
 // queues other entries with interrupts on (a TLB shootdown's), and while a
 // classic program runs the kernel skips every classic one an interrupt
 // starts on its CPU: the wake-up of an interrupt that came meanwhile was
 // lost (lost_skipped).
-PSTATE_LIFE(csd, csd_queue_cpu) {
+PSTATE_PROBE(csd, csd_queue_cpu) {
     u64 csd = LF_CSD_ENTRY;
     u32 flags = 0;
     bpf_probe_read_kernel(&flags, sizeof(flags), (const void *)(csd + CSD_FLAGS));
@@ -850,7 +854,7 @@ RAW_TRACEPOINT_PROBE(softirq_exit) {
 // task_newtask runs in the parent's context and has the clone flags, so the
 // child's tgid is known without reading the task: the parent's for a thread,
 // the child's own pid for a process.
-PSTATE_LIFE(task, task_newtask) {
+PSTATE_PROBE(task, task_newtask) {
     u64 now = bpf_ktime_get_ns();
     u32 child = LF_NEW_PID;
     u32 parent_tgid = bpf_get_current_pid_tgid() >> 32;
@@ -878,7 +882,7 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
          other_pid, other_tid, 0, 1, CG_NONE, 0);
 }
 
-PSTATE_LIFE(sched, sched_process_fork) {
+PSTATE_PROBE(sched, sched_process_fork) {
     u32 child = LF_FORK_CHILD_PID;
     u32 child_tgid = child;
     u8 flags = 0;
@@ -903,7 +907,7 @@ PSTATE_LIFE(sched, sched_process_fork) {
     return 0;
 }
 
-PSTATE_LIFE(sched, sched_process_exec) {
+PSTATE_PROBE(sched, sched_process_exec) {
     u32 tid = LF_EXEC_PID;
     u32 old = LF_EXEC_OLD_PID;
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -921,7 +925,28 @@ PSTATE_LIFE(sched, sched_process_exec) {
     return 0;
 }
 
-PSTATE_LIFE(sched, sched_process_exit) {
+#ifdef EXIT_GROUP_DEAD_FROM_SIGNAL
+// The thread that finds its process's count of live threads at 0 first: a
+// claim only one thread of a process can make (another one that saw the
+// count at 0 too finds it made). A claim left by an earlier process of the
+// same tgid (whose main thread's free was not seen) names another
+// signal_struct and is taken over.
+static __always_inline u8 exit_group_dead(void) {
+    u64 sig = 0;
+    if (!current_group_dead(&sig))
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (exit_claims.insert(&tgid, &sig) == 0)
+        return 1;
+    u64 *had = exit_claims.lookup(&tgid);
+    if (had && *had == sig)
+        return 0;
+    exit_claims.update(&tgid, &sig);
+    return 1;
+}
+#endif
+
+PSTATE_PROBE(sched, sched_process_exit) {
     u64 id = bpf_get_current_pid_tgid();
     emit_life(EV_EXIT, id >> 32, LF_EXIT_PID, 0, 0, LF_EXIT_GROUP_DEAD ? F_GROUP_DEAD : 0);
     return 0;
@@ -929,8 +954,13 @@ PSTATE_LIFE(sched, sched_process_exit) {
 
 // The kernel frees the task (after its parent reaped the zombie, or at once
 // for a dead thread): close its last state and forget it.
-PSTATE_LIFE(sched, sched_process_free) {
+PSTATE_PROBE(sched, sched_process_free) {
     u32 tid = LF_FREE_PID;
+#ifdef EXIT_GROUP_DEAD_FROM_SIGNAL
+    // a process's claim goes with its main thread, whose tid is its tgid
+    // (while the claim lasts no other task can have that tid)
+    exit_claims.delete(&tid);
+#endif
     struct task_state *ts = task_row(tid);
     if (!ts)
         return 0;

@@ -1,17 +1,16 @@
 // pstate snap: per-thread time in each scheduler state, accumulated in a BPF
 // map that user space reads at each snapshot. No events leave the kernel.
 //
-// It reads no kernel struct through a header: on the classic tracepoint
-// path only tracepoint arguments (BCC builds their layout from the running
-// kernel's tracefs format files), on the tp_btf path (TP_BTF) the raw
-// arguments of sched_switch and the wake-ups and task_struct fields at
-// offsets from the running kernel's BTF (bpf/tpargs.h); the lifecycle
-// programs are tp_btf ones there, and on the tracepoint path raw tracepoints
-// (LIFE_RAW) that read task_struct with bpf_probe_read_kernel at those
-// offsets, classic tracepoints only without BTF. So it compiles
-// against any kernel header tree, even one of another kernel version: that
-// is what lets pstate run where no matching headers exist. Keep it so: no
-// struct from a header, no kernel memory read but at offsets from the BTF.
+// It reads no kernel struct through a header: each tracepoint is taken the
+// way the plan says (pstate.kernel.probeplan, bpf/tpargs.h): as a tp_btf
+// program (raw arguments, task_struct fields at offsets from the running
+// kernel's BTF), a raw tracepoint (the same offsets, read with
+// bpf_probe_read_kernel) or a classic one (only the tracepoint's fields, whose
+// layout BCC builds from the running kernel's tracefs format files). So it
+// compiles against any kernel header tree, even one of another kernel
+// version: that is what lets pstate run where no matching headers exist.
+// Keep it so: no struct from a header, no kernel memory read but at offsets
+// from the BTF.
 //
 // Compile-time settings (-D cflags, set by pstate/commands/snap.py):
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
@@ -23,9 +22,8 @@
 //                 inlines an array lookup, where a hash lookup is a function
 //                 call, twice per context switch; a row whose `since` is 0 is
 //                 a thread not seen. Needs Linux 5.5 (mmap of an array)
-//   TP_BTF        the tp_btf path, with its offsets (bpf/tpargs.h)
-//   LIFE_RAW      the tracepoint path, lifecycle programs as raw tracepoints
-//                 (bpf/tpargs.h), with TASK_PID and TASK_COMM
+//   PATH_<event>  how each tracepoint is taken, with the offsets and the
+//                 settings for what a kernel lacks (bpf/tpargs.h)
 //
 // Layout: `tasks` holds one row per live thread, keyed by tid. When the
 // kernel frees a thread its final row moves to `gone`, keyed by (tid,
@@ -300,7 +298,7 @@ static __always_inline void woken(u32 tid, const char *comm, const char *task, i
     struct snap_task *slot = tasks.lookup(&tid);
     struct snap_task *t = row_of(tid, slot);
     if (!t) {
-        first_seen(tid, slot, TASK_TGID_OF(task), SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        first_seen(tid, slot, WK_TGID_OF(task), SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
         return;
     }
     // Woken before it got off the CPU, or already queued: it never blocked
@@ -402,7 +400,7 @@ static __always_inline void finish(u32 tid, struct snap_task *t, u64 now, u32 id
 // task_newtask runs in the parent's context with the clone flags: the child's
 // tgid is the parent's for a thread, its own pid for a process. Its time is
 // the child's birth: the identity (tid, start_ts) survives tid reuse.
-PSTATE_LIFE(task, task_newtask) {
+PSTATE_PROBE(task, task_newtask) {
     u64 now = bpf_ktime_get_ns();
     u32 child = LF_NEW_PID;
     // The kernel frees a task (sched_process_free) an RCU grace period after
@@ -424,7 +422,7 @@ PSTATE_LIFE(task, task_newtask) {
     return 0;
 }
 
-PSTATE_LIFE(sched, sched_process_exec) {
+PSTATE_PROBE(sched, sched_process_exec) {
     u32 tid = LF_EXEC_PID;
     u32 old = LF_EXEC_OLD_PID;
     if (old != tid) {
@@ -445,7 +443,7 @@ PSTATE_LIFE(sched, sched_process_exec) {
     return 0;
 }
 
-PSTATE_LIFE(sched, sched_process_exit) {
+PSTATE_PROBE(sched, sched_process_exit) {
     u32 tid = LF_EXIT_PID;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t) {
@@ -460,7 +458,7 @@ PSTATE_LIFE(sched, sched_process_exit) {
 // for a thread): close its last state and move the final row to `gone`. A
 // row that has not exited belongs to a new task that reuses the pid. (A
 // zombie seeded from /proc has had no event yet: this takes its seed.)
-PSTATE_LIFE(sched, sched_process_free) {
+PSTATE_PROBE(sched, sched_process_free) {
     u32 tid = LF_FREE_PID;
     struct snap_task *t = row_of(tid, tasks.lookup(&tid));
     if (t && (t->flags & SNAP_F_EXITED))

@@ -58,12 +58,18 @@ static __always_inline u32 hist_bucket(u64 v) {
 #define HIST_ROW(t) &(t)->hist, &(t)->flags, (t)->state, (t)->since
 
 // Rows the program holds always have `since` set (bpf/snap.bpf.c).
-static __always_inline void hist_add(struct snap_hist *h, u32 kind, u64 since, u64 now) {
+static __always_inline void hist_add(struct snap_hist *h, u64 kind, u64 since, u64 now) {
+    asm volatile("" : "+r"(kind)); // the bound checked on the register that indexes (see below)
     if (now <= since || kind >= HIST_KINDS)
         return;
     u64 d = now - since;
     struct snap_hist_kind *k = &h->k[kind];
-    u32 b = hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
+    u64 b = hist_bucket(d - 1); // so bucket b holds d <= 2^(HIST_SHIFT+b): le
+    // hist_bucket() is at most HIST_BUCKETS - 1, which the compiler knows
+    // and older verifiers (Linux 6.1's) cannot follow through its
+    // arithmetic: the empty asm makes the compiler keep this bound check,
+    // on the register that then indexes the array.
+    asm volatile("" : "+r"(b));
     if (b < HIST_BUCKETS)
         k->n[b]++;
     k->sum += d;

@@ -1,13 +1,10 @@
-"""pstate.kernel.tpbtf.active_source and the wake list's defines: which
-programs a source compiles under its -D settings, so that only those are
-loaded, attached and cached."""
+"""pstate.kernel.tpbtf.active_source: which programs a source compiles
+under its -D settings, so that only those are planned, loaded, attached and
+cached."""
 
 from __future__ import annotations
 
-import pytest
-
-from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import btf, loader, tpbtf
+from pstate.kernel import loader, tpbtf
 
 TEXT = """\
 PSTATE_PROBE(sched, sched_switch) {}
@@ -24,7 +21,7 @@ PSTATE_PROBE(a, kept_if) {}
 #else
 PSTATE_PROBE(a, kept_else) {}
 #endif
-PSTATE_LIFE(task, task_newtask) {}
+PSTATE_PROBE(task, task_newtask) {}
 """
 
 
@@ -54,32 +51,6 @@ def test_record_attaches_one_wake_up_probe_either_way():
     assert "sched_wakeup" in on and "csd_queue_cpu" in on and "sched_waking" not in on
     assert "sched_waking" in off and "sched_wakeup" not in off and "csd_queue_cpu" not in off
     assert sorted(set(on) - {"sched_wakeup", "csd_queue_cpu"}) == sorted(set(off) - {"sched_waking"})
-
-
-def test_wake_list_defines_need_every_fact():
-    offsets = {"TASK_WAKE_ENTRY": 56, "CSD_FLAGS": 8, "CSD_TYPE_TTWU": 48, "CSD_TYPE_MASK": 240, "TASK_PID": 1}
-    targets = {"csd_queue_cpu": 7}
-    assert tpbtf.wake_list_defines(offsets, targets) == {
-        "WAKE_AT_WAKEUP": True, "TASK_WAKE_ENTRY": 56, "CSD_FLAGS": 8, "CSD_TYPE_TTWU": 48, "CSD_TYPE_MASK": 240}
-    assert tpbtf.wake_list_defines(offsets, {}) == {}
-    for name in (*btf.WAKE_LIST_MEMBERS, *btf.WAKE_LIST_ENUMS):
-        assert tpbtf.wake_list_defines({k: v for k, v in offsets.items() if k != name}, targets) == {}
-
-
-def test_pstate_wake_list_off_takes_the_wake_ups_at_sched_waking(monkeypatch):
-    offsets = {"TASK_WAKE_ENTRY": 56, "CSD_FLAGS": 8, "CSD_TYPE_TTWU": 48, "CSD_TYPE_MASK": 240}
-    targets = {"csd_queue_cpu": 7}
-    monkeypatch.setenv(tpbtf.WAKE_LIST_ENV, "auto")
-    assert tpbtf.wake_list_defines(offsets, targets)["WAKE_AT_WAKEUP"] is True
-    monkeypatch.setenv(tpbtf.WAKE_LIST_ENV, "off")
-    assert tpbtf.wake_list_defines(offsets, targets) == {}
-    assert "WAKE_AT_WAKEUP" not in tpbtf.life_raw_defines({"TASK_PID": 1, "TASK_COMM": 2, "HRTIMER_IS_SOFT": 3,
-                                                           **offsets}, targets)
-    monkeypatch.setenv(tpbtf.WAKE_LIST_ENV, "no")
-    with pytest.raises(PstateError) as e:
-        tpbtf.wake_list_defines(offsets, targets)
-    assert e.value.exit_code == ExitCode.USAGE
-    assert e.value.message == "PSTATE_WAKE_LIST='no' is not auto or off\n  fix: unset PSTATE_WAKE_LIST, or set it to off"
 
 
 def test_the_texts_own_defines_and_undefs_count_from_where_they_stand():

@@ -119,34 +119,54 @@ def _bpftool_member(types, struct_name: str, path: str) -> int:
     return total
 
 
-def _has(b, path) -> bool:
+def test_offsets_match_bpftool():
+    """Every member the programs may read, and every attach target, as
+    bpftool's own dump of this kernel's BTF gives them."""
+    dump = _bpftool_dump()
+    types = _types(dump)
+    b = btf.Btf.read()
+    assert len(b) == max(types)
+    facts = btf.facts(b)
+    assert set(facts["members"]) == set(btf.MEMBERS), "this kernel (6.18) has them all"
+    for define, (struct_name, spellings, sizes) in btf.MEMBERS.items():
+        off, size = facts["members"][define]
+        path = next(p for p in spellings if _has(b, struct_name, p))
+        assert off * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
+        assert size in sizes
+    for path in ("__state", "cgroups", "thread_info"):  # more members, resolved the same way
+        assert b.member("task_struct", path)[0] * 8 == _bpftool_member(types, "task_struct", path), path
+    assert set(facts["tracepoints"]) == set(btf.EVENTS)
+    for event, tp in facts["tracepoints"].items():
+        kind, name, _m, _rest = types[tp["target"]]
+        assert (kind, name) == ("TYPEDEF", f"btf_trace_{event}")
+    for define, name in btf.ENUMS.items():
+        assert facts["enums"][define] == _bpftool_enum(dump, name)
+
+
+def _has(b, struct_name, path) -> bool:
     try:
-        b.member("task_struct", path)
+        b.member(struct_name, path)
         return True
     except btf.BtfError:
         return False
 
 
-def test_offsets_match_bpftool():
-    """Every task_struct member the programs read, and every attach target."""
-    types = _types(_bpftool_dump())
-    b = btf.Btf.read()
-    assert len(b) == max(types)
-    offsets = btf.task_offsets(b)
-    assert set(offsets) == set(btf.TASK_MEMBERS)
-    for define, spellings in btf.TASK_MEMBERS.items():
-        path = next(p for p in spellings if _has(b, p))
-        assert offsets[define] * 8 == _bpftool_member(types, "task_struct", path), path
-    offsets = btf.member_offsets(b)
-    assert set(offsets) == set(btf.MEMBERS)
-    for define, (struct_name, path, _size) in btf.MEMBERS.items():
-        assert offsets[define] * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
-    assert set(btf.facts(b)["offsets"]) == btf.offset_defines() | set(btf.wake_list(b)[0])  # those optional
-    for path in ("__state", "cgroups", "thread_info"):  # more members, resolved the same way
-        assert b.member("task_struct", path)[0] * 8 == _bpftool_member(types, "task_struct", path), path
-    for event, tid in btf.check_tracepoints(b).items():
-        kind, name, _m, _rest = types[tid]
-        assert (kind, name) == ("TYPEDEF", f"btf_trace_{event}")
+def test_classic_records_as_the_tracefs_formats_give_them():
+    """The fields of each classic trace record from the BTF
+    (trace_event_raw_*) are those of the running kernel's format files."""
+    from pstate.kernel import kstates, probeplan
+
+    tracefs = kstates.tracefs_dir()
+    if tracefs is None or not os.path.exists(btf.VMLINUX):
+        pytest.skip("no tracefs or no kernel BTF")
+    records = btf.facts(btf.Btf.read())["records"]
+    assert set(records) == set(btf.RAW_CLASSES)
+    formats = probeplan.tracefs_records(tracefs)
+    for event, fields in records.items():
+        assert set(fields) == set(formats(event)), event
+        for name, typ in fields.items():  # char[16], __data_loc char[] alike; ints by their typedefs
+            assert typ.startswith("__data_loc") == formats(event)[name].startswith("__data_loc"), (event, name)
+            assert typ.endswith("[16]") == formats(event)[name].endswith("[16]"), (event, name)
 
 
 def test_known_offsets_of_this_kernel_family():
@@ -166,34 +186,10 @@ def _bpftool_enum(dump: str, name: str) -> int:
     return int(m.group(1))
 
 
-def test_wake_list_matches_bpftool():
-    """The wake list's members, constants and tracepoint (record's wake-ups at sched_wakeup)."""
-    dump = _bpftool_dump()
-    types = _types(dump)
-    b = btf.Btf.read()
-    offsets, targets = btf.wake_list(b)
-    assert set(offsets) == set(btf.WAKE_LIST_MEMBERS) | set(btf.WAKE_LIST_ENUMS), "this kernel (6.18) has them"
-    for define, (struct_name, path, _size) in btf.WAKE_LIST_MEMBERS.items():
-        assert offsets[define] * 8 == _bpftool_member(types, struct_name, path), (struct_name, path)
-    for define, name in btf.WAKE_LIST_ENUMS.items():
-        assert offsets[define] == _bpftool_enum(dump, name)
-    (event, tid), = targets.items()
-    assert types[tid][:2] == ("TYPEDEF", f"btf_trace_{event}")
-    got = btf.facts(b)
-    assert set(offsets) <= set(got["offsets"]) and event in got["targets"]
-
-
-def test_no_wake_list_is_no_error():
+def test_enum_values_and_their_absence():
     if not os.path.exists(btf.VMLINUX):
         pytest.skip("no kernel BTF")
     b = btf.Btf.read()
-    b.enum_value("CSD_TYPE_TTWU")  # present
+    assert b.enum_value("CSD_TYPE_TTWU") == btf.facts(b)["enums"]["CSD_TYPE_TTWU"]
     with pytest.raises(btf.BtfError):
         b.enum_value("NO_SUCH_ENUMERATOR_HERE")
-    saved = dict(btf.WAKE_LIST_MEMBERS)
-    try:
-        btf.WAKE_LIST_MEMBERS["TASK_WAKE_ENTRY"] = ("task_struct", "no_such_member", 16)
-        assert btf.wake_list(b) == ({}, {})
-    finally:
-        btf.WAKE_LIST_MEMBERS.clear()
-        btf.WAKE_LIST_MEMBERS.update(saved)

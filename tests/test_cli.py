@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from pstate import __version__
 from pstate.commands import record
-from pstate.kernel import bpfsys, btf, kstates, tpbtf
+from pstate.kernel import bpfsys, btf, kstates, probeplan
 from pstate.main import COMMANDS, cli
 
 needs_tracefs = pytest.mark.skipif(not kstates.tracefs_dir(), reason="tracefs is not mounted")
@@ -123,20 +123,43 @@ def defines(text: str) -> dict:
     return out
 
 
-def life_raw() -> dict:
-    """The tracepoint path's settings for its raw tracepoint lifecycle
-    programs where the kernel has BTF (bpf/tpargs.h LIFE_RAW)."""
+RECORD_EVENTS = ("sched_switch", "sched_wakeup", "csd_queue_cpu", "sched_wakeup_new", "task_newtask",
+                 "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
+SNAP_EVENTS = ("sched_switch", "sched_wakeup", "sched_wakeup_new", "task_newtask", "sched_process_exec",
+               "sched_process_exit", "sched_process_free")
+HOT = ("sched_switch", "sched_wakeup", "sched_waking", "sched_wakeup_new")
+
+
+def plan_settings(command: str, choice: str) -> dict:
+    """The plan's settings (pstate.kernel.probeplan) on this kernel (6.18:
+    every tracepoint with its BTF prototype, the wake list, group_dead as
+    an argument), as --ebpf prints them: PATH_<event> of each tracepoint
+    (tp_btf 1, raw 2, classic 3; --probes tracepoint: sched_switch and the
+    wake-ups classic, the rest raw), every offset and constant of the BTF,
+    and the state bits the kernel folds into prev_state where sched_switch
+    is tp_btf."""
     if not os.path.exists(btf.VMLINUX):
         return {}
     facts = btf.facts(btf.Btf.read())
-    offsets = facts["offsets"]
-    return {"LIFE_RAW": True, **{k: str(offsets[k]) for k in tpbtf.LIFE_OFFSETS}, **wake_list(facts)}
+    assert len(facts["tracepoints"]["sched_process_exit"]["args"]) == 2, "a kernel with group_dead (6.18)"
+    events = RECORD_EVENTS if command == "record" else SNAP_EVENTS
+    out = {"WAKE_AT_WAKEUP": True} if command == "record" else {}
+    out["EXIT_GROUP_DEAD_ARG"] = True
+    out.update({f"PATH_{e}": "1" if choice == "tp_btf" else "3" if e in HOT else "2" for e in events})
+    out.update({k: str(off) for k, (off, _size) in facts["members"].items()})
+    out["TASK_STATE_SIZE"] = str(facts["members"]["TASK_STATE"][1])
+    out.update({k: str(v) for k, v in facts["enums"].items()})
+    if choice == "tp_btf":
+        out.update(probeplan.raw_state_defines(kstates.read_kernel_states().report_mask))
+    return out
 
 
-def wake_list(facts: dict) -> dict:
-    """Wake-ups at sched_wakeup, where the kernel's BTF has the wake list (bpf/record.bpf.c WAKE_AT_WAKEUP)."""
-    wake = tpbtf.wake_list_defines(facts["offsets"], facts["targets"])
-    return {k: v if v is True else str(v) for k, v in wake.items()}
+def first_line(command: str, choice: str) -> str:
+    """--ebpf's first line: how each tracepoint is taken, and why."""
+    events = RECORD_EVENTS if command == "record" else SNAP_EVENTS
+    paths = ", ".join(f"{e} {'tp_btf' if choice == 'tp_btf' else 'tracepoint' if e in HOT else 'raw_tracepoint'}"
+                      for e in events)
+    return f"// pstate: bpf/{command}.bpf.c as compiled on this kernel ({paths}; --probes {choice}), with its -D settings\n"
 
 
 def slots(buffer_bytes: int) -> dict:
@@ -155,14 +178,14 @@ def test_record_ebpf_defaults():
     r = run("record", "--ebpf", "--probes", "tracepoint")
     assert r.exit_code == 0 and r.stderr == ""
     ks = kstates.read_kernel_states()
-    assert r.stdout.startswith("// pstate: bpf/record.bpf.c as compiled on the tracepoint path (--probes tracepoint), "
-                               "with its -D settings\n")
+    assert r.stdout.startswith(first_line("record", "tracepoint"))
     assert f"#define REPORT_MASK 0x{ks.report_mask:x}\n" in r.stdout
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     # every tid fits in the default 65536 rows when pid_max allows: an array indexed by tid
     by_tid = {"TASKS_BY_TID": True} if int(Path("/proc/sys/kernel/pid_max").read_text()) <= 65536 else {}
     assert defines(r.stdout) == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}",
-                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **slots(16 << 20), **by_tid, **life_raw()}
+                                 "MAX_TASKS": "65536", "RB_PAGES": "4096", **slots(16 << 20), **by_tid,
+                                 **plan_settings("record", "tracepoint")}
     assert "struct event {" in r.stdout and "BPF_RINGBUF_OUTPUT(events, RB_PAGES);" in r.stdout
 
 
@@ -173,8 +196,7 @@ def test_snap_ebpf_defines(max_tasks):
     assert r.exit_code == 0 and r.stderr == ""
     ks = kstates.read_kernel_states()
     settings = r.stdout.split("// pstate snap:", 1)[0]
-    assert settings.startswith("// pstate: bpf/snap.bpf.c as compiled on the tracepoint path (--probes tracepoint), "
-                               "with its -D settings\n")
+    assert settings.startswith(first_line("snap", "tracepoint"))
     rows = max_tasks or 65536
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     # every tid fits (and the kernel maps arrays, 5.5+): an array indexed by tid, pid_max rows
@@ -182,7 +204,8 @@ def test_snap_ebpf_defines(max_tasks):
     by_tid = {"TASKS_BY_TID": True, "TID_SLOTS": str(pid_max)} if pid_max <= rows and release >= (5, 5) else {}
     assert defines(settings) == {"REPORT_MASK": f"0x{ks.report_mask:x}",
                                  "NR_KBITS": str(max(1, ks.report_mask.bit_length())), "MAX_TASKS": str(rows),
-                                 "MAX_FOLDS": str(max(64, min(4096, rows // 4))), **by_tid, **life_raw()}
+                                 "MAX_FOLDS": str(max(64, min(4096, rows // 4))), **by_tid,
+                                 **plan_settings("snap", "tracepoint")}
 
 
 @needs_tracefs
@@ -197,29 +220,27 @@ def test_record_ebpf_filters():
     d = defines(r.stdout)
     dead = (ks.bit_of("dead") or 0) | (ks.bit_of("zombie") or 0)
     assert d == {"REPORT_MASK": f"0x{ks.report_mask:x}", "DEAD_BITS": f"0x{dead:x}", "MAX_TASKS": "2048", "RB_PAGES": "256",
-                 "SAMPLE": True, **slots(1 << 20), **life_raw()}
+                 "SAMPLE": True, **slots(1 << 20), **plan_settings("record", "tracepoint")}
 
 
 @needs_tracefs
 @pytest.mark.parametrize("command", ["record", "snap"])
 def test_ebpf_tp_btf_defines(command):
-    """The tp_btf path's settings: the classic ones, then TP_BTF, every
-    task_struct offset (and those of a task's cgroup id) from this kernel's
-    BTF and the state bits the kernel folds into prev_state."""
+    """The tp_btf path's settings: the classic ones, then every tracepoint
+    on tp_btf, every offset from this kernel's BTF and the state bits the
+    kernel folds into prev_state."""
     if not os.path.exists(btf.VMLINUX):
         r = run(command, "--ebpf", "--probes", "tp_btf")
         assert r.exit_code == 69 and "--probes tp_btf:" in r.stderr
         return
     classic = defines(run(command, "--ebpf", "--probes", "tracepoint").stdout.split(f"// pstate {command}:")[0])
-    assert {k: classic.pop(k) for k in life_raw()} == life_raw()  # tp_btf has every offset, and no LIFE_RAW
+    tracepoint = plan_settings(command, "tracepoint")
+    assert {k: classic.pop(k) for k in tracepoint} == tracepoint
     r = run(command, "--ebpf", "--probes", "tp_btf")
     assert r.exit_code == 0 and r.stderr == ""
-    assert r.stdout.startswith(f"// pstate: bpf/{command}.bpf.c as compiled on the tp_btf path (--probes tp_btf), ")
+    assert r.stdout.startswith(first_line(command, "tp_btf"))
     d = defines(r.stdout.split(f"// pstate {command}:")[0])
-    facts = btf.facts(btf.Btf.read())
-    ks = kstates.read_kernel_states()
-    assert d == {**classic, "TP_BTF": True, **{k: str(v) for k, v in facts["offsets"].items()},
-                 **tpbtf.raw_state_defines(ks.report_mask), **wake_list(facts)}
+    assert d == {**classic, **plan_settings(command, "tp_btf")}
 
 
 def test_doctor_json_structure():
@@ -240,7 +261,8 @@ def test_doctor_json_structure():
         assert r.exit_code in (69, 77)
     else:
         assert [row["check"] for row in rows] == ["privileges", "bcc", "tracefs", "tracepoints", "state decoding",
-                                                  "probes", "record buffers", "kernel headers", "snap collector", "live test"]
+                                                  "probes", "BPF features", "record buffers", "kernel headers",
+                                                  "snap collector", "live test"]
         probes = rows[5]["detail"]
         assert probes.startswith("tp_btf: " if os.path.exists(btf.VMLINUX) else "tracepoint: "), probes
         assert r.stderr == ""

@@ -1,8 +1,8 @@
-"""The two paths of record's and snap's hot probes (pstate.kernel.tpbtf):
-tp_btf when the kernel has BTF and accepts the programs, the classic
-tracepoints otherwise; a refusal falls back with its reason kept, unless
---probes tp_btf asked for it; the program cache keeps a tp_btf program and
-loads it again."""
+"""How record and snap attach each tracepoint (pstate.kernel.probeplan),
+loaded: tp_btf where the kernel has BTF and accepts the programs, raw or
+classic tracepoints otherwise; a refusal puts the refused tracepoints on
+their next path with the reason kept, unless --probes tp_btf asked for it;
+the program cache keeps a tp_btf program and loads it again."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from conftest import cache_entries
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import btf, tpbtf
+from pstate.kernel import btf, probeplan, tpbtf
 
 pytestmark = pytest.mark.bpf
 
@@ -42,21 +42,49 @@ def test_refused_tp_btf_falls_back_with_its_reason(root_cache, monkeypatch):
     from pstate.kernel import loader
 
     def refuse(insns, name, btf_id, license="GPL", kern_version=0):
-        raise tpbtf.Refused(f"{name}: Permission denied (a test refusal)")
+        raise probeplan.Refused({name[len(tpbtf.PREFIX):]: f"{name}: Permission denied (a test refusal)"})
 
-    monkeypatch.delenv(tpbtf.ENV, raising=False)  # auto: the path that falls back
+    monkeypatch.delenv(probeplan.ENV, raising=False)  # auto: the path that falls back
     monkeypatch.setattr(tpbtf, "load_one", refuse)
     p = loader.Program("record", _defines())
     try:
-        assert p.plan.path == tpbtf.TRACEPOINT
-        assert p.plan.reason == ("the kernel refused the tp_btf programs: tp_btf__sched_switch: Permission denied "
-                                 "(a test refusal)")
+        # every tracepoint refused at once, and planned again once: classic
+        # throughout (a refusal takes no BTF offset on trust: no raw ones),
+        # the wake-ups at sched_waking (csd_queue_cpu has no classic way)
+        assert p.plan.path == probeplan.TRACEPOINT and set(p.plan.paths.values()) == {probeplan.TRACEPOINT}
+        assert not p.plan.wake_list and "sched_waking" in p.plan.paths
+        assert p.plan.why["sched_switch"] == ("the kernel refused it as tp_btf (tp_btf__sched_switch: Permission "
+                                              "denied (a test refusal))")
         assert _runs(p) > 0
     finally:
         p.close()
     with pytest.raises(PstateError) as e:
         loader.Program("record", _defines(), probes="tp_btf")
     assert e.value.exit_code == ExitCode.OSERR and "--probes tp_btf: the kernel refused" in e.value.message
+
+
+@needs_btf
+def test_one_refused_tracepoint_leaves_the_others_on_tp_btf(root_cache, monkeypatch):
+    from pstate.kernel import loader
+
+    real = tpbtf.load_one
+
+    def refuse_exec(insns, name, btf_id, license="GPL", kern_version=0):
+        if name == tpbtf.PREFIX + "sched_process_exec":
+            raise probeplan.Refused({"sched_process_exec": f"{name}: Invalid argument (a test refusal)"})
+        return real(insns, name, btf_id, license, kern_version)
+
+    monkeypatch.delenv(probeplan.ENV, raising=False)
+    monkeypatch.setattr(tpbtf, "load_one", refuse_exec)
+    p = loader.Program("record", _defines())
+    try:
+        assert p.plan.path == probeplan.MIXED and p.plan.refused == {"sched_process_exec"}
+        assert {e: path for e, path in p.plan.paths.items() if path != probeplan.TP_BTF} == {
+            "sched_process_exec": probeplan.TRACEPOINT}
+        assert sorted(p.btf_progs.link_fds) == sorted(e for e in p.plan.paths if e != "sched_process_exec")
+        assert _runs(p) > 0
+    finally:
+        p.close()
 
 
 @needs_btf
@@ -91,27 +119,26 @@ def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
     assert len(cache_entries(root_cache)) == 2
 
 
-def test_no_btf_takes_the_tracepoint_path(tmp_path, monkeypatch):
-    monkeypatch.delenv("PSTATE_PROBES", raising=False)  # plan(None) reads it (make test-tracepoint sets it)
-    assert tpbtf.plan("auto", 0xFF, str(tmp_path / "none")).path == tpbtf.TRACEPOINT
-    assert "no usable kernel BTF" in tpbtf.plan(None, 0xFF, str(tmp_path / "none")).reason
+def test_no_btf_takes_the_tracepoint_path(monkeypatch):
+    from pstate.kernel import loader, progcache
+
+    monkeypatch.delenv("PSTATE_PROBES", raising=False)  # make test-tracepoint sets it
+    monkeypatch.setattr(progcache, "btf_facts", _no_btf)
+    plan = loader.probe_plan("record", {"REPORT_MASK": "0xff"}, None)
+    assert plan.path == probeplan.TRACEPOINT and set(plan.paths.values()) == {probeplan.TRACEPOINT}
+    assert plan.why["sched_switch"] == "no usable kernel BTF (no BTF here (a test))"
     with pytest.raises(PstateError) as e:
-        tpbtf.plan("tp_btf", 0xFF, str(tmp_path / "none"))
+        loader.probe_plan("record", {"REPORT_MASK": "0xff"}, "tp_btf")
     assert e.value.exit_code == ExitCode.UNAVAILABLE
 
 
 # --- the lifecycle programs on the tracepoint path ------------------------------------------
 
-def _life(name: str, defines: dict) -> tuple[set, set]:
-    """The lifecycle events a program attaches (PSTATE_LIFE) under its -D
-    settings, by name and as classic tracepoints."""
-    import re
-
-    from pstate.kernel import loader
-
-    found = re.findall(r"^PSTATE_LIFE\((\w+), (\w+)\)", tpbtf.active_source(loader.source(name), defines), re.M)
+def _life(plan) -> tuple[set, set]:
+    """The lifecycle events a program attaches, by name and as classic tracepoints."""
+    found = [e for e, _p in plan.paths.items() if not probeplan.TRACEPOINTS[e].hot and e != "csd_queue_cpu"]
     assert len(found) >= 4, found
-    return {e for _c, e in found}, {f"{c}:{e}" for c, e in found}
+    return set(found), {f"{probeplan.TRACEPOINTS[e].category}:{e}" for e in found}
 
 
 def _no_btf(path=btf.VMLINUX):
@@ -142,14 +169,15 @@ def test_lifecycle_programs_on_the_tracepoint_path(root_cache, monkeypatch, name
     for origin in ("compiled", "cache"):
         p = loader.Program(name, d, probes="tracepoint")
         try:
-            life, life_classic = _life(name, {**d, **p.plan.defines})
-            assert (p.origin, p.plan.path) == (origin, tpbtf.TRACEPOINT), p.cache_note
+            life, life_classic = _life(p.plan)
+            assert (p.origin, p.plan.path) == (origin, probeplan.TRACEPOINT), p.cache_note
             classic, raw = _attached(p)
             if facts == "btf":
-                assert p.plan.life == "raw_tracepoint" and p.plan.defines["LIFE_RAW"] is True
+                assert p.plan.life == probeplan.RAW
                 assert life <= raw and not life_classic & classic, (classic, raw)
             else:
-                assert p.plan.life == tpbtf.TRACEPOINT and "classic lifecycle programs" in p.plan.reason
+                assert p.plan.life == probeplan.TRACEPOINT
+                assert {p.plan.why[e] for e in life} == {"no usable kernel BTF (no BTF here (a test))"}
                 assert life_classic <= classic and not life & raw, (classic, raw)
             assert "sched:sched_switch" in classic
             if name == "record":
@@ -226,22 +254,6 @@ def test_every_forked_child_has_its_lifecycle_records(tmp_path, probes):
     assert all(last[t]["type"] == "state" and last[t]["to"] in ("zombie", "dead") or t not in ended
                for t in unfreed), [last[t] for t in unfreed]
     assert len(reaped) >= 10, (unfreed, end)
-
-
-def test_the_tracepoint_path_takes_raw_lifecycle_programs_where_the_btf_gives_offsets(tmp_path):
-    def facts(path):
-        return {"offsets": {"HRTIMER_IS_SOFT": 4, "TASK_COMM": 2, "TASK_CPU": 3, "TASK_PID": 1},
-                "targets": {"sched_switch": 7}}
-
-    p = tpbtf.plan("tracepoint", 0xFF, facts=facts)
-    assert (p.path, p.life, p.forced) == (tpbtf.TRACEPOINT, "raw_tracepoint", True)
-    assert p.defines == {"LIFE_RAW": True, "TASK_PID": 1, "TASK_COMM": 2, "HRTIMER_IS_SOFT": 4}
-    p = tpbtf.plan("tracepoint", 0xFF, str(tmp_path / "none"))
-    assert (p.path, p.life, p.defines, p.forced) == (tpbtf.TRACEPOINT, tpbtf.TRACEPOINT, {}, True)
-    assert "no usable kernel BTF" in p.reason and "classic lifecycle programs" in p.reason
-    p = tpbtf.plan("auto", 0xFF, facts=facts)
-    assert (p.path, p.life) == (tpbtf.TP_BTF, tpbtf.TP_BTF)
-    assert tpbtf.fallback(p, "refused").life == tpbtf.TRACEPOINT  # a refusal takes no BTF offset on trust
 
 
 # --- the same records on both paths ---------------------------------------------------------
@@ -427,3 +439,87 @@ def test_both_paths_give_the_same_records():
     assert {("running", "sleeping"), ("sleeping", "runnable"), ("running", "stopped"), ("stopped", "runnable"),
             ("running", "preempted"), ("preempted", "running"), ("new", "runnable")} <= kinds, kinds
     assert transitions > 500
+
+
+# --- a kernel without prev_state and group_dead, played on this one ----------------------
+
+# pstate with the kernel it plans for made older: sched_switch without its
+# prev_state argument (before Linux 5.18) and sched_process_exit without
+# group_dead (the argument and the classic field), as Debian's 5.10, 6.1
+# and 6.12 have them. This kernel still loads the programs: what they read
+# instead (the task's state, the process's live thread count) is checked
+# against a workload whose truth the test sets.
+OLDER_KERNEL_RUN = """
+import sys
+from pstate.kernel import loader
+real = loader.running_kernel
+def older(tracefs=None):
+    k = real(tracefs)
+    tps = k.btf["tracepoints"]
+    tps["sched_switch"]["args"] = tps["sched_switch"]["args"][:3]
+    tps["sched_process_exit"]["args"] = tps["sched_process_exit"]["args"][:1]
+    records = k.records
+    k.records = lambda e: None if records(e) is None else {f: t for f, t in records(e).items() if f != "group_dead"}
+    return k
+loader.running_kernel = older
+from pstate.entry import run
+sys.argv[0] = "pstate"
+run()
+"""
+
+THREADS_EXIT_TOGETHER = """
+import os, sys, threading, time
+hold = threading.Event()
+threads = [threading.Thread(target=hold.wait) for _ in range({threads})]
+for t in threads:
+    t.start()
+sys.stdin.read(1)
+for _ in range({n}):
+    time.sleep({secs})
+os._exit(0)  # exit_group: every thread exits at once, on both CPUs
+"""
+
+
+@needs_btf
+@pytest.mark.parametrize("probes", ["tp_btf", "tracepoint"])
+def test_a_kernel_without_prev_state_and_group_dead(tmp_path, probes):
+    """The sleeps of a thread end in exactly as many wake-ups from S, read
+    from the task's state; of five threads exiting at once exactly one
+    takes group_dead, derived from the live thread count (tp_btf; on the
+    tracepoint path a raw exit program, sched_switch's classic field)."""
+    import subprocess
+    import sys
+
+    import orjson
+
+    from conftest import clean_env
+    from workloads import go, sleeps, start
+
+    out = tmp_path / "rec.jsonl"
+    child = start(THREADS_EXIT_TOGETHER.format(threads=4, n=10, secs=0.03))
+    rec = subprocess.Popen([sys.executable, "-c", OLDER_KERNEL_RUN, "record", "-q", "--probes", probes,
+                            "-p", str(child.pid), "-o", str(out), "-d", "30"], env=clean_env(),
+                           stderr=subprocess.PIPE)
+    try:
+        while not out.exists() or not out.read_bytes().endswith(b"\n"):  # the meta line: attached
+            assert rec.poll() is None, rec.stderr.read()
+            time.sleep(0.01)
+        go(child)
+        child.wait(timeout=60)
+        time.sleep(0.3)  # the frees come an RCU grace period after the exits
+    finally:
+        rec.send_signal(2)
+        rec.wait(timeout=60)
+        if child.poll() is None:
+            child.kill()
+    recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    meta, end = recs[0], recs[-1]
+    assert end["type"] == "end" and end["lost"] == 0, end
+    assert probeplan.GROUP_DEAD_FROM_SIGNAL.note in meta["probe_notes"]
+    assert (probeplan.STATE_FROM_TASK.note in meta["probe_notes"]) == (probes == "tp_btf")
+    wakes, untraced = sleeps(recs, child.pid, 10, 29e6, 60e6)
+    outs = [r for r in recs if r["type"] == "state" and r["tid"] == child.pid and r["to"] == "sleeping"]
+    assert all(r["voluntary"] and r["kstate"] == "S" for r in outs) and len(outs) >= 10 - len(untraced)
+    exits = [r for r in recs if r["type"] == "exit" and r["pid"] == child.pid]
+    assert len(exits) == 5, exits
+    assert sum(r["group_dead"] for r in exits) == 1, exits

@@ -636,7 +636,7 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     """What tp_btf reads from the kernel's BTF is parsed once per boot: a
     second start-up takes it from the cache; another boot, a damaged entry or
     a disabled cache parse it again, with the same result."""
-    from pstate.kernel import btf, tpbtf
+    from pstate.kernel import btf, loader, probeplan
     if not os.path.exists(btf.VMLINUX):
         if os.environ.get("CI"):
             pytest.fail("no kernel BTF on the CI machine")
@@ -644,8 +644,8 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     monkeypatch.setenv("PSTATE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("PSTATE_NO_CACHE", raising=False)
     parsed = []
-    real = tpbtf.read_facts
-    monkeypatch.setattr(tpbtf, "read_facts", lambda path: parsed.append(path) or real(path))
+    real = btf.read_facts
+    monkeypatch.setattr(btf, "read_facts", lambda path: parsed.append(path) or real(path))
     truth = btf.facts(btf.Btf.read())
     assert progcache.btf_facts() == truth and len(parsed) == 1
     kept = progcache.btf_facts()
@@ -653,20 +653,20 @@ def test_btf_facts_are_kept_until_the_next_boot(tmp_path, monkeypatch):
     assert [list(kept[p].items()) for p in kept] == [list(truth[p].items()) for p in truth]
     (entry,) = [p for p in (tmp_path / "btf").iterdir() if p.name.startswith(progcache.BTF_FACTS)]
     assert not [p for p in tmp_path.iterdir() if p.is_file()]  # no program entry among the programs
-    # kept by a pstate that read fewer members (a well-formed entry): read again
-    fewer = {k: v for k, v in kept["offsets"].items() if k not in btf.MEMBERS}
+    # a well-formed entry naming a member pstate does not read: read again
     key = json.loads(entry.read_bytes())["key"]
-    progcache.store({"format": progcache.FORMAT, "name": progcache.BTF_FACTS, "key": key, "offsets": fewer,
-                     "targets": kept["targets"]}, str(tmp_path / "btf"))
+    progcache.store({"format": progcache.FORMAT, "name": progcache.BTF_FACTS, "key": key,
+                     **kept, "members": {**kept["members"], "TASK_X": [1, 4]}}, str(tmp_path / "btf"))
     assert progcache.btf_facts() == truth and len(parsed) == 2
-    entry.write_bytes(entry.read_bytes().replace(b'"offsets":{', b'"offsets":{"TASK_X":1,'))
+    entry.write_bytes(entry.read_bytes().replace(b'"members":{', b'"members":{"TASK_X":[1,4],'))
     assert progcache.btf_facts() == truth and len(parsed) == 3
     monkeypatch.setattr(btf, "boot_identity", lambda path=btf.VMLINUX: "another boot")
     assert progcache.btf_facts() == truth and len(parsed) == 4
     monkeypatch.setenv("PSTATE_NO_CACHE", "1")
     assert progcache.btf_facts() == truth and progcache.btf_facts() == truth and len(parsed) == 6
-    plan = tpbtf.plan("auto", 0x7f, facts=progcache.btf_facts)
-    assert plan.path == tpbtf.TP_BTF and plan.targets == truth["targets"]
+    plan = loader.probe_plan("record", {"REPORT_MASK": "0x7f"}, "auto")
+    assert plan.path == probeplan.TP_BTF
+    assert plan.targets == {e: truth["tracepoints"][e]["target"] for e in plan.paths}
 
 
 # --- record --stacks from the cache ----------------------------------------------------------

@@ -37,11 +37,11 @@ LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")
 # in full (bcc's BTF names them) and as the kernel's first 15 characters
 # (a program loaded from the program cache).
 _PROBES = [m for src in (ROOT / "bpf").glob("*.bpf.c")
-           for m in re.findall(r"\b(TRACEPOINT_PROBE|PSTATE_PROBE|PSTATE_LIFE|RAW_TRACEPOINT_PROBE)\("
+           for m in re.findall(r"\b(TRACEPOINT_PROBE|PSTATE_PROBE|RAW_TRACEPOINT_PROBE)\("
                                r"\s*(?:(\w+),\s*)?(\w+)\)", src.read_text())]
 _NAMES = {n for kind, cat, ev in _PROBES for n, on in (
     (f"tracepoint__{cat}__{ev}", kind != "RAW_TRACEPOINT_PROBE"), (f"tp_btf__{ev}", kind.startswith("PSTATE")),
-    (f"raw_tracepoint__{ev}", kind in ("PSTATE_LIFE", "RAW_TRACEPOINT_PROBE"))) if on}
+    (f"raw_tracepoint__{ev}", kind in ("PSTATE_PROBE", "RAW_TRACEPOINT_PROBE"))) if on}
 OUR_PROGRAMS = _NAMES | {n[:15] for n in _NAMES}
 
 

@@ -334,11 +334,13 @@ def test_ebpf_prints_the_program(probes):
     r = subprocess.run(pstate_cmd("snap", "--ebpf", "--max-tasks", "1024", "--probes", probes),
                        capture_output=True, text=True, env=clean_env(), timeout=30)
     assert r.returncode == 0, r.stderr
-    assert f"compiled on the {probes} path" in r.stdout.splitlines()[0]
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("// pstate: bpf/snap.bpf.c as compiled on this kernel (sched_switch ")
+    assert f"sched_switch {probes}, " in first and f"; --probes {probes})" in first
     assert "#define MAX_TASKS 1024" in r.stdout and "PSTATE_PROBE(sched, sched_switch)" in r.stdout
-    assert ("#define TP_BTF\n" in r.stdout) == (probes == "tp_btf")
-    assert ("#define TASK_TGID " in r.stdout) == (probes == "tp_btf")
-    # the tracepoint path's lifecycle programs are raw tracepoints reading the BTF's offsets
-    assert ("#define LIFE_RAW\n" in r.stdout) == (probes == "tracepoint")
-    assert "#define TASK_PID " in r.stdout and "PSTATE_LIFE(sched, sched_process_free)" in r.stdout
+    # sched_switch tp_btf (1) or classic (3); the lifecycle tp_btf or raw tracepoints (2), reading the BTF's offsets
+    assert f"#define PATH_sched_switch {1 if probes == 'tp_btf' else 3}\n" in r.stdout
+    assert f"#define PATH_sched_process_free {1 if probes == 'tp_btf' else 2}\n" in r.stdout
+    assert ("#define RAW_REPORT_MAX " in r.stdout) == (probes == "tp_btf")
+    assert "#define TASK_PID " in r.stdout and "PSTATE_PROBE(sched, sched_process_free)" in r.stdout
     assert "struct task_struct" not in r.stdout

@@ -46,7 +46,7 @@ def _short(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode]:
+def run_checks(kernel_headers: str | None, live: bool, live_timeout: float = 60.0) -> tuple[Report, ExitCode]:
     from pstate.kernel import headers
     from pstate.kernel import kstates
     from pstate.kernel import loader
@@ -117,6 +117,9 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
                   "please report this kernel's events/sched/sched_switch/format")
             code = code or ExitCode.UNAVAILABLE
     plan = _probes(r, ks)
+    if privileged:
+        lacking = _features(r)
+        code = code or lacking or ExitCode.OK
     from pstate.commands import record
 
     r.add("record buffers", OK, record.buffers_summary())
@@ -167,7 +170,7 @@ def run_checks(kernel_headers: str | None, live: bool) -> tuple[Report, ExitCode
         r.add("live test", PROBLEM, "skipped: fix the problems above first")
         return r, code or ExitCode.UNAVAILABLE
 
-    ok, detail, fix = _live_test(kernel_headers, plan)
+    ok, detail, fix = _live_test(kernel_headers, plan, live_timeout)
     r.add("compile, attach, events", OK if ok else PROBLEM, detail, fix)
     if not ok:
         code = code or ExitCode.OSERR
@@ -204,36 +207,64 @@ def _collector(r: Report) -> None:
         r.add("snap collector", OK, "; ".join(lines))
 
 
+def _features(r: Report) -> ExitCode | None:
+    """What the kernel's BPF can do, probed (pstate.kernel.features): record
+    cannot run without the ring buffer; the collector, without links."""
+    from pstate.kernel import features
+
+    have, lack = [], []
+    for f, (what, since, need, still) in features.FEATURES.items():
+        why = features.missing(f)
+        if why is None:
+            have.append(what)
+        else:
+            lack.append((f, f"no {what}: {need} (it came with {since}; the probe said: {why})", still))
+    if not lack:
+        r.add("BPF features", OK, "; ".join(have))
+        return None
+    for f, detail, still in lack:
+        r.add("BPF features", PROBLEM if f == features.RINGBUF else WARN, detail, still)
+    return ExitCode.UNAVAILABLE if any(f == features.RINGBUF for f, _d, _s in lack) else None
+
+
 def _probes(r: Report, ks):
-    """The path record and snap take here (tp_btf or tracepoint) and why,
-    as far as it is known without loading (the live test loads); the plan,
-    or None when it cannot be told."""
-    from pstate.kernel import loader, tpbtf
+    """How record and snap attach each tracepoint here (pstate.kernel.probeplan)
+    and why, as far as it is known without loading (the live test loads);
+    record's plan, or None when it cannot be told."""
+    from pstate.kernel import loader, probeplan
 
     if ks is None:
         return None
     try:
-        plan = loader.probe_plan({"REPORT_MASK": ks.report_mask}, None)
+        plans = {name: loader.probe_plan(name, {"REPORT_MASK": ks.report_mask}, None) for name in ("record", "snap")}
     except PstateError as e:
-        r.add("probes", PROBLEM, _short(e.message), "unset PSTATE_PROBES and PSTATE_WAKE_LIST, or set them to auto")
+        problem, _, fix = e.message.partition("\n  fix: ")
+        r.add("probes", PROBLEM, _short(problem, 400), fix or "unset PSTATE_PROBES and PSTATE_WAKE_LIST, or set them to auto")
         return None
-    if plan.defines.get("WAKE_AT_WAKEUP"):
-        wake = "; record's wake-ups at sched_wakeup, the waker of one on a wake list noted at csd_queue_cpu"
-    elif os.environ.get(tpbtf.WAKE_LIST_ENV) == "off":
-        wake = f"; record's wake-ups at sched_waking ({tpbtf.WAKE_LIST_ENV}=off)"
+    plan = plans["record"]
+    if plan.wake_list:
+        wake = "record's wake-ups at sched_wakeup, the waker of one on a wake list noted at csd_queue_cpu"
+    elif os.environ.get(probeplan.WAKE_LIST_ENV) == "off":
+        wake = f"record's wake-ups at sched_waking ({probeplan.WAKE_LIST_ENV}=off)"
     else:
-        wake = ("; record's wake-ups at sched_waking (no csd_queue_cpu: Linux 6.5+ with BTF takes the cheaper "
-                "sched_wakeup)")
-    if plan.path == "tp_btf":
-        r.add("probes", OK, f"tp_btf: BTF-typed raw tracepoints on sched_switch, the wake-ups and the task "
-              f"lifecycle, task_struct offsets from the kernel's BTF ({plan.reason}){wake}")
+        wake = "record's wake-ups at sched_waking (the kernel has no csd_queue_cpu with the wake list's members)"
+    by_path: dict = {}
+    for p in plans.values():
+        for event, path in p.paths.items():
+            by_path.setdefault(path, [])
+            if event not in by_path[path]:
+                by_path[path].append(event)
+    parts = [f"{path}: {', '.join(events)}" for path, events in sorted(by_path.items(), key=lambda kv: kv[0] != "tp_btf")]
+    detail = "; ".join(parts) + f" ({plan.reason}); {wake}"
+    notes = list(dict.fromkeys(n for p in plans.values() for n in p.notes))
+    if notes:
+        detail += "; " + "; ".join(notes)
+    gaps = {e: w for p in plans.values() for e, w in p.why.items()}
+    if all(p.path == probeplan.TP_BTF for p in plans.values()) or plan.forced:
+        r.add("probes", OK, detail)
     else:
-        life = ""
-        if plan.life == "raw_tracepoint":
-            also = " and csd_queue_cpu" if plan.defines.get("WAKE_AT_WAKEUP") else ""
-            life = f"; fork, exec, exit and free{also} as raw tracepoints, offsets from the kernel's BTF"
-        r.add("probes", OK if plan.forced else WARN, f"tracepoint: classic tracepoints ({plan.reason}){life}{wake}",
-              "" if plan.forced else "a kernel with CONFIG_DEBUG_INFO_BTF=y (Linux 5.5+) gets the cheaper tp_btf path")
+        r.add("probes", WARN, detail, "; ".join(f"{e}: {w}" for e, w in gaps.items())
+              or "a kernel whose BTF has each tracepoint gets the cheaper tp_btf path")
     return plan
 
 
@@ -261,7 +292,7 @@ def _read_output(chunks, each):
     return stats
 
 
-def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
+def _live_test(kernel_headers: str | None, plan=None, timeout: float = 60.0) -> tuple[bool, str, str]:
     """Record a child that sleeps; check the events (and which path the
     programs took, when the plan was tp_btf). The child sleeps until record
     is done: a cold compile on a busy machine may take seconds before
@@ -273,11 +304,13 @@ def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
                               "import time\nwhile True: time.sleep(0.05)"])
     try:
         t0 = time.monotonic()
-        p = subprocess.run(cmd + ["-p", str(child.pid)], capture_output=True, timeout=60)
+        p = subprocess.run(cmd + ["-p", str(child.pid)], capture_output=True, timeout=timeout)
         elapsed = time.monotonic() - t0
     except subprocess.TimeoutExpired:
         child.kill()
-        return False, "record did not finish within 60 s", "run `pstate record -d 1` to see where it hangs"
+        return False, f"record did not finish within {timeout:g} s", \
+            "run `pstate record -d 1` to see where it hangs; a first compile on a slow machine may need " \
+            "a longer --live-timeout"
     finally:
         child.kill()
         child.wait()
@@ -302,7 +335,7 @@ def _live_test(kernel_headers: str | None, plan=None) -> tuple[bool, str, str]:
         return False, "events flow but no sleeping->runnable wake-up was seen", "please report this"
     meta = recs[0] if recs and recs[0].get("type") == "meta" else {}
     path = meta.get("probes", "?")
-    if plan is not None and plan.path == "tp_btf" and path != "tp_btf":
+    if plan is not None and meta.get("probe_paths", plan.paths) != plan.paths:
         path += f" (the kernel refused tp_btf: {_short(meta.get('probes_reason', '?'), 200)})"
     return True, (f"{len(states)} transitions of a test sleeper decoded, {len(sleeps)} wake-ups, "
                   f"lost {end.get('lost', '?')}, on the {path} path; run took {elapsed:.1f} s"), ""
@@ -375,14 +408,17 @@ def _unseen_switches(kernel_headers: str | None) -> tuple[str, str, str]:
               metavar="DIR", help="Kernel header tree to check instead of the one found automatically.")
 @click.option("--live/--no-live", default=True, show_default=True,
               help="Compile and attach the BPF program and record a test workload.")
+@click.option("--live-timeout", type=click.FloatRange(min=1), default=60, show_default=True, metavar="SECONDS",
+              help="How long the live test's record may take (a first compile on an emulated machine takes "
+                   "minutes).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="Output format.")
-def cli(kernel_headers, live, fmt):
+def cli(kernel_headers, live, live_timeout, fmt):
     """Check that this machine can run pstate record and snap.
 
     Checks privileges, the bcc module, tracefs (mounting it when missing),
-    the sched tracepoints, state decoding from the kernel's own format, the
-    probes record and snap attach (tp_btf or tracepoint) and where record's
+    the sched tracepoints, state decoding from the kernel's own format, how
+    record and snap attach each tracepoint (tp_btf, raw or classic) and where record's
     events are buffered, the kernel header tree BCC will use, the snap
     collector, and, live, that the BPF program compiles, attaches and
     reports correctly decoded events, and whether any thread switches with
@@ -391,7 +427,7 @@ def cli(kernel_headers, live, fmt):
     all the time. Prints a table of ok / PROBLEM / fix; exits non-zero when
     something is missing.
     """
-    report, code = run_checks(kernel_headers, live)
+    report, code = run_checks(kernel_headers, live, live_timeout)
     if fmt == "json":
         import orjson
 

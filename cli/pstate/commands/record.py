@@ -448,9 +448,8 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
             meta = meta_record("record", ks)
             meta.update(filt.meta_fields())
             meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
-            meta["probes"] = prog.plan.path
-            meta["probes_reason"] = prog.plan.reason
-            meta["wakeups_at"] = "sched_wakeup" if prog.plan.defines.get("WAKE_AT_WAKEUP") else "sched_waking"
+            meta.update(prog.plan.meta())
+            meta["wakeups_at"] = "sched_wakeup" if prog.plan.wake_list else "sched_waking"
             if max_rate:
                 meta["max_rate"] = max_rate
             if children:

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from pstate.kernel import loader
+from pstate.kernel import loader, probeplan
 from pstate.snapshots import collector as resident, snapdir
 from pstate.stream.durations import Duration
 from pstate.commands.options import RenamedCommand, probes_option
@@ -194,8 +194,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
         loaded_ts = time.monotonic_ns()
         prog = load_program(ks, max_tasks, kernel_headers, probes=probes)
         meta = meta_record("snap", ks)
-        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt, "probes": prog.plan.path,
-                     "probes_reason": prog.plan.reason})
+        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt, **prog.plan.meta()})
         plan = Plan(fmt=fmt, interval_ns=interval, count=count, clear=clear, keep=keep, max_age_ns=max_age,
                     prom_by=prom_by)
         collector = make_collector(prog, ks, loaded_ts)
@@ -286,8 +285,9 @@ def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explic
         state = resident.load_state(out, doc)
         reader = resident.PinnedCollector(prog, ks, state)
         meta = meta_record("snap", ks)
-        meta.update({"max_tasks": doc["max_tasks"], "interval_ns": 0, "format": fmt, "probes": doc["probes"],
-                     "probes_reason": doc["probes_reason"], "collector_id": doc["id"], "prev_ts": state.get("ts")})
+        meta.update({"max_tasks": doc["max_tasks"], "interval_ns": 0, "format": fmt,
+                     **{k: doc[k] for k in probeplan.META_FIELDS if k in doc}, "collector_id": doc["id"],
+                     "prev_ts": state.get("ts")})
         plan = Plan(fmt=fmt, interval_ns=0, count=1, keep=keep, max_age_ns=max_age, prom_by=prom_by)
         snapper = Snapper(out, reader, plan, meta, stopper, log)
         snapper.run_id = doc["id"]  # one collector, one run: its snapshots subtract

@@ -90,9 +90,9 @@ EVENTS = {
         do not apply; all others are always present.
 
         record and snap attach to sched_switch and the wake-ups in one of two
-        ways (meta.probes; `--probes`): tp_btf, BTF-typed raw tracepoints that
-        read the task itself, or the classic tracepoints. Both write the same
-        records, but for two fields only the tp_btf path can always fill:
+        ways (meta.probe_paths; `--probes`): tp_btf, BTF-typed raw tracepoints
+        that read the task itself, or the classic tracepoints. Both write the
+        same records, but for two fields only the tp_btf path can always fill:
 
         The pid (tgid) of a thread first seen as it is switched in or woken
         up, which the tracepoint path reports as 0 until it sees the thread

@@ -258,6 +258,9 @@ class Btf:
             return self.describe(ref) + " *"
         if kind in (STRUCT, UNION):
             return f"{'struct' if kind == STRUCT else 'union'} {name}"
+        if kind == ARRAY:  # 'char[16]', as a tracefs format file spells a field
+            elem, _index, nelems = struct.unpack_from("<III", self.data, self._at[tid] + 12)
+            return f"{self.describe(elem)}[{nelems}]"
         return name or _KIND_NAMES.get(kind, str(kind))
 
 
@@ -265,162 +268,150 @@ _KIND_NAMES = {INT: "int", PTR: "pointer", ARRAY: "array", STRUCT: "struct", UNI
                TYPEDEF: "typedef", FUNC: "function", FUNC_PROTO: "prototype", ENUM64: "enum"}
 
 
-# What pstate's tp_btf programs (and on the tracepoint path its raw lifecycle
-# ones, bpf/tpargs.h) read: -D name -> the task_struct member (the first of the
-# spellings this kernel has), and the raw arguments each tracepoint must have
-# (its ctx[0], ctx[1]...; a tuple of spellings where kernels differ).
-TASK_MEMBERS = {
-    "TASK_PID": ("pid",),
-    "TASK_TGID": ("tgid",),
-    "TASK_EXIT_STATE": ("exit_state",),
-    "TASK_PRIO": ("prio",),
-    "TASK_COMM": ("comm",),
-    "TASK_CPU": ("thread_info.cpu", "cpu"),  # task_cpu()
-}
-TASK = "struct task_struct *"
-TRACEPOINT_ARGS = {
-    "sched_switch": ("_Bool", TASK, TASK, "unsigned int"),
-    "sched_waking": (TASK,),
-    "sched_wakeup": (TASK,),
-    "sched_wakeup_new": (TASK,),
-    "task_newtask": (TASK, ("long long unsigned int", "long unsigned int")),  # clone_flags: u64, or unsigned long before
-    "sched_process_fork": (TASK, TASK),
-    "sched_process_exec": (TASK, "int"),
-    "sched_process_exit": (TASK, "_Bool"),  # group_dead
-    "sched_process_free": (TASK,),
-}
-
-
-def task_offsets(b: Btf) -> dict[str, int]:
-    """-D name -> byte offset of each member in TASK_MEMBERS; BtfError when one
-    is missing or not of the size the programs load (comm: 16 bytes, the
-    others 4)."""
-    out = {}
-    for define, spellings in TASK_MEMBERS.items():
-        for path in spellings:
-            try:
-                off, size = b.member("task_struct", path)
-                break
-            except BtfError as e:
-                err = e
-        else:
-            raise err
-        want = 16 if define == "TASK_COMM" else 4
-        if size != want:
-            raise BtfError(f"task_struct.{path} is {size} bytes in this kernel, the programs read {want}")
-        out[define] = off
-    return out
-
-
-# Members of other structs than task_struct: -D name -> (struct, member,
-# bytes the programs load).
-# - The v2 cgroup id of a task the program is not running as (next at
-#   sched_switch, a wakee), as bpf_get_current_cgroup_id() reads current's:
-#   task->cgroups->dfl_cgrp->kn->id (task_dfl_cgroup, cgroup_id): three
-#   pointers, then the 8-byte id.
-# - Whether an expiring hrtimer is a soft one, whose callback runs in softirq
-#   (record's hrtimer_expire_entry/exit trackers: a hard one's runs in the
-#   timer interrupt).
+# --- what pstate reads from a kernel's BTF ----------------------------------
+#
+# The members the programs read, as -D settings (bpf/tpargs.h), each with
+# its struct, its spellings (the first this kernel has) and the sizes the
+# programs can load. Which of them a program needs depends on how each
+# tracepoint is taken (pstate.kernel.probeplan): facts() reads all that
+# this kernel has, and the plan asks for what it needs.
 MEMBERS = {
-    "TASK_CGROUPS": ("task_struct", "cgroups", 8),
-    "CSS_SET_DFL_CGRP": ("css_set", "dfl_cgrp", 8),
-    "CGROUP_KN": ("cgroup", "kn", 8),
-    "KERNFS_NODE_ID": ("kernfs_node", "id", 8),
-    "HRTIMER_IS_SOFT": ("hrtimer", "is_soft", 1),
+    "TASK_PID": ("task_struct", ("pid",), (4,)),
+    "TASK_TGID": ("task_struct", ("tgid",), (4,)),
+    "TASK_EXIT_STATE": ("task_struct", ("exit_state",), (4,)),
+    "TASK_PRIO": ("task_struct", ("prio",), (4,)),
+    "TASK_COMM": ("task_struct", ("comm",), (16,)),
+    "TASK_CPU": ("task_struct", ("thread_info.cpu", "cpu"), (4,)),  # task_cpu()
+    # the task's raw state: `unsigned int __state` since Linux 5.14, a
+    # `long state` before; read where sched_switch has no prev_state
+    # argument (before 5.18)
+    "TASK_STATE": ("task_struct", ("__state", "state"), (4, 8)),
+    # sched_process_exit's group_dead where the tracepoint lacks the
+    # argument: the process's count of live threads (signal->live)
+    "TASK_SIGNAL": ("task_struct", ("signal",), (8,)),
+    "SIGNAL_LIVE": ("signal_struct", ("live",), (4,)),
+    # The v2 cgroup id of a task the program is not running as (next at
+    # sched_switch, a wakee), as bpf_get_current_cgroup_id() reads current's:
+    # task->cgroups->dfl_cgrp->kn->id: three pointers, then the 8-byte id.
+    "TASK_CGROUPS": ("task_struct", ("cgroups",), (8,)),
+    "CSS_SET_DFL_CGRP": ("css_set", ("dfl_cgrp",), (8,)),
+    "CGROUP_KN": ("cgroup", ("kn",), (8,)),
+    "KERNFS_NODE_ID": ("kernfs_node", ("id",), (8,)),
+    # Whether an expiring hrtimer is a soft one, whose callback runs in
+    # softirq (record's hrtimer trackers: a hard one's runs in the timer
+    # interrupt).
+    "HRTIMER_IS_SOFT": ("hrtimer", ("is_soft",), (1,)),
+    # The wake list (record's wake-ups at sched_wakeup, probeplan): the
+    # task's wake_entry, an entry of type CSD_TYPE_TTWU in its flags.
+    "TASK_WAKE_ENTRY": ("task_struct", ("wake_entry",), (16,)),
+    "CSD_FLAGS": ("__call_single_data", ("node.u_flags",), (4,)),
+}
+# enumerators the programs use: -D name -> enumerator
+ENUMS = {"CSD_TYPE_TTWU": "CSD_TYPE_TTWU", "CSD_TYPE_MASK": "CSD_FLAG_TYPE_MASK"}
+# the tracepoints whose BTF prototype pstate reads (probeplan.TRACEPOINTS
+# says what each program reads of them)
+EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "task_newtask",
+          "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free",
+          "csd_queue_cpu")
+# the trace record of each event's class (struct trace_event_raw_<class>):
+# the classic tracepoint's fields, as the tracefs format file gives them on
+# a running kernel, for planning from a kernel's BTF alone
+RAW_CLASSES = {
+    "sched_switch": ("sched_switch",),
+    "sched_waking": ("sched_wakeup_template",),
+    "sched_wakeup": ("sched_wakeup_template",),
+    "sched_wakeup_new": ("sched_wakeup_template",),
+    "task_newtask": ("task_newtask",),
+    "sched_process_fork": ("sched_process_fork",),
+    "sched_process_exec": ("sched_process_exec",),
+    "sched_process_exit": ("sched_process_exit", "sched_process_template"),
+    "sched_process_free": ("sched_process_free", "sched_process_template"),
 }
 
 
-def member_offsets(b: Btf) -> dict[str, int]:
-    """-D name -> byte offset of each member in MEMBERS; BtfError when one is
-    missing or not of the size the programs load."""
-    out = {}
-    for define, (struct_name, path, want) in MEMBERS.items():
-        off, size = b.member(struct_name, path)
-        if size != want:
-            raise BtfError(f"{struct_name}.{path} is {size} bytes in this kernel, the programs read {want}")
-        out[define] = off
-    return out
-
-
-def check_tracepoints(b: Btf) -> dict[str, int]:
-    """event -> attach target id of every tracepoint in TRACEPOINT_ARGS; BtfError
-    when one is missing or its arguments are not what the programs read."""
-    out = {}
-    for event, want in TRACEPOINT_ARGS.items():
-        tid, args = b.tracepoint(event)
-        spellings = [w if isinstance(w, tuple) else (w,) for w in want]
-        if len(args) < len(want) or any(a not in s for a, s in zip(args, spellings)):
-            raise BtfError(f"tracepoint {event} has arguments ({', '.join(args)}), the programs read "
-                           f"({', '.join(s[0] for s in spellings)})")
-        out[event] = tid
-    return out
-
-
-# The wake list. record takes its wake-ups at sched_wakeup where the kernel
-# has what follows, else at sched_waking (bpf/record.bpf.c WAKE_AT_WAKEUP):
-# sched_wakeup runs in the waker's context except for a wake-up queued on
-# the target CPU's wake list, which that CPU activates (from an IPI or its
-# idle loop). The waker queues it in its own context through
-# csd_queue_cpu (Linux 6.5+), whose entry is the task's wake_entry: an
-# entry of type CSD_TYPE_TTWU in its flags. Optional: a kernel without
-# one of them gets the sched_waking programs.
-WAKE_LIST_MEMBERS = {
-    "TASK_WAKE_ENTRY": ("task_struct", "wake_entry", 16),
-    "CSD_FLAGS": ("__call_single_data", "node.u_flags", 4),
-}
-WAKE_LIST_ENUMS = {"CSD_TYPE_TTWU": "CSD_TYPE_TTWU", "CSD_TYPE_MASK": "CSD_FLAG_TYPE_MASK"}
-WAKE_LIST_TRACEPOINT = ("csd_queue_cpu", ("unsigned int", "long unsigned int", "prototype *",
-                                          "struct __call_single_data *"))
-
-
-def wake_list(b: Btf) -> tuple[dict[str, int], dict[str, int]]:
-    """(offsets and constants, {"csd_queue_cpu": target}) of the wake list,
-    or two empty dicts when this kernel lacks one of them."""
-    try:
-        out = {}
-        for define, (struct_name, path, want) in WAKE_LIST_MEMBERS.items():
+def _member(b: Btf, struct_name: str, spellings: tuple, sizes: tuple) -> tuple[int, int] | None:
+    """(offset, size) of the first spelling this BTF has, if its size is one
+    the programs load; None otherwise."""
+    for path in spellings:
+        try:
             off, size = b.member(struct_name, path)
-            if size != want:
-                return {}, {}
-            out[define] = off
-        for define, name in WAKE_LIST_ENUMS.items():
-            out[define] = b.enum_value(name)
-        event, want = WAKE_LIST_TRACEPOINT
-        tid, args = b.tracepoint(event)
-        if tuple(args[:len(want)]) != want:
-            return {}, {}
-    except BtfError:
-        return {}, {}
-    return out, {event: tid}
+        except BtfError:
+            continue
+        return (off, size) if size in sizes else None
+    return None
+
+
+def record_fields(b: Btf, event: str) -> dict[str, str] | None:
+    """The fields of an event's classic trace record as the kernel's BTF
+    describes them (struct trace_event_raw_<class>): name -> type, with a
+    __data_loc field as the format file names it ("__data_loc char[]");
+    None when the BTF has no such struct."""
+    for cls in RAW_CLASSES.get(event, ()):
+        try:
+            tid = b.find(f"trace_event_raw_{cls}", STRUCT)
+        except BtfError:
+            continue
+        out = {}
+        for name, mtype, _bits, _bf in b.members(tid):
+            if name in ("ent", "__data") or not name:
+                continue
+            if name.startswith("__data_loc_"):
+                out[name[len("__data_loc_"):]] = "__data_loc char[]"
+            else:
+                out[name] = b.describe(mtype)
+        return out
+    return None
 
 
 def facts(b: Btf) -> dict:
-    """What the tp_btf path takes from a kernel's BTF: the task_struct
-    offsets (task_offsets), those of other structs (member_offsets)
-    and the attach targets (check_tracepoints), each
-    sorted by name: they become -D settings, whose order is part of the
-    program cache's key, and a copy kept as JSON must give the same key."""
-    wl_offsets, wl_targets = wake_list(b)
-    offsets = {**task_offsets(b), **member_offsets(b), **wl_offsets}
-    targets = {**check_tracepoints(b), **wl_targets}
-    return {"offsets": dict(sorted(offsets.items())), "targets": dict(sorted(targets.items()))}
+    """What the programs may take from a kernel's BTF, as JSON-able data
+    (the program cache keeps it per boot, the kernel matrix per kernel):
+    - members: -D name -> [offset, size] of each MEMBERS entry this kernel has
+    - enums: -D name -> value of each ENUMS entry it has
+    - tracepoints: event -> {"target": id of btf_trace_<event>, "args":
+      its raw argument types} for each EVENTS entry it has
+    - records: event -> its classic trace record's fields (record_fields)
+    Each is sorted by name: -D settings from them are part of the program
+    cache's key, and a copy kept as JSON must give the same key."""
+    members = {}
+    for define, (struct_name, spellings, sizes) in MEMBERS.items():
+        found = _member(b, struct_name, spellings, sizes)
+        if found:
+            members[define] = list(found)
+    enums = {}
+    for define, name in ENUMS.items():
+        try:
+            enums[define] = b.enum_value(name)
+        except BtfError:
+            pass
+    tps = {}
+    for event in EVENTS:
+        try:
+            tid, args = b.tracepoint(event)
+        except BtfError:
+            continue
+        tps[event] = {"target": tid, "args": args}
+    records = {}
+    for event in RAW_CLASSES:
+        fields = record_fields(b, event)
+        if fields is not None:
+            records[event] = fields
+    return {"members": dict(sorted(members.items())), "enums": dict(sorted(enums.items())),
+            "tracepoints": dict(sorted(tps.items())), "records": dict(sorted(records.items()))}
 
 
-def offset_defines() -> frozenset:
-    """The -D names facts() gives offsets for (a kept copy lacking one is stale)."""
-    return frozenset(TASK_MEMBERS) | frozenset(MEMBERS)
+FACT_PARTS = ("members", "enums", "tracepoints", "records")  # the parts of facts()
 
 
-def optional_defines() -> frozenset:
-    """The -D names facts() gives where the kernel has them (the wake list's)."""
-    return frozenset(WAKE_LIST_MEMBERS) | frozenset(WAKE_LIST_ENUMS)
+def read_facts(path: str = VMLINUX) -> dict:
+    """facts() of the BTF at path, read and parsed now."""
+    return facts(Btf.read(path))
 
 
 def wanted() -> str:
     """What facts() looks for, as text: facts kept from a BTF (the program
     cache's) are those of this text only."""
-    return repr((sorted(TASK_MEMBERS.items()), sorted(MEMBERS.items()), sorted(TRACEPOINT_ARGS.items()),
-                 sorted(WAKE_LIST_MEMBERS.items()), sorted(WAKE_LIST_ENUMS.items()), WAKE_LIST_TRACEPOINT))
+    return repr((sorted(MEMBERS.items()), sorted(ENUMS.items()), EVENTS, sorted(RAW_CLASSES.items())))
 
 
 def boot_identity(path: str = VMLINUX) -> str | None:

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import bpfsys, eventlayout, headers, kstates, pins, progcache, tpbtf
+from pstate.kernel import bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -49,6 +49,10 @@ NOTE_EVENTS = ("csd_queue_cpu", "irq_handler_entry", "irq_handler_exit", "softir
                "hrtimer_expire_entry", "hrtimer_expire_exit")
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
+
+# What each program needs of the kernel's BPF beyond the tracepoints
+# (pstate.kernel.features): record's events pass through a ring buffer.
+NEEDS = {"record": (features.RINGBUF,)}
 
 
 def import_bcc():
@@ -193,19 +197,33 @@ def cflags_of(defines: dict) -> list[str]:
     return out
 
 
-def probe_plan(defines: dict, probes: str | None) -> tpbtf.Plan:
-    """The path (tp_btf or tracepoint) to try for a program with these
-    settings, --probes (None: PSTATE_PROBES, else auto) and this kernel."""
-    return tpbtf.plan(probes, int(str(defines["REPORT_MASK"]), 0), facts=progcache.btf_facts)
+def running_kernel(tracefs: str | None = None) -> probeplan.Kernel:
+    """What the plan is made from on this machine: the kernel's BTF (kept
+    in the program cache until the next boot) and its tracefs format files."""
+    try:
+        facts, why = progcache.btf_facts(), ""
+    except btf.BtfError as e:
+        facts, why = None, str(e)
+    tracefs = tracefs or kstates.tracefs_dir() or kstates.TRACEFS_DIRS[0]
+    return probeplan.Kernel(facts, why, probeplan.tracefs_records(tracefs))
+
+
+def probe_plan(name: str, defines: dict, probes: str | None, refused: frozenset = frozenset(),
+               kernel: probeplan.Kernel | None = None) -> probeplan.Plan:
+    """The plan of program `name` (bpf/<name>.bpf.c) with these settings,
+    --probes (None: PSTATE_PROBES, else auto) and this kernel."""
+    return probeplan.plan(tpbtf.events_of(source(name)), probeplan.choice_of(probes), kernel or running_kernel(),
+                          int(str(defines["REPORT_MASK"]), 0), refused)
 
 
 def program_text(name: str, defines: dict, probes: str | None = None) -> str:
-    """The final C as compiled on the path this kernel gets (tp_btf needs its
-    load to tell a refusal; this does not load): the -D settings as
-    #defines, then the source."""
-    plan = probe_plan(defines, probes)
+    """The final C as compiled on this kernel's plan (a tp_btf program
+    needs its load to tell a refusal; this does not load): the -D settings
+    as #defines, then the source."""
+    plan = probe_plan(name, defines, probes)
     defines = {**defines, **plan.defines}
-    lines = [f"// pstate: bpf/{name}.bpf.c as compiled on the {plan.path} path ({plan.reason}), "
+    paths = ", ".join(f"{e} {p}" for e, p in plan.paths.items())
+    lines = [f"// pstate: bpf/{name}.bpf.c as compiled on this kernel ({paths}; {plan.reason}), "
              "with its -D settings"]
     for k, v in defines.items():
         if v is None or v is False:
@@ -221,45 +239,53 @@ class Program:
     and keeps the result in the program cache (pstate.kernel.progcache); later runs
     load that without starting a compiler. `origin` says which happened.
 
-    `plan` says which path the hot tracepoints are attached on (tp_btf or
-    tracepoint, pstate.kernel.tpbtf) and why: a tp_btf program the kernel
-    refuses falls back to the tracepoint path unless --probes tp_btf asked
-    for it by name.
+    `plan` says how each tracepoint is attached (tp_btf, raw_tracepoint or
+    tracepoint, pstate.kernel.probeplan) and why: a tp_btf program the
+    kernel refuses goes on its next path unless --probes tp_btf asked for
+    it by name.
     """
 
     def __init__(self, name: str, defines: dict, kernel_headers: str | None = None, probes: str | None = None):
         self.name = name
         self.bpf = None  # the bcc.BPF object when compiled in this run
         self.cached = None  # the progcache.Loaded when loaded from the cache
-        self.btf_progs = None  # the tpbtf.Attached of a module compiled in this run on the tp_btf path
+        self.btf_progs = None  # the tpbtf.Attached of the tp_btf programs of a module compiled in this run
         self.origin = "compiled"
         self.cache_note = ""  # why the cache was not used, for debugging
         check_privileges()
+        features.require(*NEEDS.get(name, ()))
         self.tracefs = ensure_tracefs()
         missing = missing_tracepoints(self.tracefs)
         if missing:
             raise PstateError(f"this kernel lacks tracepoints: {', '.join(missing)}", ExitCode.UNAVAILABLE)
         self.headers = find_headers(kernel_headers)
-        self.plan = probe_plan(defines, probes)
+        kernel = running_kernel(self.tracefs)
+        self.plan = probe_plan(name, defines, probes, kernel=kernel)
         text = source(name)
-        if self.plan.path == tpbtf.TP_BTF:
+        # A tp_btf program the kernel refuses goes on its next path, and the
+        # module is compiled again (unless --probes tp_btf asked for it).
+        while True:
             try:
                 self._load(name, text, {**defines, **self.plan.defines})
-            except tpbtf.Refused as e:
+                break
+            except probeplan.Refused as e:
                 self.close()
-                if self.plan.forced:
+                if self.plan.forced and self.plan.choice == probeplan.TP_BTF:
                     raise PstateError(f"--probes tp_btf: the kernel refused the program: {e}", ExitCode.OSERR,
-                                      hint="--probes tracepoint uses the classic tracepoints") from None
-                self.plan = tpbtf.fallback(self.plan, str(e))
-        if self.plan.path == tpbtf.TRACEPOINT:
-            self._load(name, text, {**defines, **self.plan.defines})  # LIFE_RAW where the BTF gives offsets
+                                      hint="--probes auto takes another way where the kernel refuses one") from None
+                if set(e.events) & self.plan.refused:
+                    raise PstateError(f"the kernel refused the program: {e}", ExitCode.OSERR) from None
+                self.plan = probe_plan(name, defines, probes, self.plan.refused | set(e.events), kernel)
+                for event, why in e.why.items():
+                    if event in self.plan.why:
+                        self.plan.why[event] = f"the kernel refused it as tp_btf ({why})"
         if os.environ.get("PSTATE_CACHE_DEBUG"):
             note = f" ({self.cache_note})" if self.cache_note else ""
             print(f"pstate: {name}: {'loaded from the program cache' if self.cached is not None else 'compiled'}"
-                  f"{note}; the {self.plan.path} path", file=sys.stderr)
+                  f"{note}; {self.plan.path}: {self.plan.paths}", file=sys.stderr)
 
     def _load(self, name: str, text: str, defines: dict) -> None:
-        """From the cache, or compiled (and then cached); tpbtf.Refused when
+        """From the cache, or compiled (and then cached); probeplan.Refused when
         the kernel refuses a tp_btf program."""
         self.cached, self.origin, self.cache_note = None, "compiled", ""
         cflags = cflags_of(defines)
@@ -267,8 +293,8 @@ class Program:
         if self.cached is None:
             self._compile(text, cflags)
             compiled = tpbtf.active_source(text, defines)  # the programs these settings compile
-            if self.plan.path == tpbtf.TP_BTF:
-                self.btf_progs = tpbtf.attach_module(self.bpf, compiled, self.plan.targets)
+            if self.plan.targets:
+                self.btf_progs = tpbtf.attach_module(self.bpf, self.plan.targets)
             if key:
                 self._to_cache(key, name, compiled)
             _trim_heap()
@@ -279,7 +305,7 @@ class Program:
             return None
         try:
             key = progcache.key_of(progcache.key_material(name, text, cflags, self.tracefs, self.headers.path,
-                                                          probes=self.plan.path))
+                                                          probes=self.plan.paths))
         except Exception as e:  # the cache must never fail a run
             self.cache_note = f"no cache key: {e!r}"
             return None
@@ -295,8 +321,7 @@ class Program:
     def _to_cache(self, key: str, name: str, text: str) -> None:
         try:
             lib = sys.modules["bcc"].libbcc.lib
-            progcache.store(progcache.export(self.bpf, lib, key, name, text, self.tracefs,
-                                             self.plan.targets if self.btf_progs is not None else None))
+            progcache.store(progcache.export(self.bpf, lib, key, name, text, self.tracefs, self.plan.targets))
         except progcache.NotCacheable as e:
             self.cache_note = f"not cacheable: {e}"
         except Exception as e:  # the cache must never fail a run

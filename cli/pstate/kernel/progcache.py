@@ -10,8 +10,8 @@ and attaches the programs with plain bpf(2) and perf_event_open(2) calls.
 
 The key covers everything that changes the bytecode: the final C text and
 its -D cflags, the BCC build, the kernel (release, build, possible CPUs), the
-kernel's BTF (a hash of /sys/kernel/btf/vmlinux: the tp_btf path's offsets
-come from it), the path (tp_btf or tracepoint), the header tree, the format
+kernel's BTF (a hash of /sys/kernel/btf/vmlinux: the offsets come from it),
+the plan (how each tracepoint is taken), the header tree, the format
 files of the tracepoints used, and pstate's version. A tp_btf program is
 kept with the BTF id of its attach target, valid for that BTF only.
 
@@ -27,7 +27,7 @@ verifier is ignored and the program compiled again. PSTATE_NO_CACHE=1
 bypasses the cache.
 
 Beside the programs (in its btf/ directory) the cache keeps, per boot, what
-the tp_btf path reads from the kernel's BTF (btf_facts), so that a start-up on a cached program
+the plan reads from the kernel's BTF (btf_facts), so that a start-up on a cached program
 does not parse 100 000 BTF types again.
 """
 
@@ -59,9 +59,9 @@ DEFAULT_DIR = "/var/cache/pstate/programs"
 KEEP_ENTRIES = 64  # per directory; the oldest go first
 MAX_ENTRY_BYTES = 16 << 20
 
-# PSTATE_PROBE and PSTATE_LIFE (bpf/tpargs.h) are TRACEPOINT_PROBEs on the
-# tracepoint path (PSTATE_LIFE without the kernel's BTF)
-_TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE|PSTATE_LIFE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+# PSTATE_PROBE (bpf/tpargs.h) is a TRACEPOINT_PROBE where the plan takes the
+# classic tracepoint: the format files of those the source names are keyed
+_TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # BCC features whose maps or attachments this cache cannot reproduce (a map
 # of a type bpfsys does not implement is refused by its type once compiled;
 # the stack-trace map of record --stacks is kept: bpfsys.StackTraceTable)
@@ -342,37 +342,42 @@ def lookup(key: str, name: str, directory: str | None = None, owner: int = 0, va
     return decode(data, key, name, validate)
 
 
-# --- what the tp_btf path reads from the kernel's BTF ------------------------
+# --- what the plan reads from the kernel's BTF ----------------------------
 
 BTF_FACTS = "btf-facts"
 
 
 def _validate_facts(entry: dict) -> None:
-    for part in ("offsets", "targets"):
-        assert isinstance(entry[part], dict) and entry[part], part
-        for k, v in entry[part].items():
-            assert isinstance(k, str) and isinstance(v, int) and v > 0, (part, k)
-    # kept by a pstate that read fewer members: read them all again
-    have = set(entry["offsets"])
-    assert btf.offset_defines() <= have <= btf.offset_defines() | btf.optional_defines(), "offsets"
+    """A kept btf.facts(): its parts of the shapes facts() gives."""
+    for part in btf.FACT_PARTS:
+        assert isinstance(entry[part], dict), part
+    for k, v in entry["members"].items():
+        assert k in btf.MEMBERS and isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v), k
+    for k, v in entry["enums"].items():
+        assert k in btf.ENUMS and isinstance(v, int), k
+    for k, v in entry["tracepoints"].items():
+        assert k in btf.EVENTS and isinstance(v["target"], int) and v["target"] > 0, k
+        assert isinstance(v["args"], list) and all(isinstance(a, str) for a in v["args"]), k
+    for k, v in entry["records"].items():
+        assert isinstance(v, dict) and all(isinstance(t, str) for t in v.values()), k
 
 
 def btf_facts(path: str = btf.VMLINUX) -> dict:
     """btf.facts of the running kernel's BTF, kept in the cache until the next
     boot: parsing its 100 000 types takes about 0.1 s of every start-up, and
-    that BTF cannot change while the kernel runs. BtfError as tpbtf.plan
-    expects it; another path, or a disabled cache, is parsed each time."""
+    that BTF cannot change while the kernel runs. BtfError when the kernel
+    has none; another path, or a disabled cache, is parsed each time."""
     ident = btf.boot_identity(path) if enabled() and path == btf.VMLINUX else None
     if ident is None:
-        return tpbtf.read_facts(path)
+        return btf.read_facts(path)
     key = _sha(json.dumps([FORMAT, __version__, ident, btf.wanted()]).encode())
     directory = os.path.join(cache_dir(), "btf")  # apart from the programs: it is no program entry
     try:
         entry = lookup(key, BTF_FACTS, directory, validate=_validate_facts)
-        return {part: dict(sorted(entry[part].items())) for part in ("offsets", "targets")}
+        return {part: entry[part] for part in btf.FACT_PARTS}
     except CacheMiss:
         pass
-    got = tpbtf.read_facts(path)
+    got = btf.read_facts(path)
     # nothing is created in a cache directory root may not trust (another user's)
     if not _untrusted_dir(cache_dir(), 0):
         store({"format": FORMAT, "name": BTF_FACTS, "key": key, **got}, directory)

@@ -33,7 +33,7 @@ import types
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, loader, pins
+from pstate.kernel import bpfsys, features, loader, pins, probeplan
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
@@ -115,6 +115,13 @@ def remove_partial() -> list[str]:
     return left
 
 
+def link_features(plan) -> tuple:
+    """The kinds of BPF link the collector pins for a plan (pstate.kernel.features)."""
+    kinds = set(plan.paths.values())
+    return tuple(f for f, need in ((features.RAW_TP_LINK, kinds - {probeplan.TRACEPOINT}),
+                                   (features.PERF_LINK, kinds & {probeplan.TRACEPOINT})) if need)
+
+
 def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: str | None) -> tuple[dict, bool]:
     """Start the collector unless one runs: (its manifest, whether this call started it).
     A running one of another layout is refused (--restart replaces it)."""
@@ -128,9 +135,11 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
             return found.doc, False
         finally:
             found.close()
+    defines = defines_for(ks, max_tasks)
+    features.require(*link_features(loader.probe_plan("snap", defines, probes)))
     os.makedirs(PIN_ROOT, mode=0o700, exist_ok=True)
     loaded_ts = time.monotonic_ns()
-    prog = loader.Program("snap", defines_for(ks, max_tasks), kernel_headers, probes)
+    prog = loader.Program("snap", defines, kernel_headers, probes)
     links: dict[str, int] = {}
     collector = None
     try:
@@ -145,7 +154,7 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
             "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": boot_id,
             "loaded_ts": loaded_ts, "run_start_ts": run_start, "seed_ts": collector.seed_ts,
             "started_wall_ns": time.time_ns() - (time.monotonic_ns() - run_start),
-            "max_tasks": max_tasks, "probes": prog.plan.path, "probes_reason": prog.plan.reason,
+            "max_tasks": max_tasks, **prog.plan.meta(),
             "seed_failed": collector.seed_failed,
             "maps": {n: {k: v for k, v in m.items() if k != "fd"} for n, m in maps.items()},
             "links": sorted(t for t in links if t != "readers"),
@@ -194,7 +203,8 @@ class PinnedProgram:
     def __init__(self, found: pins.PinSet):
         self.found = found
         self.doc = found.doc
-        self.plan = types.SimpleNamespace(path=self.doc["probes"], reason=self.doc["probes_reason"])
+        self.plan = types.SimpleNamespace(path=self.doc["probes"], reason=self.doc["probes_reason"],
+                                          paths=self.doc.get("probe_paths", {}))
         self._tables: dict[str, object] = {}
 
     def table(self, name: str):

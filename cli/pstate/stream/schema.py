@@ -130,12 +130,17 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "pstate_pid": ("int", "process id of the pstate process that wrote the stream"),
             "buffer_bytes": ("int?", "record: size of the BPF ring buffer"),
             "max_rate": ("int?", "record: the --max-rate in force, events/s"),
-            "probes": ("string?", "record, snap: how the programs attached to sched_switch and the wake-ups: "
-                       "tp_btf or tracepoint (--probes)"),
+            "probes": ("string?", "record, snap: how the programs attached, in a word: tp_btf (every "
+                       "tracepoint), tracepoint (sched_switch and the wake-ups classic, the rest raw or classic) "
+                       "or mixed; probe_paths says it per tracepoint (--probes)"),
+            "probe_paths": ("object?", "record, snap: tracepoint -> how its program attached: tp_btf, "
+                            "raw_tracepoint or tracepoint (classic)"),
+            "probe_notes": ("list?", "record, snap: how what this kernel's tracepoints lack is served (e.g. "
+                            "sched_switch without prev_state: the state is read from the task)"),
             "wakeups_at": ("string?", "record: the tracepoint wake-ups are taken at: sched_wakeup (as the task "
                            "is queued; Linux 6.5+ with BTF) or sched_waking (as the wake-up begins)"),
-            "probes_reason": ("string?", "record, snap: why that path (--probes, the kernel has BTF, or why the "
-                              "kernel refused tp_btf)"),
+            "probes_reason": ("string?", "record, snap: --probes (auto, tp_btf or tracepoint), with why each "
+                              "tracepoint not on tp_btf is not (what the kernel lacks, or its refusal)"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
             "replay_speed": ("float?", "replay: --speed, null with --no-wait"),
             "replay_begin_ts": ("int?", "replay: start of the --begin/--end window, ns"),

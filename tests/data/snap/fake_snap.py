@@ -60,7 +60,8 @@ class FakeCollector:
 
 
 class FakeProgram:
-    plan = types.SimpleNamespace(path="tracepoint", reason="a fake program")
+    plan = types.SimpleNamespace(meta=lambda: {"probes": "tracepoint", "probes_reason": "a fake program",
+                                               "probe_paths": {"sched_switch": "tracepoint"}, "probe_notes": []})
 
     def close(self) -> None:
         pass
