@@ -12,7 +12,7 @@ APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-tracepoint test-waking test-fast bench artifacts install print-install-dirs clean
+.PHONY: setup run test test-tracepoint test-waking test-fast test-kernels bench artifacts install print-install-dirs clean
 
 setup: $(VENV)/.installed
 	@$(PSTATE) doctor
@@ -63,6 +63,14 @@ test-tracepoint: setup
 test-waking: setup
 	PSTATE_WAKE_LIST=off $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
 		tests/test_stacks_bpf.py $(PYTEST_ARGS)
+
+# The kernel matrix (tests/kernels/matrix.py, as root): the checks of record,
+# snap, the collector and doctor here and on Debian's 5.10, 6.1, 6.1-rt and
+# 6.12 kernels, each fetched with a private apt configuration and booted under
+# qemu (virtme-ng), one guest at a time; one table, non-zero on any failure.
+# KERNELS="deb61 deb510" (host: this kernel) and CHECKS="record snap" choose.
+test-kernels: $(VENV)/.installed
+	$(PY) tests/kernels/matrix.py --kernels "$(KERNELS)" --checks "$(CHECKS)"
 
 bench: setup
 	$(PY) bench/run.py

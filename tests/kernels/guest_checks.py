@@ -1,0 +1,762 @@
+"""The kernel matrix's checks, run as root inside a guest (--guest, which sets
+up the guest's mounts first) or on the host (tests/kernels/matrix.py starts
+it either way).
+
+Each step runs with its own time limit and writes one JSON file per check
+to OUT/results/<check>.json: {"name", "ok", "seconds", "detail"} (ok null:
+skipped). The probes each program's meta record names go to OUT/plan.json;
+every command's standard output and error to OUT/logs/; the recordings and
+snapshots stay in OUT/data/.
+
+The counts asserted are exact: each workload says what it did (its thread
+ids, how many sleeps, writes, forks, and the CLOCK_MONOTONIC window it did
+them in, the clock record's ts fields use) and the records of its threads in
+that window must say the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+# step -> the checks it reports, in table order
+STEPS = {
+    "doctor": ["doctor"],
+    "record": ["record", "record-sleeper", "record-direct-io", "record-fork-exec", "record-thread-exit", "stats"],
+    "stacks": ["record-stacks"],
+    "snap": ["snap"],
+    "collector": ["snap-collector"],
+}
+LIMITS = {"doctor": 900, "record": 1500, "stacks": 1200, "snap": 1200, "collector": 1200}  # s per step
+CHECKS = ["boot"] + [c for cs in STEPS.values() for c in cs]
+
+SLEEPS, SLEEP_S = 20, 0.02  # the sleeper thread's sleeps
+GUEST_WRITES = 100  # O_DIRECT writes in a guest: each blocks on the virtio disk
+HOST_WRITES, HOST_BLOCKED = 20_000, 60  # on the host: write until the kernel has counted this many sleeps
+FORKS = 5
+THREADS = 8
+SNAP_SLEEPS = 10
+SNAP_INTERVAL = "8s"
+PROGRAM_CACHE = "/var/cache/pstate/programs"
+
+PSTATE = os.path.join(os.path.dirname(sys.executable), "pstate")
+
+# --- the workloads: each waits for a byte on stdin, then does its work and
+# prints what it did as one JSON line ------------------------------------------------
+
+SLEEPER = """
+import ctypes, json, os, sys, threading, time
+n, secs = int(sys.argv[1]), float(sys.argv[2])
+go, facts = threading.Event(), {}
+def sleeper():
+    ctypes.CDLL(None).prctl(15, b"pst-sleeper", 0, 0, 0)
+    facts["tid"] = threading.get_native_id()
+    go.wait()
+    facts["t0"] = time.monotonic_ns()
+    for _ in range(n):
+        time.sleep(secs)
+    facts["t1"] = time.monotonic_ns()
+t = threading.Thread(target=sleeper)
+t.start()
+os.read(0, 1)
+go.set()
+t.join()
+print(json.dumps(dict(facts, pid=os.getpid(), sleeps=n, secs=secs)))
+"""
+
+DIRECT_WRITER = """
+import json, mmap, os, sys, time
+path, writes, blocked = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+buf = mmap.mmap(-1, 65536)
+buf.write(b"x" * 65536)
+os.pwrite(fd, buf, 0)  # the block is allocated before the window: the writes then only overwrite it
+def nvcsw():
+    with open("/proc/thread-self/status") as f:
+        return int(next(x for x in f if x.startswith("voluntary_ctxt_switches")).split()[1])
+os.read(0, 1)
+v0 = nvcsw()
+t0 = time.monotonic_ns()
+i = 0
+while i < writes:
+    os.pwrite(fd, buf, 0)
+    i += 1
+    if blocked and i % 50 == 0 and nvcsw() - v0 >= blocked:
+        break
+t1 = time.monotonic_ns()
+v1 = nvcsw()
+os.close(fd)
+print(json.dumps(dict(pid=os.getpid(), tid=os.getpid(), t0=t0, t1=t1, writes=i, nvcsw=v1 - v0)))
+"""
+
+FORK_EXEC = """
+import json, os, sys
+n = int(sys.argv[1])
+os.read(0, 1)
+kids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execv("/bin/true", ["true"])
+        finally:
+            os._exit(127)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print(json.dumps(dict(pid=os.getpid(), kids=kids)))
+"""
+
+THREAD_EXIT = """
+import json, os, sys, threading
+n = int(sys.argv[1])
+os.read(0, 1)
+ready = threading.Barrier(n)
+def worker():
+    ready.wait()
+    threading.Event().wait()
+threads = [threading.Thread(target=worker, daemon=True) for _ in range(n - 1)]
+for t in threads:
+    t.start()
+ready.wait()
+print(json.dumps(dict(pid=os.getpid(), tids=[os.getpid()] + [t.native_id for t in threads])), flush=True)
+os._exit(0)  # exit_group: every thread exits, the last one with group_dead
+"""
+
+SNAP_SLEEPER = """
+import json, os, sys, time
+n, secs = int(sys.argv[1]), float(sys.argv[2])
+os.read(0, 1)
+for _ in range(n):
+    time.sleep(secs)
+os.write(1, (json.dumps(dict(pid=os.getpid(), sleeps=n, secs=secs, t_done=time.monotonic_ns())) + "\\n").encode())
+os.read(0, 1)
+"""
+
+
+class StepTimeout(Exception):
+    pass
+
+
+class Runner:
+    """Runs one step's commands within its deadline, each command's output
+    kept in OUT/logs/<step>-<n>-<what>.{out,err}."""
+
+    def __init__(self, out: str, step: str, limit: float):
+        self.out, self.step = out, step
+        self.deadline = time.monotonic() + limit
+        self.n = 0
+        self.procs: list[subprocess.Popen] = []
+
+    def left(self, cap: float | None = None) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise StepTimeout(f"{self.step}: time limit reached")
+        return min(left, cap) if cap else left
+
+    def log(self, what: str) -> tuple[str, str]:
+        self.n += 1
+        base = os.path.join(self.out, "logs", f"{self.step}-{self.n:02d}-{what}")
+        return base + ".out", base + ".err"
+
+    def run(self, args: list[str], what: str, cap: float | None = None) -> subprocess.CompletedProcess:
+        """pstate ARGS (or a command when args[0] is a path), output logged."""
+        cmd = args if args[0].startswith("/") else [PSTATE, *args]
+        out, err = self.log(what)
+        with open(out, "w") as fo, open(err, "w") as fe:
+            p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(p)
+            try:
+                rc = p.wait(timeout=self.left(cap))
+            except subprocess.TimeoutExpired:
+                kill(p)
+                raise StepTimeout(f"`{' '.join(cmd[1:4])}` did not end in time") from None
+        with open(out) as fo, open(err) as fe:
+            return subprocess.CompletedProcess(cmd, rc, fo.read(), fe.read())
+
+    def spawn(self, code: str, *args, what: str) -> subprocess.Popen:
+        """A workload: a Python child waiting for its go byte."""
+        _, err = self.log(what)
+        p = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=open(err, "w"), start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def facts(self, p: subprocess.Popen, what: str) -> dict:
+        """The JSON line a workload printed, once it ended."""
+        try:
+            out, _ = p.communicate(timeout=self.left(300))
+        except subprocess.TimeoutExpired:
+            kill(p)
+            raise StepTimeout(f"the {what} workload did not end in time") from None
+        if p.returncode != 0:
+            raise RuntimeError(f"the {what} workload failed (exit {p.returncode}): see logs/")
+        return json.loads(out.decode().strip().splitlines()[-1])
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                kill(p)
+
+
+def kill(p: subprocess.Popen):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def go(*procs):
+    for p in procs:
+        p.stdin.write(b"g")
+        p.stdin.flush()
+
+
+def tail(text: str, n: int = 600) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+# --- reading a recording ----------------------------------------------------------
+
+def read_jsonl(path: str) -> list[dict]:
+    recs = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                recs.append(json.loads(line))
+            except ValueError:
+                pass
+    return recs
+
+
+def plan_of(meta: dict | None) -> dict | None:
+    if meta is None:
+        return None
+    return {k: meta[k] for k in ("probes", "probe_paths", "wakeups_at", "probes_reason") if k in meta}
+
+
+class Recording:
+    """`pstate record ARGS` in the background, its output copied to a file;
+    ready once its meta line is out."""
+
+    def __init__(self, r: Runner, path: str, *args: str):
+        self.path = path
+        _, self.err = r.log("record")
+        self.proc = subprocess.Popen([PSTATE, "record", "-q", *args], stdout=subprocess.PIPE,
+                                     stderr=open(self.err, "w"), stdin=subprocess.DEVNULL, start_new_session=True)
+        r.procs.append(self.proc)
+        self.ready = threading.Event()
+        self.copier = threading.Thread(target=self._copy, daemon=True)
+        self.copier.start()
+        self.t0 = time.monotonic()
+
+    def _copy(self):
+        with open(self.path, "wb") as f:
+            while chunk := os.read(self.proc.stdout.fileno(), 1 << 16):
+                f.write(chunk)
+                if not self.ready.is_set() and b"\n" in chunk:
+                    f.flush()
+                    self.ready.set()
+        self.ready.set()
+
+    def wait_ready(self, r: Runner, cap: float) -> str | None:
+        """None once the meta line is out, else why not."""
+        limit = time.monotonic() + r.left(cap)
+        while not self.ready.wait(1):
+            if time.monotonic() > limit:
+                kill(self.proc)
+                return f"no meta line within {cap:.0f} s"
+        if self.proc.poll() is not None and os.path.getsize(self.path) == 0:
+            self.copier.join(5)
+            return f"record exited {self.proc.returncode}: {tail(self.stderr())}"
+        self.ready_s = time.monotonic() - self.t0
+        return None
+
+    def stop(self, r: Runner) -> int:
+        time.sleep(1)  # the last drain; frees come in an RCU callback
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            rc = self.proc.wait(timeout=r.left(120))
+        except subprocess.TimeoutExpired:
+            kill(self.proc)
+            raise StepTimeout("record did not stop within 120 s of SIGINT") from None
+        self.copier.join(30)
+        return rc
+
+    def stderr(self) -> str:
+        with open(self.err, errors="replace") as f:
+            return f.read()
+
+
+def states(recs, tid, t0=None, t1=None):
+    return [x for x in recs if x.get("type") == "state" and x.get("tid") == tid
+            and (t0 is None or t0 <= x["ts"] <= t1)]
+
+
+def summary(rs) -> str:
+    return "; ".join(f"{x.get('cause')} {x.get('from')}->{x.get('to')} dur={x.get('dur_ns')}" for x in rs[:12])
+
+
+# --- the checks -------------------------------------------------------------------
+
+class Checks:
+    def __init__(self, args):
+        self.args = args
+        self.out = args.out
+        self.guest = args.mode == "guest"
+        self.plan: dict = {}
+        for d in ("results", "logs", "data"):
+            os.makedirs(os.path.join(self.out, d), exist_ok=True)
+
+    def result(self, name: str, ok, seconds: float, detail: str, **extra):
+        doc = {"name": name, "ok": ok, "seconds": round(seconds, 1), "detail": detail, **extra}
+        path = os.path.join(self.out, "results", name + ".json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+        print(f"[{time.monotonic():9.1f}] {name}: {'skip' if ok is None else 'ok' if ok else 'FAIL'} "
+              f"{seconds:.1f}s {detail}", flush=True)
+
+    def save_plan(self, program: str, meta: dict | None):
+        if meta is not None and program not in self.plan:
+            self.plan[program] = plan_of(meta)
+            with open(os.path.join(self.out, "plan.json"), "w") as f:
+                json.dump(self.plan, f, indent=1)
+
+    def run_step(self, step: str):
+        r = Runner(self.out, step, LIMITS[step])
+        t0 = time.monotonic()
+        done = set()
+
+        def report(name, ok, detail, seconds=None, **extra):
+            done.add(name)
+            self.result(name, ok, time.monotonic() - t0 if seconds is None else seconds, detail, **extra)
+
+        try:
+            getattr(self, "step_" + step)(r, report)
+        except Exception as e:  # a step that broke or ran out of time fails its first check left
+            why = f"{type(e).__name__}: {e}" if not isinstance(e, StepTimeout) else f"timeout: {e}"
+            left = [c for c in STEPS[step] if c not in done]
+            for i, name in enumerate(left):
+                if i == 0:
+                    report(name, False, why)
+                else:
+                    report(name, None, f"not checked: {left[0]} failed", seconds=0)
+        finally:
+            r.cleanup()
+
+    # doctor ------------------------------------------------------------------------
+
+    def step_doctor(self, r, report):
+        helptext = r.run(["doctor", "--help"], "doctor-help", cap=300).stdout
+        args, note = ["doctor", "--format", "json"], ""
+        if "--live-timeout" in helptext:
+            args += ["--live-timeout", str(int(r.left() - 120))]
+        elif self.args.accel == "tcg":
+            args.append("--no-live")
+            note = ("live check skipped: doctor's live test has a 60 s limit that TCG exceeds, "
+                    "and doctor has no option to change it")
+        p = r.run(args, "doctor")
+        try:
+            rows = json.loads(p.stdout)
+        except ValueError:
+            rows = []
+        bad = [f"{x['check']}: {x['detail']}" for x in rows if x.get("status") not in ("ok", "warning")]
+        warn = [f"{x['check']}: {x['detail']}" for x in rows if x.get("status") == "warning"]
+        detail = "; ".join(bad) if bad else (f"{len(rows)} checks ok" + (f", warnings: {'; '.join(warn)}" if warn else ""))
+        if not rows:
+            detail = f"exit {p.returncode}: {tail(p.stderr or p.stdout)}"
+        report("doctor", p.returncode == 0, "; ".join(x for x in (detail, note) if x))
+
+    # record --------------------------------------------------------------------------
+
+    def scratch_file(self, name: str) -> str:
+        return os.path.join(self.args.scratch, name)
+
+    def step_record(self, r, report):
+        writes, blocked = (GUEST_WRITES, 0) if self.guest else (HOST_WRITES, HOST_BLOCKED)
+        w = {
+            "sleeper": r.spawn(SLEEPER, SLEEPS, SLEEP_S, what="sleeper"),
+            "direct-io": r.spawn(DIRECT_WRITER, self.scratch_file("direct.bin"), writes, blocked, what="direct-io"),
+            "fork-exec": r.spawn(FORK_EXEC, FORKS, what="fork-exec"),
+            "thread-exit": r.spawn(THREAD_EXIT, THREADS, what="thread-exit"),
+        }
+        path = os.path.join(self.out, "data", "record.jsonl")
+        rec = Recording(r, path)
+        why = rec.wait_ready(r, r.left() - 300)
+        if why:
+            raise RuntimeError(why)
+        go(*w.values())
+        facts = {k: r.facts(p, k) for k, p in w.items()}
+        rc = rec.stop(r)
+        recs = read_jsonl(path)
+        meta = next((x for x in recs if x.get("type") == "meta"), None)
+        end = next((x for x in recs if x.get("type") == "end"), None)
+        self.save_plan("record", meta)
+        ok = rc == 0 and meta is not None and end is not None
+        detail = (f"ready in {rec.ready_s:.1f} s, exit {rc}, {len(recs)} lines" +
+                  (f", end: {end.get('events')} events, {end.get('lost')} lost" if end else ", no end record") +
+                  (f"; probes {meta.get('probes')}" if meta else ""))
+        if rc != 0:
+            detail += f"; stderr: {tail(rec.stderr())}"
+        report("record", ok, detail, seconds=rec.ready_s)
+        self.check_sleeper(recs, facts["sleeper"], report)
+        self.check_direct_io(recs, facts["direct-io"], report)
+        self.check_fork_exec(recs, facts["fork-exec"], report)
+        self.check_thread_exit(recs, facts["thread-exit"], report)
+        self.check_stats(r, path, recs, facts, report)
+
+    def check_sleeper(self, recs, f, report):
+        mine = states(recs, f["tid"], f["t0"], f["t1"])
+        outs = [x for x in mine if x["cause"] == "switch_out" and x["to"] == "sleeping"]
+        wakes = [x for x in mine if x["from"] == "sleeping" and x["to"] == "runnable" and x["dur_ns"] is not None]
+        short = [x for x in wakes if x["dur_ns"] < 0.9 * f["secs"] * 1e9]
+        n = f["sleeps"]
+        ok = len(outs) == n and len(wakes) == n and not short
+        detail = f"{len(wakes)} wake-ups ending S and {len(outs)} switch-outs into S for {n} sleeps of tid {f['tid']}"
+        if short:
+            detail += f"; {len(short)} shorter than the sleep"
+        if not ok:
+            detail += f"; its records: {summary(mine)}"
+        report("record-sleeper", ok, detail, seconds=(f["t1"] - f["t0"]) / 1e9)
+
+    def check_direct_io(self, recs, f, report):
+        mine = states(recs, f["tid"], f["t0"], f["t1"])
+        vol = [x for x in mine if x["cause"] == "switch_out" and x.get("voluntary") is True]
+        d_out = [x for x in vol if x["to"] == "uninterruptible"]
+        d_end = [x for x in mine if x["from"] == "uninterruptible" and x["to"] == "runnable" and x["dur_ns"] is not None]
+        # Each blocking write is one voluntary switch-out into D and one
+        # wake-up out of it; the kernel's own count of the writer's voluntary
+        # switches over the window must equal what was traced. In a guest
+        # every write blocks (the virtio disk completes it after the writer
+        # is off the CPU), so there are at least as many D intervals as writes.
+        ok = (len(vol) == f["nvcsw"] and len(d_out) == len(vol) == len(d_end) and len(d_out) > 0
+              and (not self.guest or len(d_out) >= f["writes"]))
+        detail = (f"{f['writes']} O_DIRECT writes: {len(d_out)} switch-outs into D, {len(d_end)} wake-ups ending D, "
+                  f"{len(vol)} voluntary switch-outs traced, {f['nvcsw']} counted by the kernel")
+        if not ok:
+            detail += f"; its records: {summary(mine)}"
+        report("record-direct-io", ok, detail, seconds=(f["t1"] - f["t0"]) / 1e9)
+
+    def check_fork_exec(self, recs, f, report):
+        kids = f["kids"]
+        forks = [x for x in recs if x.get("type") == "fork" and x.get("tid") == f["pid"]]
+        execs = [x for x in recs if x.get("type") == "exec" and x.get("tid") in kids]
+        exits = [x for x in recs if x.get("type") == "exit" and x.get("tid") in kids]
+        problems = []
+        if sorted(x["child_tid"] for x in forks) != sorted(kids) or any(x.get("thread") for x in forks):
+            problems.append(f"forks: {[(x.get('child_pid'), x.get('child_tid'), x.get('thread')) for x in forks]}")
+        if sorted(x["tid"] for x in execs) != sorted(kids) or any(x.get("comm") != "true" for x in execs):
+            problems.append(f"execs: {[(x.get('tid'), x.get('comm')) for x in execs]}")
+        if sorted(x["tid"] for x in exits) != sorted(kids):
+            problems.append(f"exits: {[x.get('tid') for x in exits]}")
+        if any(x.get("group_dead") is not True for x in exits):
+            problems.append(f"group_dead: {[x.get('group_dead', 'absent') for x in exits]}")
+        detail = (f"{len(kids)} children forked, each exec'd /bin/true: {len(forks)} fork, {len(execs)} exec, "
+                  f"{len(exits)} exit records")
+        report("record-fork-exec", not problems, "; ".join([detail] + problems), seconds=0)
+
+    def check_thread_exit(self, recs, f, report):
+        tids = f["tids"]
+        exits = [x for x in recs if x.get("type") == "exit" and x.get("tid") in tids]
+        forks = [x for x in recs if x.get("type") == "fork" and x.get("child_tid") in tids]
+        dead = [x for x in exits if x.get("group_dead") is True]
+        ok = (sorted(x["tid"] for x in exits) == sorted(tids) and len(dead) == 1
+              and len(forks) == len(tids) - 1 and all(x.get("thread") is True for x in forks))
+        detail = (f"a process of {len(tids)} threads exited: {len(exits)} exit records, {len(dead)} with group_dead "
+                  f"true; {len(forks)} thread forks of {len(tids) - 1}")
+        if not ok:
+            detail += f"; group_dead: {[x.get('group_dead', 'absent') for x in exits]}"
+        report("record-thread-exit", ok, detail, seconds=0)
+
+    def check_stats(self, r, path, recs, facts, report):
+        p = r.run(["stats", "-f", "json", "--by", "tid", path], "stats", cap=600)
+        if p.returncode != 0:
+            report("stats", False, f"exit {p.returncode}: {tail(p.stderr)}")
+            return
+        doc = json.loads(p.stdout)
+        groups = {g["tid"]: g for g in doc["groups"]}
+        problems = []
+        inp = doc["input"]
+        if inp.get("skipped_total") or not inp.get("complete"):
+            problems.append(f"input: {inp}")
+        for what, tid, state in (("sleeper", facts["sleeper"]["tid"], "sleeping"),
+                                 ("writer", facts["direct-io"]["tid"], "uninterruptible")):
+            raw = sum(1 for x in states(recs, tid) if x["from"] == state and x["dur_ns"] is not None)
+            got = groups.get(tid, {}).get("latency", {}).get(f"blocked_{state}", {}).get("count", 0)
+            if got != raw:
+                problems.append(f"{what}: {got} {state} intervals in stats, {raw} in the recording")
+        forks = groups.get(facts["fork-exec"]["pid"], {}).get("forks")
+        if forks != FORKS:
+            problems.append(f"fork parent: {forks} forks in stats, {FORKS} made")
+        detail = "; ".join(problems) or (f"stats -f json --by tid read {inp.get('records')} records; the sleeper's S, "
+                                         f"the writer's D intervals and the forks as in the recording")
+        report("stats", not problems, detail)
+
+    # record --stacks -------------------------------------------------------------
+
+    def step_stacks(self, r, report):
+        writes, blocked = (30, 0) if self.guest else (HOST_WRITES, HOST_BLOCKED)
+        writer = r.spawn(DIRECT_WRITER, self.scratch_file("stacks.bin"), writes, blocked, what="direct-io")
+        path = os.path.join(self.out, "data", "record-stacks.jsonl")
+        rec = Recording(r, path, "--stacks", "D")
+        why = rec.wait_ready(r, r.left() - 200)
+        if why:
+            raise RuntimeError(why)
+        go(writer)
+        f = r.facts(writer, "direct-io")
+        rc = rec.stop(r)
+        recs = read_jsonl(path)
+        stacks = {x["stack_id"]: x["frames"] for x in recs if x.get("type") == "stack"}
+        end = next((x for x in recs if x.get("type") == "end"), {})
+        ds = [x for x in states(recs, f["tid"], f["t0"], f["t1"])
+              if x["from"] == "uninterruptible" and x["to"] == "runnable" and x["dur_ns"] is not None]
+        with_stack = [x for x in ds if x.get("stack_id") in stacks]
+        reasons: dict = {}
+        for x in with_stack:
+            reasons[x.get("reason")] = reasons.get(x.get("reason"), 0) + 1
+        ok = rc == 0 and ds and len(with_stack) == len(ds) and not end.get("stack_lost")
+        detail = (f"ready in {rec.ready_s:.1f} s; {len(ds)} D intervals of {f['writes']} writes, "
+                  f"{len(with_stack)} with their stack; reasons {reasons}; "
+                  f"stack_failed {end.get('stack_failed')}, stack_lost {end.get('stack_lost')}")
+        if rc != 0:
+            detail += f"; exit {rc}: {tail(rec.stderr())}"
+        report("record-stacks", bool(ok), detail)
+
+    # snap ------------------------------------------------------------------------------
+
+    @staticmethod
+    def snapshots(d: str) -> list[list[dict]]:
+        return [read_jsonl(p) for p in sorted(glob.glob(os.path.join(d, "pstate-snap-*.jsonl")))]
+
+    def grew(self, before: list[dict], after: list[dict], f: dict) -> list[str]:
+        """What is wrong with how the workload's row grew from one snapshot to the next."""
+        rows = [next((x for x in s if x.get("type") == "task" and x.get("tid") == f["pid"]), None)
+                for s in (before, after)]
+        if None in rows:
+            return [f"the workload (tid {f['pid']}) is missing from a snapshot: {[x is not None for x in rows]}"]
+        a, b = rows
+        # its go byte's wake-up, then per sleep a switch-out and a wake-up,
+        # then a switch-out as it blocks on its stdin again
+        want = f["sleeps"] + 1
+        problems = []
+        for key in ("wakeups", "nvcsw"):
+            if b[key] - a[key] != want:
+                problems.append(f"{key} grew by {b[key] - a[key]}, not {want}")
+        slept = (b["sleeping_ns"] - a["sleeping_ns"]) / 1e9
+        if slept < 0.9 * f["sleeps"] * f["secs"]:
+            problems.append(f"sleeping_ns grew by {slept:.3f} s only")
+        return problems
+
+    def step_snap(self, r, report):
+        d = os.path.join(self.out, "data", "snap")
+        w = r.spawn(SNAP_SLEEPER, SNAP_SLEEPS, SLEEP_S, what="sleeper")
+        out, err = r.log("snap")
+        t0 = time.monotonic()
+        snap = subprocess.Popen([PSTATE, "snap", "--dir", d, "-i", SNAP_INTERVAL, "-n", "2"],
+                                stdout=open(out, "w"), stderr=open(err, "w"), stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        r.procs.append(snap)
+        while len(glob.glob(os.path.join(d, "pstate-snap-*.jsonl"))) < 1:
+            if snap.poll() is not None:
+                raise RuntimeError(f"snap exited {snap.returncode} before its first snapshot: {tail(open(err).read())}")
+            r.left()
+            time.sleep(0.5)
+        first_s = time.monotonic() - t0
+        go(w)
+        f = self.read_line(r, w)
+        try:
+            rc = snap.wait(timeout=r.left(300))
+        except subprocess.TimeoutExpired:
+            raise StepTimeout("snap did not write its second snapshot") from None
+        w.stdin.close()
+        snaps = self.snapshots(d)
+        if snaps:
+            self.save_plan("snap", snaps[0][0] if snaps[0] and snaps[0][0].get("type") == "meta" else None)
+        if rc != 0 or len(snaps) != 2:
+            raise RuntimeError(f"snap exited {rc} with {len(snaps)} snapshots: {tail(open(err).read())}")
+        problems = []
+        if snaps[1][0]["ts"] < f["t_done"]:
+            problems.append(f"the workload ended after the second snapshot (interval {SNAP_INTERVAL} too short here)")
+        problems += self.grew(snaps[0], snaps[1], f)
+        detail = (f"first snapshot {first_s:.1f} s after start; between the two, {f['sleeps']} sleeps: "
+                  + ("; ".join(problems) if problems else f"wakeups and nvcsw grew by {f['sleeps'] + 1}"))
+        report("snap", not problems, detail)
+
+    def read_line(self, r, p) -> dict:
+        limit = time.monotonic() + r.left(300)
+        while time.monotonic() < limit:
+            ready, _, _ = select.select([p.stdout], [], [], 1)
+            if ready:
+                return json.loads(p.stdout.readline())
+        raise StepTimeout("the workload did not report")
+
+    def step_collector(self, r, report):
+        d = os.path.join(self.out, "data", "collector")
+        w = r.spawn(SNAP_SLEEPER, SNAP_SLEEPS, SLEEP_S, what="sleeper")
+        problems = []
+        t0 = time.monotonic()
+        p = r.run(["snap", "--start"], "start")
+        if p.returncode != 0:
+            raise RuntimeError(f"snap --start exited {p.returncode}: {tail(p.stderr)}")
+        start_s = time.monotonic() - t0
+        try:
+            a = r.run(["snap", "--dir", d], "snap-a", cap=600)
+            go(w)
+            f = self.read_line(r, w)
+            b = r.run(["snap", "--dir", d], "snap-b", cap=600)
+            st = r.run(["snap", "--status"], "status", cap=300)
+        finally:
+            stop = r.run(["snap", "--stop"], "stop", cap=300)
+        w.stdin.close()
+        snaps = self.snapshots(d)
+        if snaps and snaps[0]:
+            self.save_plan("snap", snaps[0][0])
+        for what, q in (("snap --dir (first)", a), ("snap --dir (second)", b), ("snap --status", st),
+                        ("snap --stop", stop)):
+            if q.returncode != 0:
+                problems.append(f"{what} exited {q.returncode}: {tail(q.stderr, 300)}")
+        if len(snaps) == 2:
+            problems += self.grew(snaps[0], snaps[1], f)
+        else:
+            problems.append(f"{len(snaps)} snapshots written, not 2")
+        left = [os.path.join(dp, n) for dp, ds, fs in os.walk("/sys/fs/bpf/pstate") for n in ds + fs]
+        if left:
+            problems.append(f"left pinned after --stop: {left[:5]}")
+        after = r.run(["snap", "--status"], "status-after", cap=300)
+        if after.returncode == 0:
+            problems.append("snap --status still finds a collector after --stop")
+        detail = (f"--start took {start_s:.1f} s; " +
+                  ("; ".join(problems) if problems else
+                   f"two snapshots of it: wakeups and nvcsw grew by {f['sleeps'] + 1}; --status ok; "
+                   "nothing left pinned after --stop"))
+        report("snap-collector", not problems, detail)
+
+
+# --- the guest's set-up --------------------------------------------------------------
+
+def sh(*cmd, check=True) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+    return p.stdout
+
+
+def mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def mount_label(label: str, where: str):
+    os.makedirs(where, exist_ok=True)
+    for _ in range(20):  # the virtio disks show up shortly after virtio_blk is loaded
+        if subprocess.run(["mount", f"LABEL={label}", where], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"no disk labelled {label} (see /proc/partitions: {open('/proc/partitions').read().split()[4:]})")
+
+
+def setup_guest(args) -> list[str]:
+    """The guest's mounts: its own bpffs, the program cache disk, the scratch
+    disk, and the kernel's Debian header trees where the packages put them.
+    Returns what did not work (each check then fails on its own)."""
+    problems = []
+
+    def step(what, fn, *a):
+        try:
+            fn(*a)
+        except Exception as e:
+            problems.append(f"{what}: {e}")
+
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    for fs, where in (("tracefs", "/sys/kernel/tracing"), ("debugfs", "/sys/kernel/debug"), ("bpf", "/sys/fs/bpf")):
+        if not mounted(where):
+            step(f"mount {fs}", sh, "mount", "-t", fs, fs, where)
+    for mod in ("virtio_blk", "ext4"):
+        sh("modprobe", mod, check=False)
+    step("program cache", setup_program_cache)
+    step("scratch disk", mount_label, "pstate-scratch", args.scratch)
+    step("header trees", setup_headers, args.kernel_root)
+    return problems
+
+
+def setup_program_cache():
+    sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/var/cache/pstate")
+    mount_label("pstate-programs", PROGRAM_CACHE)
+    os.chown(PROGRAM_CACHE, 0, 0)
+    os.chmod(PROGRAM_CACHE, 0o755)
+
+
+def setup_headers(root: str):
+    """/usr/src holds the kernel's own trees only (a tmpfs over the host's),
+    bound from the unpacked packages, and its linux-kbuild in /usr/lib, so
+    /lib/modules/<release>/build leads to the arch tree as on an installed
+    Debian system."""
+    sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/usr/src")
+    for src in sorted(glob.glob(os.path.join(root, "usr/src/*")) + glob.glob(os.path.join(root, "usr/lib/linux-kbuild-*"))):
+        dst = src[len(root):]
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        else:
+            os.makedirs(dst, exist_ok=True)
+            sh("mount", "--bind", src, dst)
+
+
+def kernel_facts(out: str, args):
+    release = os.uname().release
+    cmds = [["uname", "-a"], ["cat", "/proc/cmdline"], ["nproc"], ["ls", "-la", "/sys/kernel/btf/vmlinux"],
+            ["ls", "-la", f"/lib/modules/{release}/", "/usr/src/"], ["realpath", f"/lib/modules/{release}/build"],
+            ["cat", "/sys/kernel/tracing/events/sched/sched_switch/format"],
+            ["ls", "/sys/kernel/tracing/events/sched/"], ["findmnt", "-l"], ["df", "-h"]]
+    with open(os.path.join(out, "kernel-facts.txt"), "w") as f:
+        for cmd in cmds:
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            f.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mode", choices=("guest", "host"), required=True)
+    ap.add_argument("--accel", default="host", help="how the guest runs (tcg, kvm) or host")
+    ap.add_argument("--kernel-root", help="guest: the kernel's unpacked packages")
+    ap.add_argument("--scratch", help="a directory on a block device (O_DIRECT); guest: where to mount its disk")
+    ap.add_argument("--steps", default=",".join(STEPS))
+    args = ap.parse_args()
+    os.umask(0o022)
+    if args.mode == "host" and os.environ.get("PSTATE_MATRIX_NS") != str(os.getpid()):
+        # on the host, a mount namespace of its own with a bpffs of its own:
+        # the collector check meets nobody else's collector
+        os.execvpe("unshare", ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                               'export PSTATE_MATRIX_NS=$$; exec "$0" "$@"', sys.executable, *sys.argv], os.environ)
+    checks = Checks(args)
+    if args.mode == "guest":
+        args.scratch = args.scratch or "/mnt/scratch"
+        problems = setup_guest(args)
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        checks.result("boot", not problems, up, "; ".join([os.uname().release] + problems), accel=args.accel)
+    else:
+        sh("mount", "-t", "bpf", "bpf", "/sys/fs/bpf")
+        os.makedirs(args.scratch, exist_ok=True)
+    kernel_facts(args.out, args)
+    for step in args.steps.split(","):
+        checks.run_step(step)
+    subprocess.run(["sync"])
+
+
+if __name__ == "__main__":
+    main()

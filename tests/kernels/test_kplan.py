@@ -1,0 +1,91 @@
+"""The kernel matrix's expected plans and table (tests/kernels/kplan.py):
+no root, no network, no guest."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import struct
+
+import pytest
+
+import kplan
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KERNELS = ("deb510", "deb61", "deb61rt", "deb612")
+
+
+def typedefs_of(kid: str) -> set[str]:
+    with lzma.open(os.path.join(HERE, "btf", f"{kid}.btf.xz")) as f:
+        return kplan.btf_typedefs(f.read())
+
+
+@pytest.mark.parametrize("kid", KERNELS + ("host",))
+def test_every_expected_plan_names_record_and_snap(kid):
+    with open(os.path.join(HERE, "expected", f"{kid}.json")) as f:
+        expected = json.load(f)
+    for program in ("record", "snap"):
+        assert set(expected[program]) >= {"probe_paths", "wakeups_at"}
+        assert set(expected[program]["probe_paths"].values()) <= {"tp_btf", "raw_tracepoint", "tracepoint"}
+
+
+def test_the_wake_list_only_from_6_5():
+    assert kplan.expected_plan(typedefs_of("deb612"))["record"]["wakeups_at"] == "sched_wakeup"
+    for kid in ("deb510", "deb61", "deb61rt"):
+        plan = kplan.expected_plan(typedefs_of(kid))["record"]
+        assert plan["wakeups_at"] == "sched_waking" and "csd_queue_cpu" not in plan["probe_paths"]
+
+
+def tiny_btf(*typedefs: str) -> bytes:
+    """Raw BTF of an int and a typedef per name."""
+    strings = b"\0int\0" + b"".join(n.encode() + b"\0" for n in typedefs)
+    types = struct.pack("<IIII", 1, 1 << 24, 4, 32)  # int: name, kind 1, size 4, its u32
+    at = 5
+    for n in typedefs:
+        types += struct.pack("<III", at, 8 << 24, 1)  # typedef of type 1
+        at += len(n) + 1
+    return struct.pack("<HBBIIIII", 0xEB9F, 1, 0, 24, 0, len(types), len(types), len(strings)) + types + strings
+
+
+def test_typedefs_read_from_raw_btf():
+    raw = tiny_btf("btf_trace_sched_switch", "u32", "btf_trace_csd_queue_cpu")
+    assert kplan.btf_typedefs(raw) == {"btf_trace_sched_switch", "btf_trace_csd_queue_cpu"}
+    plan = kplan.expected_plan(kplan.btf_typedefs(raw))
+    assert plan["record"]["probe_paths"]["sched_switch"] == "tp_btf"
+    assert plan["record"]["probe_paths"]["sched_process_exit"] == "tracepoint"
+    assert plan["record"]["wakeups_at"] == "sched_wakeup"
+    with pytest.raises(ValueError):
+        kplan.btf_typedefs(b"\0" * 24)
+
+
+def test_a_missing_field_or_program_is_a_difference_not_a_crash():
+    expected = {"_kernel": "x", "record": {"probe_paths": {"sched_switch": "tp_btf"}, "wakeups_at": "sched_waking"},
+                "snap": {"wakeups_at": "sched_wakeup"}}
+    got = {"record": {"probes": "tracepoint", "wakeups_at": "sched_waking"}}
+    assert kplan.compare(expected, got) == [
+        "record.probe_paths: absent from the meta record (expected 1 events (tp_btf))",
+        "snap: no meta record (the program did not start)",
+    ]
+    got = {"record": {"probe_paths": {"sched_switch": "raw_tracepoint", "irq_handler_entry": "raw_tracepoint"},
+                      "wakeups_at": "sched_wakeup"}, "snap": {"wakeups_at": "sched_wakeup"}}
+    assert kplan.compare(expected, got) == [
+        "record.probe_paths.irq_handler_entry: raw_tracepoint, expected absent",
+        "record.probe_paths.sched_switch: raw_tracepoint, expected tp_btf",
+        "record.wakeups_at: sched_wakeup, expected sched_waking",
+    ]
+    assert kplan.compare(expected, {"record": expected["record"], "snap": {"wakeups_at": "sched_wakeup"}}) == []
+
+
+def test_the_table_has_a_row_per_check_and_a_column_per_kernel():
+    results = {("host", "record"): {"ok": True, "seconds": 0.24}, ("deb61", "record"): {"ok": False, "seconds": 140},
+               ("deb61", "snap"): {"ok": None, "seconds": 0}, ("host", "snap"): {"ok": True, "seconds": 754}}
+    text = kplan.table(["host", "deb61"], ["boot", "record", "snap"], results, [("wall", {"host": "28s"})])
+    assert text.splitlines() == [
+        "check   host       deb61",
+        "boot    -          -",
+        "record  ok 0.2s    FAIL 140s",
+        "snap    ok 12m34s  skip",
+        "wall    28s        -",
+    ]
+    assert kplan.failed(["host", "deb61"], ["record", "snap"], results) == [("deb61", "record")]
