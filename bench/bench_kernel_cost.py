@@ -556,9 +556,28 @@ def _patch_source(src_dir: str | None, text: str | None = None, prefix: str = ""
     def source(name: str) -> str:
         if text is not None:
             return text
-        return prefix + loader.with_headers(read(f"{name}.bpf.c"), read)
+        c = prefix + loader.with_headers(read(f"{name}.bpf.c"), read)
+        return c.replace("PSTATE_LIFE(", "PSTATE_PROBE(") if older else c
 
+    # A revision from before the plan per tracepoint (no PATH_<event> in its
+    # bpf/tpargs.h) knows one switch for the tp_btf path (TP_BTF) and one for
+    # raw lifecycle programs (LIFE_RAW), and names those PSTATE_LIFE: given
+    # both from this tree's plan, it builds as it did.
+    older = (text is None and src_dir is not None and os.path.exists(os.path.join(src_dir, "tpargs.h"))
+             and "PATH_" not in read("tpargs.h"))
     loader.source = source
+    if older:
+        from pstate.kernel import probeplan
+
+        plan_of = loader.probe_plan
+
+        def probe_plan(*args, **kwargs):
+            plan = plan_of(*args, **kwargs)
+            plan.defines["TP_BTF"] = plan.path == probeplan.TP_BTF
+            plan.defines["LIFE_RAW"] = plan.life == probeplan.RAW
+            return plan
+
+        loader.probe_plan = probe_plan
 
 
 def floor_main(text: str = FLOOR_C, probes: str = "tracepoint") -> int:

@@ -387,6 +387,8 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
         out["ENVIRONMENT"] = [section("ENVIRONMENT"), *definitions(prose["environment"])]
     if prose.get("files"):
         out["FILES"] = [section("FILES"), *definitions(prose["files"])]
+    if prose.get("requirements"):
+        out["REQUIREMENTS"] = [section("REQUIREMENTS"), *blocks(prose["requirements"])]
     return out
 
 
@@ -444,7 +446,7 @@ def overview_page(ctx: click.Context) -> str:
     lines += [section("OPTIONS"), *options_section(ctx, {})]
     lines += flag_table_section()
     extra = prose_sections(prose)
-    lines += extra.get("OVERHEAD", [])
+    lines += extra.get("REQUIREMENTS", []) + extra.get("OVERHEAD", [])
     if cli.epilog:
         lines += [section("EXAMPLES"), *examples_section(cli.epilog)]
     lines += exit_status_section({}, set(ExitCode))

@@ -71,33 +71,45 @@ _READER_EXIT = {
 }
 
 _TRACEFS_AND_HEADERS = [
-    ("/sys/kernel/tracing", "tracefs (or /sys/kernel/debug/tracing): the sched tracepoints and the "
-                            "`sched_switch` format, from which the kernel's state letters are decoded."),
+    ("/sys/kernel/tracing", "tracefs (or /sys/kernel/debug/tracing): the sched tracepoints, their format "
+                            "files (the fields of the classic ones) and the `sched_switch` format, from which "
+                            "the kernel's state letters are decoded."),
     ("/lib/modules/RELEASE/build",
-     "Kernel headers that bcc compiles the BPF program against; Debian's split "
-     "/usr/src/linux-headers-* trees are merged under /var/cache/pstate/kernel-headers. "
-     "`--kernel-headers` or PSTATE_KERNEL_HEADERS names another tree. Headers are code run "
-     "as root: a tree is used only if it and every directory above it are owned by root and "
-     "writable by no one else, and, before each compile, every file and directory under its "
-     "include/ and arch/ too, links checked at their targets; otherwise pstate exits 77."),
+     "Kernel headers that bcc compiles the BPF program against (any version's: the programs read kernel "
+     "structs only at offsets from the BTF). Looked for in this order: `--kernel-headers` or "
+     "PSTATE_KERNEL_HEADERS; the running kernel's build link, a full tree (Fedora, RHEL) or Debian's and "
+     "Ubuntu's arch tree, merged with its -common tree under /var/cache/pstate/kernel-headers; the "
+     "/usr/src/linux-headers-* and /usr/src/kernels/* trees; the kernel's own /sys/kernel/kheaders.tar.xz "
+     "(CONFIG_IKHEADERS), unpacked there. `pstate doctor` compiles a small program against the tree it "
+     "finds. Headers are code run as root: a tree is used only if it and every directory above it are "
+     "owned by root and writable by no one else, and, before each compile, every file and directory "
+     "under its include/ and arch/ too, every link of a chain and every directory on its way checked; "
+     "otherwise pstate exits 77."),
 ]
 _PROGRAM_CACHE = ("/var/cache/pstate/programs",
-                  "Compiled BPF programs. The first run of a program (per kernel and its BTF, path "
-                  "(tp_btf or tracepoint), bcc, settings and pstate version) compiles it with bcc's clang, about a second of CPU "
-                  "and 150 MB; later runs load the cached instructions without a compiler. Entries "
-                  "must be owned by root and writable by no one else, or they are ignored.")
+                  "Compiled BPF programs. The first run of a program (per kernel and its BTF, plan (how each "
+                  "tracepoint is attached), bcc, settings and pstate version) compiles it with bcc's clang, "
+                  "about a second of CPU and 150 MB; later runs load the cached instructions without a "
+                  "compiler. Entries must be owned by root and writable by no one else, or they are ignored.")
 _BTF = ("/sys/kernel/btf/vmlinux",
-        "The running kernel's BTF type information: with it (CONFIG_DEBUG_INFO_BTF, Linux 5.5 or later) "
-        "record and snap take the tp_btf path, reading the offsets of the task_struct fields they load "
-        "from it, never from a header tree; without it, or when the kernel refuses the programs, the "
-        "classic tracepoints (`pstate doctor` says which). On the tracepoint path the programs on fork, "
-        "exec, exit, the task's free and record's csd_queue_cpu are raw tracepoints reading the offsets from it; only without it "
-        "are they classic tracepoints, which run with interrupts on, and while one runs the kernel skips "
-        "any other classic tracepoint's program on its CPU: a wake-up an interrupt makes meanwhile is "
-        "lost, and the sleep it ends reads as running without a wake-up (rare, more often under fork "
-        "churn). The kernel skips them as well while a bpf(2) map call of any process is under way on "
-        "the CPU (a tool that reads BPF maps in a loop makes that frequent); the tp_btf path is not "
-        "skipped so. Linux 6.7 and later count the runs skipped: record reports them as loss (reason "
+        "The running kernel's BTF type information (CONFIG_DEBUG_INFO_BTF). record and snap plan each "
+        "tracepoint from it and the tracefs format files, by what the kernel has, never by its version: "
+        "tp_btf (a BTF-typed raw tracepoint reading the task itself at offsets from the BTF) where the "
+        "kernel's BTF has the tracepoint's prototype and the members the program reads; else, for fork, "
+        "exec, exit, the task's free and record's csd_queue_cpu, a raw tracepoint reading the same offsets; "
+        "else the classic tracepoint. What a kernel's tracepoint lacks is served another way and said in "
+        "the meta record (probe_notes): before Linux 5.18 sched_switch has no prev_state and the state is "
+        "read from the task, as the kernel's own tracepoint read it; sched_process_exit's group_dead is "
+        "derived from the process's count of live threads where the tracepoint lacks it. `pstate doctor` "
+        "shows the plan and what each tracepoint not on tp_btf lacks; the meta record's probe_paths says "
+        "it per tracepoint. A program the kernel refuses as tp_btf is taken another way (unless "
+        "`--probes tp_btf`). Classic lifecycle programs run with interrupts on, and while one runs the "
+        "kernel skips any other classic tracepoint's program on its CPU: a wake-up an interrupt makes "
+        "meanwhile is lost, and the sleep it ends reads as running without a wake-up (rare, more often under "
+        "fork churn); the plan takes them as classic ones only where the kernel's BTF does not allow "
+        "otherwise. The kernel skips classic programs as well while a bpf(2) map call of any process is "
+        "under way on the CPU (a tool that reads BPF maps in a loop makes that frequent); tp_btf programs are "
+        "not skipped so. Linux 6.7 and later count the runs skipped: record reports them as loss (reason "
         "skipped, the end record's lost_skipped, a warning on stderr) and snap in its meta record "
         "(skipped) and as pstate_skipped_runs_total. Skipped runs of record's programs that only note "
         "context for other records (csd_queue_cpu's waker, the interrupt marks) lose no transition and "
@@ -171,6 +183,29 @@ PAGES: dict[str, dict] = {
             streams, recordings and snapshots anywhere. Every command writes
             its results to standard output and its diagnostics to standard
             error, and a closed output pipe ends it quietly.
+            """,
+        "requirements": """
+            `stats`, `heat`, `replay` and `export` need Python 3.9 or later,
+            nothing of the kernel and no privilege. `record` and `snap` need
+            root (or CAP_BPF and CAP_PERFMON with read access to tracefs),
+            bcc (Debian's and Ubuntu's python3-bpfcc), a kernel header tree
+            of any version (FILES of pstate-record(1)), tracefs with the sched, task, irq and
+            timer tracepoints, and of the kernel's BPF what each finds by
+            trying it, never by the kernel's version (distributions backport
+            BPF features): `record` the BPF ring buffer (Linux 5.8), the snap
+            collector (`snap --start`) BPF links it can pin for the way each
+            tracepoint is attached (Linux 5.7 for raw and tp_btf tracepoints,
+            5.15 for classic ones). A kernel without one is refused with the
+            feature named; `pstate doctor` shows each.
+
+            Each tracepoint is attached the best way the kernel allows
+            (/sys/kernel/btf/vmlinux in FILES of pstate-record(1)): the
+            kernels pstate is tested on,
+            Debian's 5.10, 6.1, 6.1-rt and 6.12 booted under qemu, and this
+            project's development kernel, take every tracepoint as tp_btf
+            (`make test-kernels`; docs/kernels.md lists what each plans and
+            passes). Those guests run the development machine's user space
+            (bcc 0.26, Python 3.11): older user spaces are not claimed.
             """,
         "overhead": """
             Only `record` and `snap` run code in the kernel; their pages give
