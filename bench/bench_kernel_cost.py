@@ -61,7 +61,9 @@ of A, B and B - A are printed with the pairs' quartiles.
                                                      what the histograms cost, pair by pair
     sudo .venv/bin/python bench/bench_kernel_cost.py --against HEAD --paired snap_HEAD,snap --stats-runs 16
 
---parts: what each part of record's programs costs in the storm (PARTS:
+--parts: what each part of record's programs costs in the storm, as
+experiments on the BPF C of the revision they were written for (PARTS_FROM,
+--parts-from; beside that revision's unchanged program) (PARTS:
 sched_switch's body, its clock read alone, sched_waking's body; reserving a
 record, filling it, reading the cgroup id, a copy from the stack instead of
 a reservation, one reservation for a switch's two records), each as
@@ -206,12 +208,14 @@ BTF_SET = ("floor2", "floor_btf", "acct_btf", "snap", "snap_tp", "collector", "r
 READY = "bench-kernel-cost: attached"
 
 # --parts: what each part of record's programs costs in the storm. Each part
-# is record's BPF C (bpf/record.bpf.c) with one change, written to a
-# directory of its own and run as record --min-dur 1ms (the path of a switch
-# that reports nothing) or record (every event), beside the unchanged
-# program. Every change must match the source exactly: when record.bpf.c
-# moves on, the bench stops with the part's name rather than measure
-# something else.
+# is record's BPF C with one change, written to a directory of its own and
+# run as record --min-dur 1ms (the path of a switch that reports nothing) or
+# record (every event), beside the unchanged program. The parts are
+# experiments on the BPF C of the revision they were written for
+# (PARTS_FROM; --parts-from another), never on the product's own files:
+# bpf/ changes without them. Every change must match that text exactly, or
+# the bench stops with the part's name rather than measure something else.
+PARTS_FROM = "d6aac1f"
 _SWITCH = "PSTATE_PROBE(sched, sched_switch) {\n"
 _CLOCK = "    u64 now = bpf_ktime_get_ns();\n"
 _SUBMIT = "    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);\n"
@@ -513,7 +517,8 @@ def part_source(text: str, part: str) -> str:
     source = text
     for old, new, through in PARTS[part][2]:
         if text.count(old) != 1 or (through and through not in text[text.find(old):]):
-            sys.exit(f"--parts {part}: bpf/record.bpf.c no longer has the text it changes: {old.strip()!r}")
+            sys.exit(f"--parts {part}: this record.bpf.c has not the text it changes (--parts-from the revision "
+                     f"it was written for): {old.strip()!r}")
         i = text.index(old)
         j = text.index(through, i) + len(through) if through else i + len(old)
         text = text[:i] + (new(source) if callable(new) else new) + text[j:]
@@ -1082,22 +1087,29 @@ def main() -> int:
     ap.add_argument("--parts", action="store_true", help="also run record with each of PARTS' changes (see there), "
                     "with the unchanged record and record --min-dur 1ms and the floor")
     ap.add_argument("--paired", metavar="A,B", help="only bpf_stats, A and B attached at once (see the top)")
+    ap.add_argument("--parts-from", metavar="REV", default=PARTS_FROM,
+                    help=f"the revision whose BPF C --parts changes (default {PARTS_FROM}, theirs)")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "kernel_cost.json"))
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench_kernel_cost.py needs root (BPF, sysctl)")
     tmp = tempfile.mkdtemp(prefix="pstate-kcost-")
     try:
+        if a.parts and (a.against or a.against_dir):
+            sys.exit("--parts runs beside the revision its parts change (--parts-from), not --against")
+        if a.parts:
+            a.against = a.parts_from
         tag = (a.against or "").replace("/", "_")[:12]
         against = git_tree(a.against, os.path.join(tmp, "against")) if a.against else None
         if a.against_dir:
             if a.against:
                 sys.exit("--against and --against-dir: one of them")
             against, tag = os.path.abspath(a.against_dir), os.path.basename(os.path.abspath(a.against_dir))[:12]
-        parts = part_dirs(os.path.abspath(a.src), tmp) if a.parts else None
+        parts = part_dirs(against, tmp) if a.parts else None
         cs = make_contenders(os.path.abspath(a.src), against, tag, parts)
         if parts and not a.only:
-            a.only = ",".join(["floor_btf", "record_min_dur", "record"] + [f"{PARTS[p][0]}_{p}" for p in parts])
+            a.only = ",".join(["floor_btf", f"record_min_dur_{tag}", f"record_{tag}"]
+                              + [f"{PARTS[p][0]}_{p}" for p in parts])
         labels = {c.key: c.label for c in cs}
         results = {"machine": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                                "kernel": platform.release(), "ncpu": os.cpu_count(),
