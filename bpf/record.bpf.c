@@ -408,47 +408,63 @@ static __always_inline u64 cgroup_of(u8 cg, const char *task) {
     return 0;
 }
 
-// One event of any type, through the task and CPU filters.
-static __always_inline void emit(struct settings *cfg, u8 type, u64 now, u32 cpu, u32 tgid, u32 tid,
-                                 const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                 u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 irqs_on, u8 cg,
-                                 const char *task) {
-    if (!task_match(cfg, cpu, tgid, tid, comm))
+// What one record says, named at its call site (the fields it leaves out
+// are 0): the record's own fields (struct event), the task's name where it
+// lies, whose cgroup id it carries (cg, with the task for CG_TASK), and
+// whether the caller runs with interrupts on (see count_atomic). Every
+// caller is inlined, and so is this struct: no copy of it is made.
+struct emit_args {
+    u64 now;
+    u64 dur;
+    const char *comm;
+    const char *task;
+    u32 cpu;
+    u32 tgid;
+    u32 tid;
+    u32 kstate;
+    u32 other_pid;
+    u32 other_tid;
+    u32 stack;
+    s32 prio;
+    u16 from;
+    u16 to;
+    u8 type;
+    u8 cause;
+    u8 flags;
+    u8 cg;
+    u8 irqs_on;
+};
+
+// One event of any type, through the task and CPU filters. A state record's
+// caller has checked transition_match(from, to, dur) first: the cheapest
+// test, and the one that fails most often under --state or --min-dur.
+static __always_inline void emit(struct settings *cfg, const struct emit_args *a) {
+    if (!task_match(cfg, a->cpu, a->tgid, a->tid, a->comm))
         return;
     struct slot_pos *pos = 0;
-    struct event *e = reserve(irqs_on, &pos);
+    struct event *e = reserve(a->irqs_on, &pos);
     if (!e)
         return;
-    e->ts = now;
-    e->dur = dur;
-    e->pid = tgid;
-    e->tid = tid;
-    e->other_pid = other_pid;
-    e->other_tid = other_tid;
-    e->kstate = kstate;
-    e->from = from;
-    e->to = to;
-    e->cpu = cpu;
-    e->type = type;
-    e->cause = cause;
-    e->prio = prio;
-    e->flags = flags;
+    e->ts = a->now;
+    e->dur = a->dur;
+    e->pid = a->tgid;
+    e->tid = a->tid;
+    e->other_pid = a->other_pid;
+    e->other_tid = a->other_tid;
+    e->kstate = a->kstate;
+    e->from = a->from;
+    e->to = a->to;
+    e->cpu = a->cpu;
+    e->type = a->type;
+    e->cause = a->cause;
+    e->prio = a->prio;
+    e->flags = a->flags;
     e->pad = 0;
-    COMM_COPY(e->comm, comm);
-    e->stack = stack;
+    COMM_COPY(e->comm, a->comm);
+    e->stack = a->stack;
     e->pad2 = 0;
-    e->cgroup = cgroup_of(cg, task);
+    e->cgroup = cgroup_of(a->cg, a->task);
     submit(e, pos);
-}
-
-// the caller has checked transition_match(from, to, dur): the cheapest
-// test, and the one that fails most often under --state or --min-dur
-static __always_inline void emit_state(struct settings *cfg, u64 now, u32 cpu, u32 tgid, u32 tid,
-                                       const char *comm, u16 from, u16 to, u64 dur, u8 cause, s32 prio, u8 flags,
-                                       u32 kstate, u32 other_pid, u32 other_tid, u32 stack, u8 cg,
-                                       const char *task) {
-    emit(cfg, EV_STATE, now, cpu, tgid, tid, comm, from, to, dur, cause, prio, flags, kstate, other_pid,
-         other_tid, stack, 0, cg, task);
 }
 
 static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
@@ -522,8 +538,11 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         // kstate carries the CPU the task was queued on (waking: the one it last ran on).
         if (ctx)
             waker_pid = waker_tid = 0;
-        emit_state(cfg, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_RUNNABLE, dur, cause, -1, ctx,
-                   target_cpu, waker_pid, waker_tid, stack, CG_TASK, task);
+        emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = bpf_get_smp_processor_id(),
+                                      .tgid = tgid, .tid = tid, .comm = comm, .from = from, .to = ST_RUNNABLE,
+                                      .dur = dur, .cause = cause, .prio = -1, .flags = ctx, .kstate = target_cpu,
+                                      .other_pid = waker_pid, .other_tid = waker_tid, .stack = stack,
+                                      .cg = CG_TASK, .task = task});
     }
     set_state(tid, ts, tgid, ST_RUNNABLE, now);
 }
@@ -573,8 +592,11 @@ PSTATE_PROBE(sched, sched_switch) {
         }
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
             SW_PREV_COMM(comm);
-            emit_state(cfg, now, cpu, current_tgid(&prev_tgid), prev, comm, ST_RUNNING, to, dur, CAUSE_SWITCH_OUT,
-                       SW_PREV_PRIO, bits ? F_VOLUNTARY : 0, kstate, 0, next, 0, CG_CURRENT, 0);
+            emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu,
+                                          .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
+                                          .from = ST_RUNNING, .to = to, .dur = dur, .cause = CAUSE_SWITCH_OUT,
+                                          .prio = SW_PREV_PRIO, .flags = bits ? F_VOLUNTARY : 0, .kstate = kstate,
+                                          .other_tid = next, .cg = CG_CURRENT});
         }
         // The stack of a task blocking in a --stacks state; every other
         // switch pays one test of the settings row. Only a reported task's:
@@ -608,8 +630,9 @@ PSTATE_PROBE(sched, sched_switch) {
         }
     } else if (cfg->include_idle && transition_match(cfg, ST_RUNNING, ST_PREEMPTED, NO_DUR)) {
         SW_PREV_COMM(comm);
-        emit_state(cfg, now, cpu, 0, 0, comm, ST_RUNNING, ST_PREEMPTED, NO_DUR, CAUSE_SWITCH_OUT,
-                   SW_PREV_PRIO, 0, kstate, 0, next, 0, CG_CURRENT, 0);
+        emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .comm = comm, .from = ST_RUNNING,
+                                      .to = ST_PREEMPTED, .dur = NO_DUR, .cause = CAUSE_SWITCH_OUT,
+                                      .prio = SW_PREV_PRIO, .kstate = kstate, .other_tid = next, .cg = CG_CURRENT});
     }
 
     if (next != 0) {
@@ -645,14 +668,19 @@ PSTATE_PROBE(sched, sched_switch) {
             tgid = SW_NEXT_TGID; // known on the tp_btf path only
         if (transition_match(cfg, from, ST_RUNNING, dur)) {
             SW_NEXT_COMM(comm);
-            emit_state(cfg, now, cpu, tgid, next, comm, from, ST_RUNNING, dur, CAUSE_SWITCH_IN, SW_NEXT_PRIO,
-                       0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
+            emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .tgid = tgid, .tid = next,
+                                          .comm = comm, .from = from, .to = ST_RUNNING, .dur = dur,
+                                          .cause = CAUSE_SWITCH_IN, .prio = SW_NEXT_PRIO,
+                                          .other_pid = prev ? current_tgid(&prev_tgid) : 0, .other_tid = prev,
+                                          .cg = CG_TASK, .task = SW_NEXT_TASK});
         }
         set_state(next, ts, tgid, ST_RUNNING, now);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         SW_NEXT_COMM(comm);
-        emit_state(cfg, now, cpu, 0, 0, comm, ST_PREEMPTED, ST_RUNNING, NO_DUR, CAUSE_SWITCH_IN,
-                   SW_NEXT_PRIO, 0, 0, prev ? current_tgid(&prev_tgid) : 0, prev, 0, CG_TASK, SW_NEXT_TASK);
+        emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .comm = comm, .from = ST_PREEMPTED,
+                                      .to = ST_RUNNING, .dur = NO_DUR, .cause = CAUSE_SWITCH_IN,
+                                      .prio = SW_NEXT_PRIO, .other_pid = prev ? current_tgid(&prev_tgid) : 0,
+                                      .other_tid = prev, .cg = CG_TASK, .task = SW_NEXT_TASK});
     }
     return 0;
 }
@@ -791,26 +819,28 @@ PSTATE_PROBE(sched, sched_wakeup_new) {
 // ran (the IPI that queues a wake-up on its CPU, a timer's wake-up), which is
 // how a sleep ended without a wake-up on the classic path. Raw tracepoint
 // programs are skipped only when the same program is running already.
-static __always_inline void irq_mark(int which, u8 on) {
+enum irq_mark { MARK_HARD, MARK_TIMER, MARK_SOFT }; // the fields of struct irq_ctx
+
+static __always_inline void irq_mark(enum irq_mark which, u8 on) {
     u32 zero = 0;
     struct irq_ctx *ic = irq_state.lookup(&zero);
     if (!ic)
         return;
-    if (which == 0)
+    if (which == MARK_HARD)
         ic->hard = on;
-    else if (which == 1)
+    else if (which == MARK_TIMER)
         ic->timer = on;
     else
         ic->soft = on;
 }
 
 RAW_TRACEPOINT_PROBE(irq_handler_entry) {
-    irq_mark(0, 1);
+    irq_mark(MARK_HARD, 1);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(irq_handler_exit) {
-    irq_mark(0, 0);
+    irq_mark(MARK_HARD, 0);
     return 0;
 }
 
@@ -831,23 +861,23 @@ static __always_inline int hrtimer_is_soft(u64 timer) {
 
 RAW_TRACEPOINT_PROBE(hrtimer_expire_entry) {
     if (!hrtimer_is_soft(ctx->args[0]))
-        irq_mark(1, 1);
+        irq_mark(MARK_TIMER, 1);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(hrtimer_expire_exit) {
     if (!hrtimer_is_soft(ctx->args[0]))
-        irq_mark(1, 0);
+        irq_mark(MARK_TIMER, 0);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(softirq_entry) {
-    irq_mark(2, 1);
+    irq_mark(MARK_SOFT, 1);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(softirq_exit) {
-    irq_mark(2, 0);
+    irq_mark(MARK_SOFT, 0);
     return 0;
 }
 
@@ -878,8 +908,9 @@ static __always_inline void emit_life(u8 type, u32 tgid, u32 tid, u32 other_pid,
         return;
     COMM_BUF(comm);
     bpf_get_current_comm(comm, sizeof(comm));
-    emit(cfg, type, bpf_ktime_get_ns(), bpf_get_smp_processor_id(), tgid, tid, comm, 0, 0, NO_DUR, 0, 0, flags, 0,
-         other_pid, other_tid, 0, 1, CG_NONE, 0);
+    emit(cfg, &(struct emit_args){.type = type, .now = bpf_ktime_get_ns(), .cpu = bpf_get_smp_processor_id(),
+                                  .tgid = tgid, .tid = tid, .comm = comm, .dur = NO_DUR, .flags = flags,
+                                  .other_pid = other_pid, .other_tid = other_tid, .irqs_on = 1, .cg = CG_NONE});
 }
 
 PSTATE_PROBE(sched, sched_process_fork) {
@@ -980,8 +1011,10 @@ PSTATE_PROBE(sched, sched_process_free) {
         COMM_BUF(comm);
         LF_FREE_COMM(comm);
         // cgroup: the freed task's (on the tp_btf path; not known on the others)
-        emit(cfg, EV_STATE, now, bpf_get_smp_processor_id(), tgid, tid, comm, from, ST_REAPED, dur, CAUSE_REAP, -1,
-             0, 0, 0, 0, 0, 1, CG_TASK, LF_FREE_TASK); // in an RCU callback: interrupts on
+        emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = bpf_get_smp_processor_id(),
+                                      .tgid = tgid, .tid = tid, .comm = comm, .from = from, .to = ST_REAPED,
+                                      .dur = dur, .cause = CAUSE_REAP, .prio = -1, .cg = CG_TASK,
+                                      .task = LF_FREE_TASK, .irqs_on = 1}); // in an RCU callback: interrupts on
     }
     // A followed process is gone with its main thread: its pid may come back
     // as another process's.
