@@ -36,6 +36,7 @@ import orjson
 from pstate.analysis import snaplatency
 from pstate.snapshots import snapdir
 from pstate.stream.durations import fmt_ns
+from pstate.stream.names import cell
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.streamio import ReadStats
 
@@ -368,8 +369,15 @@ def _who(r: dict) -> list:
     return [r["pid"], r["tid"]] if "tid" in r else [r["pid"]]
 
 
+def _name(text) -> str:
+    """A group's name (comm, title, cgroup, ...) in the tables: escaped and
+    cut to COMM_WIDTH (pstate.stream.names.cell)."""
+    return cell(text, COMM_WIDTH, mark="")
+
+
 def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:
-    """Four tables in about 80 columns; JSON and CSV carry every value."""
+    """Four tables in about 80 columns; JSON and CSV carry every value (and
+    every name's exact text: the tables escape them, cell)."""
     top = DEFAULT_TOP if top is None else top
     by = rep["by"]
     boots = rep["boots"] > 1 and by not in NAMED
@@ -381,13 +389,13 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     def who(r):
         if by in NAMED:
             return []
-        return ([r["boot_id"][:8]] if boots else []) + _who(r)
+        return ([cell(r["boot_id"], 8, mark="")] if boots else []) + _who(r)
 
     def sp(values):
         return spark(values, TABLE_SPARK_WIDTH, unicode)
 
     n = rep["snapshots"]
-    out.write(f"{n} snapshot{'s' if n != 1 else ''} from {', '.join(rep['hosts']) or '?'}, "
+    out.write(f"{n} snapshot{'s' if n != 1 else ''} from {', '.join(cell(h) for h in rep['hosts']) or '?'}, "
               f"{rep['boots']} boot{'s' if rep['boots'] != 1 else ''}, {rep['runs']} run{'s' if rep['runs'] != 1 else ''}, "
               f"{fmt_ns(rep['covered_ns'])} covered\nfrom {_utc(rep['first_wall_ns'])} to {_utc(rep['last_wall_ns'])}\n")
     if rep["truncated"]:
@@ -399,7 +407,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     rows = []
     for r in rep["trends"][:top]:
         s = r["series"]
-        rows.append([*who(r), r["comm"][:COMM_WIDTH],
+        rows.append([*who(r), _name(r["comm"]),
                      f"{_pct(r['cpu_share_avg']):>6} {sp([x['cpu_share'] for x in s])}",
                      f"{_pct(r['wait_share_avg']):>6} {sp([x['wait_share'] for x in s])}",
                      f"{fmt_ns(r['d_ns_per_interval']):>6} {sp([x['uninterruptible_ns'] for x in s])}",
@@ -418,7 +426,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     out.write(grid(["END (UTC)", "LENGTH", "PROCS", "+", "-", "SHORT", "THREADS", "+", "-", "SHORT"], rows,
                    frozenset(range(1, 10))))
     if ch["by_comm"]:
-        top_c = ", ".join(f"{e['comm']} +{e['processes_born']}/-{e['processes_gone']}"
+        top_c = ", ".join(f"{cell(e['comm'])} +{e['processes_born']}/-{e['processes_gone']}"
                           for e in ch["by_comm"][:5])
         out.write(f"Most process churn: {top_c}\n")
     out.write("\n")
@@ -426,7 +434,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     out.write(f"Leak suspects: growing at each of >= {rep['min_run']} consecutive snapshots, by slope\n"
               "(a state counts the threads in it on average: 1 = one thread all the time)\n")
     if rep["leaks"]:
-        rows = [[*who(r), r["comm"][:COMM_WIDTH], r["metric"], r["snapshots"], f"{r['first']:.4g}",
+        rows = [[*who(r), _name(r["comm"]), r["metric"], r["snapshots"], f"{r['first']:.4g}",
                  f"{r['last']:.4g}", f"{r['slope_per_min']:+.4g}"] for r in rep["leaks"][:top]]
         out.write(grid([*who_hdr, name_hdr, "METRIC", "SNAPS", "FIRST", "LAST", "PER MINUTE"], rows,
                        nums | frozenset(range(nwho + 2, nwho + 6))))
@@ -439,7 +447,7 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
         rows = []
         for r in rep["changed"][:top]:
             a, b = r["first"], r["last"]
-            rows.append([*who(r), r["comm"][:COMM_WIDTH], f"{_pct(a['cpu_share'])}>{_pct(b['cpu_share'])}",
+            rows.append([*who(r), _name(r["comm"]), f"{_pct(a['cpu_share'])}>{_pct(b['cpu_share'])}",
                          f"{_pct(a['wait_share'])}>{_pct(b['wait_share'])}",
                          f"{_pct(a['d_share'])}>{_pct(b['d_share'])}", f"{a['threads']}>{b['threads']}"])
         out.write(grid([*who_hdr, name_hdr, "ON-CPU", "RUN-QUEUE", "D", "THREADS"], rows, nums))
@@ -447,7 +455,8 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
         out.write("none (nothing was in two snapshots, or nothing changed)\n")
     if rep["latency"]:
         out.write("\n")
-        snaplatency.render_table(rep["latency"], out, top, sp)
+        shown = [dict(e, group=cell(e["group"], 30, mark="")) for e in rep["latency"]]
+        snaplatency.render_table(shown, out, top, sp)
 
 
 def render_json(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -> None:

@@ -433,7 +433,10 @@ def cli(kernel_headers, live, live_timeout, fmt):
 
         click.echo(orjson.dumps([dict(zip(("check", "status", "detail", "fix"), r)) for r in report.rows]).decode())
     else:
-        rows = [(c, s, d + (f"\n  fix: {f}" if f else "")) for c, s, d, f in report.rows]
+        from pstate.stream.names import cell
+
+        # names in the details (threads, paths) shown escaped; the line break is the table's own
+        rows = [(cell(c), cell(s), cell(d) + (f"\n  fix: {cell(f)}" if f else "")) for c, s, d, f in report.rows]
         click.echo(tabulate(rows, headers=("check", "status", "detail"), tablefmt="plain", maxcolwidths=[None, None, 60]))
     if report.failed:
         click.echo("pstate doctor: some checks failed; see the fixes above", err=True)

@@ -111,6 +111,24 @@ EVENTS = {
         process was when pstate read /proc. Each id is named by a cgroup
         record before the first record that carries it (a --flight file has
         no cgroup records).
+
+        Names come from the system as bytes, which need be neither UTF-8
+        nor printable: comm, process titles (title), executables (exe),
+        cgroup paths (path, cgroup_path) and kernel symbols (frames,
+        reason). Every writer gets them through one rule. A name that is
+        only shown (comm, title, exe, kernel symbols) is UTF-8 with U+FFFD
+        in place of each sequence that is not. A cgroup path, which
+        `--cgroup` matches and pstate opens again, is lossless: each byte of
+        a sequence that is not UTF-8 is written `\\xNN` (two lowercase hex
+        digits, 80 to ff), and a backslash that would read as such an escape
+        (one followed by x5c, or by x and two hex digits from 80 to ff) as
+        `\\x5c`; nothing else changes, so systemd's
+        system-systemd\\x2dfsck.slice stays as it is. `--cgroup` takes a path
+        in that form, or with its bytes as they are. Units and containers
+        are read from these paths and keep their escapes. Control characters
+        are kept (JSON escapes them): JSON, CSV and folded output carry a
+        name's exact text, while tables, heat maps and doctor show each
+        control character escaped (`\\x1b`, `\\u202e`).
         """,
     "states": """
         The to and from fields of state records, and the state field of

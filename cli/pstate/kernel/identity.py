@@ -23,6 +23,8 @@ import os
 import re
 import time
 
+from pstate.stream import names
+
 RECHECK_NS = 200_000_000  # the second look at a new process
 UNKNOWN = "?"
 HOST = "host"
@@ -30,41 +32,49 @@ MAX_TITLE = 1024  # bytes of /proc/PID/cmdline kept
 
 
 def v2_mount(mountinfo: str = "/proc/self/mountinfo") -> str | None:
-    """Where the cgroup v2 hierarchy is mounted, or None."""
+    """Where the cgroup v2 hierarchy is mounted, or None (a str as os
+    functions take it: the bytes of a name that is not UTF-8 as surrogates)."""
     try:
         with open(mountinfo, "rb") as f:
             for line in f:
                 left, _sep, right = line.partition(b" - ")
                 if right.split(b" ", 1)[0] == b"cgroup2":
-                    return _unescape(left.split(b" ")[4].decode())
+                    return os.fsdecode(_unescape(left.split(b" ")[4]))
     except OSError:
         pass
     return None
 
 
-def _unescape(path: str) -> str:
+def _unescape(path: bytes) -> bytes:
     """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    for esc, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        path = path.replace(esc, ch)
-    return path
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes((int(m.group(1), 8) & 0xff,)), path)
 
 
 class CgroupPaths:
-    """cgroup v2 ids and paths (relative to the mount, "/" for the root)."""
+    """cgroup v2 ids and paths (relative to the mount, "/" for the root).
+    Paths are the lossless text of pstate.stream.names (a name that is not
+    UTF-8 has \\xNN escapes): what cgroup records write and --cgroup
+    matches; they are made bytes again to be opened."""
 
     def __init__(self, mount: str | None = None):
         self.mount = mount if mount is not None else v2_mount()
         self._paths: dict[int, str] = {}
 
+    def _dir(self, rel: bytes) -> bytes:
+        return os.path.join(os.fsencode(self.mount), rel) if rel else os.fsencode(self.mount)
+
     def id_of(self, path: str) -> int | None:
-        """The id of a cgroup path ("/a/b"), None when there is no such cgroup."""
+        """The id of a cgroup path ("/a/b", lossless text; the lone
+        surrogates of an os str are taken as its bytes too), None when
+        there is no such cgroup."""
         if self.mount is None:
             return None
+        rel = names.encode(path).strip(b"/")
         try:
-            st = os.stat(os.path.join(self.mount, path.lstrip("/")))
-        except OSError:
+            st = os.stat(self._dir(rel))
+        except (OSError, ValueError):  # (ValueError: a NUL in it)
             return None
-        self._paths[st.st_ino] = "/" + path.strip("/") if path.strip("/") else "/"
+        self._paths[st.st_ino] = "/" + names.decode(rel, lossless=True) if rel else "/"
         return st.st_ino
 
     def path_of(self, cgid: int) -> str | None:
@@ -79,11 +89,11 @@ class CgroupPaths:
         """The ids of a cgroup and of every cgroup under it (--cgroup)."""
         if self.mount is None:
             return []
-        top = os.path.join(self.mount, path.strip("/"))
+        mount = os.fsencode(self.mount)
         out = []
-        for dirpath, _dirs, _files in os.walk(top):
-            rel = os.path.relpath(dirpath, self.mount)
-            cgid = self.id_of("/" if rel == "." else "/" + rel)
+        for dirpath, _dirs, _files in os.walk(self._dir(names.encode(path).strip(b"/"))):
+            rel = os.path.relpath(dirpath, mount)
+            cgid = self.id_of(names.decode(b"/" if rel == b"." else b"/" + rel, lossless=True))
             if cgid is not None:
                 out.append(cgid)
         return out
@@ -94,7 +104,7 @@ class CgroupPaths:
         if path is None or self.mount is None:
             return []
         try:
-            with open(os.path.join(self.mount, path.lstrip("/"), "cgroup.procs")) as f:
+            with open(os.path.join(self._dir(names.encode(path).strip(b"/")), b"cgroup.procs"), "rb") as f:
                 return [int(x) for x in f.read().split()]
         except (OSError, ValueError):
             return []
@@ -163,16 +173,21 @@ class RowIdentities:
         return {**ident, "cgroup": cgid, "cgroup_path": paths[cgid]}
 
 
+# the "0::PATH" line of /proc/PID/cgroup; PATH as the kernel writes it, raw (a
+# newline in it too: the line ends where the next hierarchy's, or the file, begins)
+_V2_LINE = re.compile(rb"(?:^|\n)0::(/.*?)\n(?=\d+:[^\n]*:|\Z)", re.S)
+
+
 def process_cgroup(pid: int) -> str | None:
-    """The v2 path of a process's cgroup ("0::PATH" of /proc/PID/cgroup)."""
+    """The v2 path of a process's cgroup ("0::PATH" of /proc/PID/cgroup), as
+    lossless text (pstate.stream.names)."""
     try:
         with open(f"/proc/{pid}/cgroup", "rb") as f:
-            for line in f:
-                if line.startswith(b"0::"):
-                    return line[3:].rstrip(b"\n").decode("utf-8", "replace")
+            data = f.read()
     except OSError:
-        pass
-    return None
+        return None
+    m = _V2_LINE.search(data if data.endswith(b"\n") else data + b"\n")
+    return names.decode(m.group(1), lossless=True) if m else None
 
 
 def title_of(cmdline: bytes) -> str:
@@ -181,7 +196,7 @@ def title_of(cmdline: bytes) -> str:
     parts = [p for p in cmdline[:MAX_TITLE].split(b"\0")]
     while parts and not parts[-1]:
         parts.pop()
-    return b" ".join(parts).decode("utf-8", "replace").rstrip()
+    return names.decode(b" ".join(parts)).rstrip()
 
 
 def read_process(pid: int) -> dict | None:
@@ -202,7 +217,7 @@ def read_process(pid: int) -> dict | None:
         if line.startswith(b"State:"):
             state = line[6:].strip()[:1]
         elif line.startswith(b"Name:"):
-            comm = line[5:].strip().decode("utf-8", "replace")
+            comm = names.decode(line[5:].strip())
         elif line.startswith(b"PPid:"):
             ppid = int(line.split()[1])
         elif line.startswith(b"NSpid:"):
@@ -212,7 +227,7 @@ def read_process(pid: int) -> dict | None:
     if tgid is not None and tgid != pid:
         return None  # a thread's id, not a process's (or a reused pid)
     try:
-        exe = os.readlink(base + "/exe")
+        exe = names.decode(os.readlink(os.fsencode(base + "/exe")))
     except OSError:
         exe = None
     title = title_of(cmdline) or None

@@ -19,6 +19,8 @@ import time
 
 import orjson
 
+from pstate.stream.names import decode as decode_name
+
 MAX_DEPTH = 127  # PERF_MAX_STACK_DEPTH: a stack map value holds this many u64 addresses
 
 # Scheduler plumbing: the frames a blocked task's stack has above the code
@@ -88,9 +90,9 @@ class Kallsyms:
                 parts = line.split()
                 if len(parts) < 3 or parts[1] not in (b"t", b"T", b"w", b"W"):
                     continue
-                name = parts[2].decode("utf-8", "replace")
+                name = decode_name(parts[2])  # (shown, not matched: U+FFFD for what is not UTF-8)
                 if len(parts) > 3:
-                    name += " " + parts[3].decode("utf-8", "replace")
+                    name += " " + decode_name(parts[3])
                 addrs.append(int(parts[0], 16))
                 names.append(name)
         order = sorted(range(len(addrs)), key=addrs.__getitem__)

@@ -13,6 +13,11 @@ written state records are read by a C reader (pstate._digest.parse_states)
 when it is built, and fed to the model in batches; PSTATE_PURE=1 reads them
 with orjson instead, with the same results.
 
+Row labels, reasons, the title and the status line are drawn by
+heatdraw.render, each a cell (pstate.stream.names.cell): a name's control
+characters escaped; the only escape codes written are the dashboard's own
+(cursor, screen, colours).
+
 On a terminal the dashboard uses the alternate screen with the cursor
 hidden; Ctrl-C, q, SIGTERM, SIGHUP and the end of input restore the terminal
 and leave the last frame on the normal screen. When stdout is not a terminal,
@@ -37,6 +42,7 @@ from pstate.render import heatdraw as hr
 from pstate.stream.durations import fmt_ns
 from pstate.exitcodes import ExitCode
 from pstate.stream.filters import Filter
+from pstate.stream.names import cell
 from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats
 
@@ -88,6 +94,9 @@ class _Stop(Exception):
         self.code = code
 
 
+# what a row is, by --by (heat --by's choices)
+ROW_UNITS = {"tid": "thread", "pid": "process", "comm": "command", "cgroup": "cgroup", "unit": "unit",
+             "container": "container", "title": "title", "ppid": "parent"}
 REASON_KEY = b'"reason":'
 REASON_STATE = "uninterruptible"
 NOTE_W = 20  # at most this many characters of a reason beside a row
@@ -287,7 +296,7 @@ class Dashboard:
                 notes = self._notes(model, keys, visible)
             overlay = model.overlay(keys)
             rows, seen = heatviews.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
-            unit = {"tid": "thread", "pid": "process", "comm": "command"}[opts.by]
+            unit = ROW_UNITS.get(opts.by, opts.by)
             if opts.shade is None:
                 title = f"Live: dominant state per {unit}, busiest {len(keys)} of {total}, last {win}"
                 kind = "state"
@@ -308,7 +317,7 @@ class Dashboard:
         if self.reasons is None or not self.reasons.seen or model.last_ts is None:
             return None
         since = (model.last_ts // self.bucket - visible + 1) * self.bucket
-        notes = [self.reasons.top(k, since)[:NOTE_W] for k in keys]
+        notes = [cell(self.reasons.top(k, since), NOTE_W, mark="") for k in keys]
         return notes if any(notes) else None
 
     def draw(self, lines: list[str]) -> None:

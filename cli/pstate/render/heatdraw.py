@@ -7,6 +7,11 @@ table; 256-colour codes are derived from it), in black or white, whichever
 reads better on the colour. Without its escape codes a coloured map is the
 plain one: a colour-blind reader, a `tmux capture-pane -p` or a log of it
 sees the same map.
+
+Every text a map shows (row labels, the notes beside rows, the title, the
+footer) is a cell (pstate.stream.names.cell): a name's control characters
+escaped, then cut to its columns; the only escape codes written are the
+colours' own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import textwrap
 from dataclasses import dataclass
 
 from pstate.stream.durations import fmt_ns
+from pstate.stream.names import cell, columns
 from pstate.render.heatmodel import STATE_NAMES
 from pstate.render.heatviews import TimeAxis, View, human_count
 
@@ -154,7 +160,7 @@ MIN_COLS = 10
 
 def label_width(labels, width: int) -> int:
     cap = max(6, min(24, width // 4))
-    longest = max((len(s) for s in labels), default=4)
+    longest = max((columns(cell(s)) for s in labels), default=4)
     return max(4, min(cap, longest))
 
 
@@ -163,15 +169,19 @@ def map_columns(width: int, lw: int) -> int:
     return max(MIN_COLS, width - lw - 1)
 
 
-def fit_label(label: str, lw: int) -> str:
-    if len(label) <= lw:
-        return label.ljust(lw)
-    if " " in label:
-        head, tail = label.rsplit(" ", 1)
-        room = lw - len(tail) - 1
-        if room >= 2:
-            return f"{head[:room - 1]}~ {tail}"
-    return label[:lw - 1] + "~"
+def fit_label(label, lw: int) -> str:
+    """A row label in lw columns: escaped, padded, or cut with a ~ (a label
+    that ends in a number, "comm 1234", keeps the number)."""
+    text = cell(label)
+    if columns(text) > lw:
+        text = cell(label, lw)
+        if " " in str(label):
+            head, tail = str(label).rsplit(" ", 1)
+            tail = cell(tail)
+            room = lw - columns(tail) - 1
+            if room >= 2:
+                text = f"{cell(head, room)} {tail}"
+    return text + " " * (lw - columns(text))
 
 
 def nice_step(min_ns: float) -> int:
@@ -331,14 +341,14 @@ def render(view: View, width: int, style: Style = PLAIN, label_w: int | None = N
     lw = label_w if label_w is not None else label_width(view.row_labels, width)
     lines = []
     if head:
-        for i, t in enumerate(wrap(view.title, width)):
+        for i, t in enumerate(wrap(cell(view.title), width)):
             lines.append(f"{style.bold}{t}{style.reset}" if style.color else t)
     if not view.cells:
         lines.append("(nothing to show)")
     notes = view.row_notes or [""] * len(view.cells)
     for label, row, note in zip(view.row_labels, view.cells, notes):
         line = f"{fit_label(label, lw)} {render_cells(view, row, style)}"
-        lines.append(f"{line} {note}" if note else line)
+        lines.append(f"{line} {cell(note)}" if note else line)
     if ncols:
         if view.axis is not None:
             ticks = time_ticks(view.axis, ncols)
@@ -349,5 +359,5 @@ def render(view: View, width: int, style: Style = PLAIN, label_w: int | None = N
         if view.cells:
             lines.extend(legend_lines(view, width, style))
         for f in view.footer:
-            lines.extend(wrap(f, width))
+            lines.extend(wrap(cell(f), width))
     return lines

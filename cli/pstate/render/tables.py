@@ -17,6 +17,7 @@ import tabulate as _tabulate_mod
 
 from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
+from pstate.stream.names import cell
 from pstate.analysis.latency import PERCENTILES, pick_unit, render_log2_rows
 from pstate.analysis.timeinstate import (BLOCKED_PREFIX, LATENCY_KINDS, NAMED_BY, Group, Summary, kind_order,
                                          state_order)
@@ -46,11 +47,12 @@ KIND_LABELS = {"runq_wakeup": "runq wake-up", "runq_preempt": "runq preempted", 
 
 
 def kind_label(kind: str) -> str:
+    """A latency kind as tables show it (a state the input named: escaped)."""
     if kind in KIND_LABELS:
         return KIND_LABELS[kind]
     state = kind[len(BLOCKED_PREFIX):]
     letter = schema.STATES.get(state, ("",))[0]
-    return f"{state} ({letter})" if letter else state
+    return f"{state} ({letter})" if letter else cell(state)
 
 
 # --- the JSON model -----------------------------------------------------------
@@ -202,7 +204,7 @@ def _headline(rep: dict) -> list[str]:
         f"{acc['groups']} groups by {rep['by']} ({acc['groups_shown']} shown)")
     problems = []
     if inp["lost_total"]:
-        reasons = ", ".join(f"{r} {n}" for r, n in inp["lost"].items())
+        reasons = ", ".join(f"{cell(r)} {n}" for r, n in inp["lost"].items())
         problems.append(f"{inp['lost_total']} events lost ({inp['lost_pct']:.2g}%: {reasons})")
     if inp["skipped_total"]:
         problems.append(f"{inp['skipped_total']} bad lines skipped")
@@ -223,7 +225,7 @@ def _headline(rep: dict) -> list[str]:
         lines.append(f"impossible: {acc['impossible_transitions']} switch-ins of a task already running "
                      "(running -> running), counted apart, not as switches")
     if acc.get("oncpu_exceeds_cpus"):
-        keys = ", ".join(str(k) for k in acc["oncpu_exceeds_cpus"][:8])
+        keys = ", ".join(cell(k) for k in acc["oncpu_exceeds_cpus"][:8])
         lines.append(f"FLAGGED: on-CPU above the CPUs the group could use ({rep['by']} {keys}): "
                      "its records are inconsistent")
     led = rep.get("ledger") or {}
@@ -252,16 +254,19 @@ def _wrap(text: str, width: int = 80) -> str:
 
 
 def _comm(c) -> str:
-    return (c or "")[:15]
+    """A thread name as tables show it: escaped (pstate.stream.names.cell),
+    at most 15 columns."""
+    return cell(c, 15, mark="")
 
 
 def _key_cell(g: dict, by: str):
+    """A group's key as tables show it: a name escaped, and cut to
+    KEY_WIDTH (a path's end says the most, the unit; a title's start)."""
     key = g["key"]
     if by == "comm":
         return _comm(key)
-    if isinstance(key, str) and len(key) > KEY_WIDTH:
-        # a path's end says the most (the unit), a title's start
-        return "~" + key[1 - KEY_WIDTH:] if by in ("cgroup", "unit") else key[:KEY_WIDTH - 1] + "~"
+    if isinstance(key, str):
+        return cell(key, KEY_WIDTH, keep="end" if by in ("cgroup", "unit") else "start")
     return key
 
 
@@ -342,7 +347,7 @@ def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, h
     if with_matrix:
         out.append("")
         out.append("Transition matrix (shown groups): count and mean time in the state left:")
-        rows = [[m["from"], m["to"], m["count"], fmt_ns(m["mean_ns"]), fmt_ns(m["total_ns"])]
+        rows = [[cell(m["from"]), cell(m["to"]), m["count"], fmt_ns(m["mean_ns"]), fmt_ns(m["total_ns"])]
                 for m in rep.get("matrix", [])]
         out.append(tabulate(rows, ["FROM", "TO", "COUNT", "MEAN", "TOTAL"],
                             colalign=("left", "left", "right", "right", "right")))
@@ -434,7 +439,9 @@ def _q(s) -> str:
 def render_dot(rep: dict) -> str:
     """The state-transition graph of the shown groups: states as nodes
     (labelled with the time spent in them), transitions as edges labelled
-    with their count and the mean time in the state left."""
+    with their count and the mean time in the state left. Graphviz shows
+    the text, and so may a terminal: names (states the input named) are
+    escaped as in the tables (cell)."""
     rows = rep.get("matrix")
     if rows is None:
         rows = []
@@ -455,13 +462,13 @@ def render_dot(rep: dict) -> str:
            '  edge [fontname="Helvetica", fontsize=10];']
     for s in sorted(nodes, key=state_order):
         ns = totals.get(s, 0)
-        label = f"{s}\n{fmt_ns(ns)} ({_pct(ns, observed):.1f}%)" if ns else s
-        out.append(f"  {_q(s)} [label={_q(label)}];")
+        label = f"{cell(s)}\n{fmt_ns(ns)} ({_pct(ns, observed):.1f}%)" if ns else cell(s)
+        out.append(f"  {_q(cell(s))} [label={_q(label)}];")
     for m in rows:
         mean = fmt_ns(m["mean_ns"]) if m["mean_ns"] is not None else "?"
         width = 1 + 3 * (m["count"] / peak)
         label = f"{m['count']}\nmean {mean}"
-        out.append(f"  {_q(m['from'])} -> {_q(m['to'])} [label={_q(label)}, penwidth={width:.2f}];")
+        out.append(f"  {_q(cell(m['from']))} -> {_q(cell(m['to']))} [label={_q(label)}, penwidth={width:.2f}];")
     out.append("}")
     return "\n".join(out) + "\n"
 

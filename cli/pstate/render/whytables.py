@@ -17,6 +17,7 @@ from pstate.kernel.stacks import reason_of
 from pstate.render import tables
 from pstate.stream import schema
 from pstate.stream.durations import fmt_ns
+from pstate.stream.names import cell
 
 DEFAULT_ROWS = 5  # rows per group in the table and json, unless --top says
 KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON"}
@@ -25,7 +26,8 @@ _REASON = 24  # characters of a reason
 
 
 def letter(state: str) -> str:
-    return schema.STATES.get(state, (state,))[0] or state
+    """A state's letter as the tables show it (a state the input named: escaped)."""
+    return schema.STATES.get(state, (None,))[0] or cell(state)
 
 
 def _dist(h: LogHist, ended: bool = True) -> dict:
@@ -103,18 +105,23 @@ def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antago
 
 
 def _key(g: dict, by: str):
+    """A group's key as the tables show it (names escaped: cell)."""
     if by == "reason":
-        return str(g["key"])[:_REASON]
-    return tables._comm(g["key"]) if by in ("comm", "all") else g["key"]
+        return cell(str(g["key"]), _REASON, mark="")
+    if by in ("comm", "all"):
+        return tables._comm(g["key"])
+    return cell(g["key"]) if isinstance(g["key"], str) else g["key"]
 
 
 def _stack_cell(row: dict, width: int) -> str:
+    """The reason, then its callers, a line each (the cell's own line
+    breaks), each name escaped and cut to width."""
     frames = row["frames"]
     if frames in (NO_STACK, AT_END):
         return frames
     names = callers(frames, row["reason"])
     lines = [names[0]] + ["< " + n for n in names[1:]]
-    return "\n".join(x[:width] for x in lines)
+    return "\n".join(cell(x, width, mark="") for x in lines)
 
 
 def render_tables(rep: dict) -> list[str]:
@@ -163,7 +170,7 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
     for g in groups:
         first = True
         for r in g.get("reasons", []):
-            rows.append([_key(g, by) if first else "", letter(r["state"]), r["reason"][:_REASON], r["count"],
+            rows.append([_key(g, by) if first else "", letter(r["state"]), cell(r["reason"], _REASON, mark=""), r["count"],
                          fmt_ns(r["total_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"])])
             first = False
     if rows and by != "reason":
@@ -189,7 +196,7 @@ def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, alig
 def _waker_table(groups, by, key_h, key_al) -> list[str]:
     def cells(g, w, _first):
         total = sum(x["ended_ns"] for x in g["wakers"])
-        return [w["name"], w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
+        return [cell(w["name"]), w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
 
     return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked", "time ended:",
             _per_group(groups, by, key_h, key_al, "wakers", cells, ["WAKER", "WAKEUPS", "ENDED", "%"],
@@ -198,7 +205,7 @@ def _waker_table(groups, by, key_h, key_al) -> list[str]:
 
 def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
     def cells(g, a, first):
-        return [fmt_ns(g["runq_ns"]) if first else "", a["name"], fmt_ns(a["ns"]),
+        return [fmt_ns(g["runq_ns"]) if first else "", cell(a["name"]), fmt_ns(a["ns"]),
                 tables._pct_cell(a["ns"], g["runq_ns"])]
 
     return ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
@@ -234,11 +241,21 @@ def group_label(gc: GroupCauses, by: str) -> str:
     return str(gc.key if gc.key is not None else "?")
 
 
+def _one_line(text: str) -> str:
+    """A name in a folded line: its exact text, but for a line break (it
+    would end the line, and the next would read as a stack of its own)."""
+    if "\n" in text or "\r" in text:
+        return text.replace("\r", "\\x0d").replace("\n", "\\x0a")
+    return text
+
+
 def render_folded(causes, keys, states=None) -> str:
     """One `frame;frame;... <microseconds>` line per group, state and stack
     (group label and state as the first two frames), every stack of the
     groups with these keys; blocked time without a stack under NO_STACK or
-    AT_END."""
+    AT_END. Names keep their exact text (control characters too: this is
+    for flamegraph.pl and the like, not a terminal), but for the format's
+    own separators: a ';' of a group label is ':', a line break \\x0a."""
     by = causes.by
     out = []
     for key in keys:
@@ -248,7 +265,7 @@ def render_folded(causes, keys, states=None) -> str:
         acc: dict = {}
         for s, frames, h in gc.stack_rows(states):
             path = frames if frames in (NO_STACK, AT_END) else ";".join(_frame_name(f) for f in frames.split(";"))
-            k = f"{group_label(gc, by).replace(';', ':')};{s};{path}"
+            k = _one_line(f"{group_label(gc, by).replace(';', ':')};{s};{path}")
             acc[k] = acc.get(k, 0) + h.total
         for k, ns in sorted(acc.items(), key=lambda kv: (-kv[1], kv[0])):
             us = round(ns / 1000)
@@ -263,7 +280,7 @@ def render_folded(causes, keys, states=None) -> str:
 def render_wake_dot(rep: dict) -> str:
     """Wakers -> the groups they woke, edges labelled with the wake-ups and
     the blocked time they ended (shown groups that were woken; their listed
-    wakers)."""
+    wakers). Names escaped as in the tables (cell): Graphviz shows them."""
     by = rep["by"]
     nodes: dict = {}
     edges = []
@@ -275,10 +292,10 @@ def render_wake_dot(rep: dict) -> str:
             if w["kind"] == "task":
                 wkey = {"pid": w["pid"], "tid": w["tid"], "comm": w["comm"]}.get(by)
                 wid = f"g:{wkey}" if wkey is not None else f"t:{w['tid']}"
-                nodes.setdefault(wid, _node_label(by, wkey, w["comm"]) if wkey is not None else w["name"])
+                nodes.setdefault(wid, _node_label(by, wkey, w["comm"]) if wkey is not None else cell(w["name"]))
             else:
                 wid = f"k:{w['kind']}"
-                nodes.setdefault(wid, w["name"])
+                nodes.setdefault(wid, cell(w["name"]))
             edges.append((wid, gid, w["count"], w["ended_ns"]))
     peak = max((e[3] for e in edges), default=1) or 1
     out = ["digraph wakeups {",
@@ -287,10 +304,10 @@ def render_wake_dot(rep: dict) -> str:
            '  edge [fontname="Helvetica", fontsize=10];']
     for nid, label in sorted(nodes.items()):
         extra = ', shape=ellipse, fillcolor="#fde2c8"' if nid.startswith("k:") else ""
-        out.append(f"  {tables._q(nid)} [label={tables._q(label)}{extra}];")
+        out.append(f"  {tables._q(cell(nid))} [label={tables._q(label)}{extra}];")
     for wid, gid, n, ns in edges:
         label = f"{n} wake-ups\n{fmt_ns(ns)} ended"
-        out.append(f"  {tables._q(wid)} -> {tables._q(gid)} [label={tables._q(label)}, "
+        out.append(f"  {tables._q(cell(wid))} -> {tables._q(cell(gid))} [label={tables._q(label)}, "
                    f"penwidth={1 + 3 * ns / peak:.2f}];")
     out.append("}")
     return "\n".join(out) + "\n"
@@ -298,5 +315,5 @@ def render_wake_dot(rep: dict) -> str:
 
 def _node_label(by: str, key, comm) -> str:
     if by in ("pid", "tid"):
-        return f"{comm or '?'}\n{by} {key}"
-    return str(key)
+        return f"{cell(comm or '?')}\n{by} {key}"
+    return cell(key)

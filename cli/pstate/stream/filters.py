@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from pstate.stream import schema
+from pstate.stream import names, schema
 from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS
 
 LIFECYCLE = ("fork", "exec", "exit")
@@ -172,5 +172,8 @@ class Filter:
 
 
 def cgroup_path(path: str) -> str:
-    """A --cgroup value as the cgroup records write paths: /a/b, / for the root."""
-    return "/" + path.strip("/")
+    """A --cgroup value as the cgroup records write paths: /a/b, / for the
+    root, in the lossless text of pstate.stream.names, so that the value
+    matches whether it was given as the records write it (\\xNN for a byte
+    that is not UTF-8) or with the bytes themselves (os.fsdecode's surrogates)."""
+    return "/" + names.decode(names.encode(path), lossless=True).strip("/")
