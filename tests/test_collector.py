@@ -133,18 +133,42 @@ def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
     out.close()
 
 
+def nothing_found(root=resident.PIN_ROOT, **kw):
+    return resident.Survey(**{"root": root, "root_problem": None, "running": [], "partial": [], "starting": [],
+                              "cut": None, **kw})
+
+
 def test_status_without_a_collector_exits_1(monkeypatch):
-    monkeypatch.setattr(resident, "find", lambda: None)
+    monkeypatch.setattr(resident, "survey", lambda root: nothing_found(root))
     r = CliRunner().invoke(cli, ["snap", "--status"])
     assert r.exit_code == 1
     assert r.stderr == "pstate snap: no collector is running (`pstate snap --start` starts one)\n"
+
+
+def test_a_search_cut_short_is_no_proof_that_none_runs(monkeypatch):
+    cut = "/sys/fs/bpf/a/a/a is more than 24 directories down"
+    monkeypatch.setattr(resident, "survey", lambda root: nothing_found(root, cut=cut))
+    r = CliRunner().invoke(cli, ["snap", "--status"])
+    assert r.exit_code == 1
+    assert "no collector is running" not in r.stderr
+    assert f"no collector found, but the search of bpffs was cut short ({cut})" in r.stderr
+
+
+def test_status_names_the_owner_of_a_foreign_pin_directory(monkeypatch):
+    why = "/sys/fs/bpf/pstate is owned by uid 65534 (nobody), not root"
+    monkeypatch.setattr(resident, "survey", lambda root: nothing_found(root, root_problem=why))
+    r = CliRunner().invoke(cli, ["snap", "--status"])
+    assert r.exit_code == 1
+    assert f"the pin directory {why}: `pstate snap --start` refuses it" in r.stderr
+    assert "rm -r /sys/fs/bpf/pstate" in r.stderr and "--pin-dir" in r.stderr
 
 
 def test_interval_options_do_not_apply_to_a_running_collector(monkeypatch, tmp_path):
     closed = []
     monkeypatch.setattr(snap.loader, "check_privileges", lambda: None)
     monkeypatch.setattr(snap.loader, "kernel_states", lambda ebpf_only=False: None)
-    monkeypatch.setattr(snap, "running_collector", lambda: types.SimpleNamespace(close=lambda: closed.append(1)))
+    monkeypatch.setattr(snap, "running_collector",
+                        lambda root=None: types.SimpleNamespace(close=lambda: closed.append(1)))
     r = CliRunner().invoke(cli, ["snap", "--dir", str(tmp_path), "--every", "10s"])
     assert r.exit_code == 2 and closed == [1]
     assert "a collector is running: each snap run writes one snapshot of it at once, so --every does not apply" \

@@ -181,30 +181,55 @@ def run_checks(kernel_headers: str | None, live: bool, live_timeout: float = 60.
 
 def _collector(r: Report) -> None:
     """The snap collector (`pstate snap --start`): running, since when, its
-    cost and fill; one of another pstate's layout; pins a killed start left."""
+    cost and fill; one of another pstate's layout; one pinned where another
+    user can move it (found wherever it is); pins a killed start left; a pin
+    directory another user made or can write; a search of bpffs cut short."""
     from pstate.snapshots import collector as resident
 
-    left = resident.partial_dirs()
-    if left:
-        r.add("snap collector", WARN, f"a start killed half-way left pins in {', '.join(left)}",
-              "pstate snap --stop removes them")
     try:
-        found = resident.find()
-    except PstateError as e:
-        r.add("snap collector", WARN, _short(e.message.split("\n")[0]), f"look at {resident.PIN_DIR}")
+        sv = resident.survey()
+    except OSError as e:
+        r.add("snap collector", WARN, _short(f"bpffs could not be searched: {e.strerror or e}"),
+              f"look at {resident.PIN_ROOT}")
         return
-    if found is None:
-        r.add("snap collector", OK, "none running (`pstate snap --start` starts one)")
-        return
+    warn, details, fixes = False, [], []
     try:
-        info = resident.describe(found)
+        for found in sv.running:
+            info = resident.describe(found)
+            lines = resident.status_lines(info)
+            if not info["layout_ok"]:
+                warn = True
+                details.append("stale: " + "; ".join(lines))
+                fixes.append("pstate snap --restart")
+            else:
+                details.append("; ".join(lines))
+            if info.get("exposed"):
+                warn = True
+                fixes.append("sudo pstate snap --stop (it finds the collector wherever it is), then start it again "
+                             "in a pin directory of root's")
     finally:
-        found.close()
-    lines = resident.status_lines(info)
-    if not info["layout_ok"]:
-        r.add("snap collector", WARN, "stale: " + "; ".join(lines), "pstate snap --restart")
-    else:
-        r.add("snap collector", OK, "; ".join(lines))
+        sv.close()
+    if len(sv.running) > 1:
+        warn = True
+        details.append(f"{len(sv.running)} collectors are running, each costing as much")
+        fixes.append("pstate snap --restart leaves one")
+    if sv.partial:
+        warn = True
+        details.append(f"a start killed half-way left pins in {', '.join(s.dir for s in sv.partial)}")
+        fixes.append("pstate snap --stop removes them")
+    if sv.root_problem:
+        warn = True
+        details.append(f"the pin directory {sv.root_problem}: `pstate snap --start` refuses it (another user "
+                       "could move or hide the collector there)")
+        fixes.append(resident.root_fix(sv.root))
+    if sv.cut:
+        warn = True
+        details.append(f"the search of bpffs was cut short ({sv.cut}): a collector pinned beyond it would not be seen")
+        fixes.append("remove what other users made in bpffs (as root); `bpftool map show name pstate_meta` lists "
+                     "the collectors' manifests the kernel holds")
+    if not sv.running:
+        details.insert(0, "none running (`pstate snap --start` starts one)")
+    r.add("snap collector", WARN if warn else OK, "; ".join(details), "; ".join(dict.fromkeys(fixes)))
 
 
 def _features(r: Report) -> ExitCode | None:

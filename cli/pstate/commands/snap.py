@@ -75,6 +75,17 @@ not apply. --start is idempotent; --stop removes every program, link, map
 and pin it made; --restart replaces it (a pstate of another layout refuses
 to read it, exit 65). Without a collector, snap collects for one interval
 (and says so on a terminal).
+
+\b
+The pin directory (/sys/fs/bpf/pstate, or --pin-dir DIR on bpffs) is
+created 0700. bpffs is writable by every user, so one that is not a real
+directory, not root's, or writable by group or others is refused (exit 77):
+another user could move or hide the collector there. Remove it as root
+(rm -r DIR: bpffs holds only pins) or choose another with --pin-dir;
+doctor names its owner. --status, --stop, doctor and each snapshot find a
+collector by its manifest wherever it was moved in bpffs (a bounded walk
+that follows no symbolic link), --stop removes only pins the manifest
+proves pstate made, and --start starts no second one.
 """
 
 def make_collector(prog: loader.Program, ks: KernelStates, loaded_ts: int) -> BpfCollector:
@@ -133,10 +144,14 @@ def _gid(group: str | None) -> int | None:
               help="Replace the collector (after a pstate upgrade); counting starts again.")
 @click.option("--status", "action", flag_value="status",
               help="Show the collector: since when, its cost, memory and fill (exit 1 when none runs).")
+@click.option("--pin-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The collector's pin directory, on bpffs: root's, writable by no one else, created 0700 when "
+                   "missing (its parent must exist). --status, --stop and snapshots find a collector wherever it is "
+                   "pinned.  [default: /sys/fs/bpf/pstate]")
 @probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max_tasks, group, kernel_headers,
-        verbose, quiet, action, probes, ebpf):
+        verbose, quiet, action, pin_dir, probes, ebpf):
     """Write point-in-time snapshots of every thread's time per scheduler state.
 
     A BPF program counts, per thread, the time spent running, runnable,
@@ -147,7 +162,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     with `pstate stats DIR/` (trends, churn, leak suspects).
     """
     if action is not None and not ebpf:
-        return _collector_command(action, max_tasks, kernel_headers, probes, quiet)
+        return _collector_command(action, max_tasks, kernel_headers, probes, quiet, resident.pin_root(pin_dir))
     if out_dir is None and not ebpf:
         raise click.UsageError("Missing option '--dir' (the directory for the snapshot files).")
     explicit = [o for o, v in (("--interval", interval), ("--count", count), ("--every", every), ("--clear", clear))
@@ -178,7 +193,7 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
             print(f"pstate snap: {msg}", file=sys.stderr, flush=True)
 
     loader.check_privileges()  # before anything is created in DIR
-    found = running_collector()
+    found = running_collector(resident.pin_root(pin_dir))
     if found is not None:
         return _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explicit, quiet, log)
     if not quiet and count == 1 and (verbose or sys.stderr.isatty()):  # cron mails nothing on success
@@ -220,9 +235,9 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
         sys.exit(code)
 
 
-def running_collector():
+def running_collector(root: str = resident.PIN_ROOT):
     """The running collector's pins (checked to be of this pstate's layout), or None."""
-    found = resident.find()
+    found = resident.find(root)
     if found is not None:
         try:
             resident.check_layout(found)
@@ -232,35 +247,69 @@ def running_collector():
     return found
 
 
-def _collector_command(action: str, max_tasks: int, kernel_headers, probes, quiet: bool) -> None:
+def _collector_command(action: str, max_tasks: int, kernel_headers, probes, quiet: bool,
+                       root: str = resident.PIN_ROOT) -> None:
     def say(msg: str) -> None:
         if not quiet:
             print(f"pstate snap: {msg}", file=sys.stderr)
 
+    def notes(sv: resident.Survey) -> None:
+        for s in sv.partial:
+            say(f"a start killed half-way left pins in {s.dir} (`pstate snap --stop` removes them)")
+        for s in sv.starting:
+            say(f"a start under way (pid {s.doc.get('pid', '?')}) is pinning in {s.dir}: left alone")
+        if sv.root_problem:
+            say(f"the pin directory {sv.root_problem}: `pstate snap --start` refuses it (another user could move "
+                f"or hide the collector there); fix: {resident.root_fix(root)}")
+
+    cut_hint = ("`bpftool map show name pstate_meta` lists the collectors' manifests the kernel holds; remove what "
+                "other users made in bpffs (as root), then run this again")
     if action == "status":
-        found = resident.find()
-        if found is None:
-            say("no collector is running (`pstate snap --start` starts one)")
-            sys.exit(int(ExitCode.FAILURE))
+        sv = resident.survey(root)
         try:
-            for line in resident.status_lines(resident.describe(found)):
-                click.echo(line)
+            if not sv.running:
+                notes(sv)
+                if sv.cut:
+                    raise PstateError(f"no collector found, but the search of bpffs was cut short ({sv.cut}): one "
+                                      "pinned beyond it would not be seen", ExitCode.FAILURE, hint=cut_hint)
+                say("no collector is running (`pstate snap --start` starts one)")
+                sys.exit(int(ExitCode.FAILURE))
+            for found in sv.running:
+                for line in resident.status_lines(resident.describe(found)):
+                    click.echo(line)
+            if len(sv.running) > 1:
+                say(f"{len(sv.running)} collectors are running, each counting (and costing) on its own: "
+                    "`pstate snap --restart` leaves one")
+            notes(sv)
+            if sv.cut:
+                say(f"the search of bpffs was cut short ({sv.cut}): a collector pinned beyond it would not be seen")
         finally:
-            found.close()
+            sv.close()
         return
     if action in ("stop", "restart"):
-        doc, left = resident.stop()
+        doc, left, sv = resident.stop(root)
         if left:
-            raise PstateError(f"the collector is stopped but pins pstate cannot prove it made stay: "
-                              f"{', '.join(left)}", ExitCode.FAILURE, hint="remove them by hand if they are not "
-                              "another tool's (bpftool map show / link show tell what they are)")
+            raise PstateError(f"the collector is stopped, but pins stay that pstate cannot prove it made, or that sit "
+                              f"where another user could swap them: {', '.join(left)}", ExitCode.FAILURE,
+                              hint="remove them by hand if they are not another tool's (bpftool map show / link show "
+                              "tell what they are)")
         say("collector stopped: its programs, links and maps are gone" if doc else "no collector was running")
+        for s in sv.starting:
+            say(f"a start under way (pid {s.doc.get('pid', '?')}) is pinning in {s.dir}: left alone")
+        if sv.cut:
+            raise PstateError(f"the search of bpffs was cut short ({sv.cut}): a collector pinned beyond it, if any, "
+                              "is still running", ExitCode.FAILURE, hint=cut_hint)
         if action == "stop":
+            if sv.root_problem:
+                say(f"the pin directory {sv.root_problem}: the next `pstate snap --start` refuses it; "
+                    f"fix: {resident.root_fix(root)}")
             return
     ks = loader.kernel_states()
-    doc, started = resident.start(ks, max_tasks, kernel_headers, probes)
+    doc, started, said = resident.start(ks, max_tasks, kernel_headers, probes, root)
+    for note in said:
+        say(note)
     if started:
-        say(f"collector started on the {doc['probes']} path, pinned in {resident.PIN_DIR}: "
+        say(f"collector started on the {doc['probes']} path, pinned in {os.path.join(root, resident.PIN_NAME)}: "
             "`pstate snap --dir DIR` writes a snapshot of it, `pstate snap --stop` removes it")
     else:
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc["started_wall_ns"] // 1_000_000_000))

@@ -4,9 +4,17 @@ no process running, and each `pstate snap --dir DIR` run reading it at once.
 
 Starting it (`pstate snap --start`) loads the program, makes every
 attachment a link, seeds every live thread, and pins the maps and links
-under a new directory, renamed to PIN_DIR when complete: a start killed
-half-way leaves a directory named for its pid, which the next start,
---stop and doctor find and remove. The manifest (pins.PinSet) carries the
+under a new directory of the pin directory (PIN_ROOT, or --pin-dir), renamed
+to PIN_NAME when complete: a start killed half-way leaves a directory named
+for its pid, which the next start, --stop and doctor find and remove.
+
+The pin directory must be one only root can change (pins.open_pin_dir): a
+real directory, root's, writable by no one else, made 0700; any other is
+refused (exit 77) with how to recover. A collector is found by its
+manifest wherever it is (pins.search walks bpffs): one an older pstate
+pinned in a directory another user made, and that user moved, is still
+seen by --status and doctor, removed by --stop, and keeps --start from
+starting a second one. The manifest (pins.PinSet) carries the
 layout, when counting began, the settings, and each map's key/leaf types,
 so a reader needs no compiler: it opens the pins and reads the maps through
 snapshots.taskmaps, as a run with its own program does.
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import errno
 import hashlib
 import os
 import re
@@ -39,8 +49,10 @@ from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
 LAYOUT = 2  # the version of what the manifest holds; with the source's hash, the layout
-PIN_ROOT = os.path.join(pins.BPFFS, "pstate")
-PIN_DIR = os.path.join(PIN_ROOT, "snap")
+PIN_ROOT = os.path.join(pins.BPFFS, "pstate")  # the pin directory (--pin-dir names another)
+PIN_NAME = "snap"  # the collector's directory in it
+PIN_DIR = os.path.join(PIN_ROOT, PIN_NAME)
+WHAT = "snap collector"  # what a manifest of the collector says it is
 _PARTIAL = re.compile(r"^snap_new_(\d+)$")  # a start in progress (or killed): its pid
 CURSOR_NAME = ".pstate-collector.json"  # in DIR: this reader's cursor and the previous run's rows
 MAX_STATE = 64 << 20
@@ -60,15 +72,135 @@ def _pin_name(kind: str, name: str) -> str:
     return f"{kind}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
 
 
-def find() -> pins.PinSet | None:
-    """The collector pinned at PIN_DIR, or None."""
-    if not os.path.isdir(PIN_DIR):
-        return None
+def pin_root(pin_dir: str | None = None) -> str:
+    """The pin directory: --pin-dir's, or PIN_ROOT."""
+    return os.path.abspath(pin_dir) if pin_dir else PIN_ROOT
+
+
+def root_fix(root: str) -> str:
+    return (f"as root, remove it (bpffs holds only pins there): rm -r {root}; or pin the collector "
+            f"elsewhere: pstate snap --start --pin-dir DIR (a new directory on bpffs, e.g. {pins.BPFFS}/pstate_root)")
+
+
+def open_root(root: str, create: bool = False) -> int | None:
+    """An fd of the pin directory (pins.open_pin_dir), or PstateError: NOPERM
+    when another user could change it, with how to recover."""
     try:
-        return pins.PinSet.open(PIN_DIR)
+        return pins.open_pin_dir(root, create)
+    except pins.ForeignDir as e:
+        raise PstateError(f"refusing the pin directory {root}: {e.why}; another user could move or hide the "
+                          "collector's pins there", ExitCode.NOPERM, hint=root_fix(root)) from None
     except OSError as e:
-        raise PstateError(f"{PIN_DIR} holds something pstate cannot read: {e.strerror or e}", ExitCode.OSERR,
-                          hint="remove what is there by hand if no other tool made it") from None
+        if e.errno == errno.EXDEV:
+            raise PstateError(f"{e.strerror}: pins live only there", ExitCode.UNAVAILABLE,
+                              hint=f"--pin-dir a directory on bpffs, e.g. {pins.BPFFS}/pstate_root") from None
+        if e.errno == errno.ENOENT:
+            raise PstateError(f"the pin directory {root} cannot be made: {os.path.dirname(root)} does not exist",
+                              ExitCode.CANTCREAT) from None
+        raise PstateError(f"the pin directory {root}: {e.strerror or e}", ExitCode.OSERR) from None
+
+
+def _safe(root: str) -> bool:
+    """Whether root is a pin directory only root can change."""
+    try:
+        fd = pins.open_pin_dir(root)
+    except OSError:
+        return False
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def _starttime(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _starting(found: pins.PinSet) -> bool:
+    """Whether a set is a start still under way (its process alive)."""
+    m = _PARTIAL.match(os.path.basename(found.dir))
+    if not m or ("pid" not in found.doc and found.exposed):
+        return False  # (a name another user could have given it)
+    pid = found.doc.get("pid") or int(m.group(1))
+    now = _starttime(pid)
+    return now is not None and found.doc.get("pid_start", now) == now
+
+
+@dataclasses.dataclass
+class Survey:
+    """What bpffs holds of the collector (pins.search): the pin directory
+    and why it may not be used, the collectors running (the one in the pin
+    directory first), what killed starts left, starts under way, and why
+    the search did not see all of bpffs."""
+    root: str
+    root_problem: str | None
+    running: list
+    partial: list
+    starting: list
+    cut: str | None
+
+    def close(self) -> None:
+        for s in self.running + self.partial + self.starting:
+            s.close()
+
+
+def survey(root: str = PIN_ROOT) -> Survey:
+    problem = None
+    try:
+        fd = pins.open_pin_dir(root)
+        if fd is not None:
+            os.close(fd)
+    except pins.ForeignDir as e:
+        problem = e.why
+    except FileNotFoundError:
+        pass  # no bpffs, or --pin-dir's parent missing: nothing to say of it here
+    except OSError as e:
+        problem = f"{root}: {e.strerror or e}"
+    found = pins.search()
+    running, partial, starting = [], [], []
+    for s in found.sets:
+        if s.doc.get("what", WHAT) != WHAT or "layout" not in s.doc:
+            s.close()
+        elif _starting(s):
+            starting.append(s)
+        elif _PARTIAL.match(os.path.basename(s.dir)) or s.missing():
+            partial.append(s)
+        else:
+            running.append(s)
+    running.sort(key=lambda s: s.dir != os.path.join(root, PIN_NAME))
+    return Survey(root, problem, running, partial, starting, found.cut)
+
+
+def find(root: str = PIN_ROOT) -> pins.PinSet | None:
+    """The running collector: the one in the pin directory when that is
+    safe, else the first pins.search finds anywhere in bpffs; or None."""
+    try:
+        fd = pins.open_pin_dir(root)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            found = pins.PinSet.open_at(fd, PIN_NAME, os.path.join(root, PIN_NAME))
+        except OSError:
+            found = None
+        finally:
+            os.close(fd)
+        if found is not None:
+            if found.doc.get("what", WHAT) == WHAT and found.exposed is None and \
+                    set(found.doc["pins"]) <= set(os.listdir(found.dir_fd)) | {pins.META}:
+                return found  # else: pins were moved (the search finds them) or it is no collector
+            found.close()
+    sv = survey(root)
+    if not sv.running:
+        sv.close()
+        return None
+    first = sv.running.pop(0)
+    sv.close()
+    return first
 
 
 def check_layout(found: pins.PinSet) -> None:
@@ -79,40 +211,32 @@ def check_layout(found: pins.PinSet) -> None:
                           hint="sudo pstate snap --restart   (replaces it; counting starts again)")
 
 
-def partial_dirs() -> list[str]:
-    """Pin directories of starts that did not finish and whose process is gone."""
-    try:
-        names = os.listdir(PIN_ROOT)
-    except OSError:
-        return []
-    out = []
-    for n in names:
-        m = _PARTIAL.match(n)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            out.append(os.path.join(PIN_ROOT, n))
-    return out
+def _clear_empty_partials(root_fd: int) -> None:
+    """Remove the directories of starts killed before they pinned their
+    manifest (empty, their process gone)."""
+    with contextlib.suppress(OSError):
+        for n in os.listdir(root_fd):
+            m = _PARTIAL.match(n)
+            if m and _starttime(int(m.group(1))) is None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(n, dir_fd=root_fd)
 
 
-def _remove(directory: str) -> list[str]:
-    """Remove a pin set; what it could not prove it made stays (its names)."""
+def _remove_at(root_fd: int, name: str, path: str) -> list[str]:
+    """Remove a pin set of the pin directory; what it could not prove it made stays (its paths)."""
     try:
-        found = pins.PinSet.open(directory)
+        found = pins.PinSet.open_at(root_fd, name, path)
     except OSError:
         found = None
     if found is None:
         with contextlib.suppress(OSError):
-            os.rmdir(directory)  # empty: a start killed before its manifest
-        return [n for n in os.listdir(directory)] if os.path.isdir(directory) else []
+            os.rmdir(name, dir_fd=root_fd)  # empty: a start killed before its manifest
+        try:
+            os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return []
+        return [path]
     return found.remove()
-
-
-def remove_partial() -> list[str]:
-    """Remove what killed starts left; the directories that stay."""
-    left = []
-    for d in partial_dirs():
-        if _remove(d):
-            left.append(d)
-    return left
 
 
 def link_features(plan) -> tuple:
@@ -122,22 +246,45 @@ def link_features(plan) -> tuple:
                                    (features.PERF_LINK, kinds & {probeplan.TRACEPOINT})) if need)
 
 
-def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: str | None) -> tuple[dict, bool]:
-    """Start the collector unless one runs: (its manifest, whether this call started it).
-    A running one of another layout is refused (--restart replaces it)."""
+def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: str | None,
+          root: str = PIN_ROOT) -> tuple[dict, bool, list[str]]:
+    """Start the collector in the pin directory root unless one runs
+    anywhere in bpffs: (its manifest, whether this call started it, notes).
+    A running one of another layout is refused (--restart replaces it), and
+    so is one another user can move (--stop removes it wherever it is)."""
     loader.check_privileges()
-    pins.ensure_bpffs()
-    remove_partial()
-    found = find()
-    if found is not None:
-        try:
+    if root == PIN_ROOT or root.startswith(pins.BPFFS + "/"):
+        pins.ensure_bpffs()
+    sv = survey(root)
+    notes = []
+    try:
+        for s in sv.partial:
+            s.remove()
+        if sv.running:
+            found = sv.running[0]
+            if found.exposed:
+                raise PstateError(f"a collector is running, pinned in {found.dir}, under {found.exposed}: another "
+                                  "user can move or hide it; not starting a second one", ExitCode.NOPERM,
+                                  hint="sudo pstate snap --stop (it finds the collector wherever it is), then start "
+                                  "one again in a pin directory of root's")
             check_layout(found)
-            return found.doc, False
-        finally:
-            found.close()
-    defines = defines_for(ks, max_tasks)
-    features.require(*link_features(loader.probe_plan("snap", defines, probes)))
-    os.makedirs(PIN_ROOT, mode=0o700, exist_ok=True)
+            return found.doc, False, notes
+        if sv.cut:
+            notes.append(f"the search of bpffs for a running collector was cut short ({sv.cut}): one pinned beyond "
+                         "it would not have been seen")
+    finally:
+        sv.close()
+    root_fd = open_root(root, create=True)  # refused before anything is loaded
+    try:
+        _clear_empty_partials(root_fd)
+        defines = defines_for(ks, max_tasks)
+        features.require(*link_features(loader.probe_plan("snap", defines, probes)))
+        return _start(ks, max_tasks, kernel_headers, probes, defines, root, root_fd), True, notes
+    finally:
+        os.close(root_fd)
+
+
+def _start(ks, max_tasks, kernel_headers, probes, defines, root: str, root_fd: int) -> dict:
     loaded_ts = time.monotonic_ns()
     prog = loader.Program("snap", defines, kernel_headers, probes)
     links: dict[str, int] = {}
@@ -151,6 +298,7 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
         with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
             boot_id = f.read().strip()
         doc = {
+            "what": WHAT, "pid": os.getpid(), "pid_start": _starttime(os.getpid()), "pin_dir": root,
             "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": boot_id,
             "loaded_ts": loaded_ts, "run_start_ts": run_start, "seed_ts": collector.seed_ts,
             "started_wall_ns": time.time_ns() - (time.monotonic_ns() - run_start),
@@ -164,15 +312,15 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
         objects = {_pin_name("map", n): m["fd"] for n, m in maps.items()}
         objects[READERS] = readers
         objects.update({_pin_name("link", t): fd for t, fd in links.items() if t != "readers"})
-        partial = os.path.join(PIN_ROOT, f"snap_new_{os.getpid()}")
+        partial = f"snap_new_{os.getpid()}"
         try:
-            pins.pin_all(partial, objects, doc)
-            os.rename(partial, PIN_DIR)
+            pins.pin_all(root_fd, partial, objects, doc)
+            os.rename(partial, PIN_NAME, src_dir_fd=root_fd, dst_dir_fd=root_fd)
         except OSError as e:
-            _remove(partial)
-            raise PstateError(f"pinning the collector in {PIN_ROOT} failed: {e.strerror or e}",
+            _remove_at(root_fd, partial, os.path.join(root, partial))
+            raise PstateError(f"pinning the collector in {root} failed: {e.strerror or e}",
                               ExitCode.OSERR) from None
-        return doc, True
+        return doc
     finally:
         for fd in links.values():
             with contextlib.suppress(OSError):
@@ -182,19 +330,37 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
         prog.close()
 
 
-def stop() -> tuple[dict | None, list[str]]:
-    """Remove the collector: (its manifest or None when none ran, the pins
-    left because pstate cannot prove it made them)."""
+def stop(root: str = PIN_ROOT) -> tuple[dict | None, list[str], Survey]:
+    """Remove every collector found in bpffs, and what killed starts left:
+    (the manifest of the one removed, or None when none ran; the pins left
+    because pstate cannot prove it made them or another user could swap
+    them; the survey, closed, for its notes)."""
     loader.check_privileges()
-    left = remove_partial()
-    found = find()
-    doc = None
-    if found is not None:
-        doc = found.doc
-        left += [os.path.join(PIN_DIR, n) for n in found.remove()]
-    with contextlib.suppress(OSError):
-        os.rmdir(PIN_ROOT)  # only when empty: nothing else of pstate's is pinned (a killed start made it)
-    return doc, left
+    sv = survey(root)
+    doc, left = None, []
+    try:
+        for s in sv.running + sv.partial:
+            if doc is None and s in sv.running:
+                doc = s.doc
+            made_in = s.doc.get("pin_dir")
+            here = s.remove()
+            left += here
+            if not here and made_in and made_in != root and os.path.dirname(s.dir) == made_in and _safe(made_in):
+                with contextlib.suppress(OSError):  # another --pin-dir's, root's, and empty now
+                    os.rmdir(made_in)
+    finally:
+        sv.close()
+    if sv.root_problem is None:
+        try:
+            fd = pins.open_pin_dir(root)
+        except OSError:
+            fd = None
+        if fd is not None:
+            _clear_empty_partials(fd)
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(root)  # only when empty: nothing else is pinned there
+    return doc, left, sv
 
 
 class PinnedProgram:
@@ -387,7 +553,7 @@ def describe(found: pins.PinSet) -> dict:
     doc = found.doc
     prog = PinnedProgram(found)
     out = {"since_wall_ns": doc["started_wall_ns"], "layout": doc["layout"], "layout_ok": doc["layout"] == layout_id(),
-           "probes": doc["probes"], "max_tasks": doc["max_tasks"], "pin_dir": found.dir}
+           "probes": doc["probes"], "max_tasks": doc["max_tasks"], "pin_dir": found.dir, "exposed": found.exposed}
     mem = 0
     for name, m in doc["maps"].items():
         info = bpfsys.map_info(found.fd(_pin_name("map", name)))
@@ -431,6 +597,9 @@ def status_lines(info: dict) -> list[str]:
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info["since_wall_ns"] // 1_000_000_000))
     lines = [f"running since {since}, pinned in {info['pin_dir']}, on the {info['probes']} path",
              f"kernel memory: {info['map_bytes'] / 2**20:.1f} MiB of maps (--max-tasks {info['max_tasks']})"]
+    if info.get("exposed"):
+        lines.append(f"unsafe: pinned under {info['exposed']}: another user can move or hide it; "
+                     "`pstate snap --stop` removes it wherever it is, then start it again in a pin directory of root's")
     if not info["layout_ok"]:
         lines.append(f"layout {info['layout']} is not this pstate's ({layout_id()}): "
                      "`pstate snap --restart` replaces it")
