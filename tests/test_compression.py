@@ -114,6 +114,116 @@ def test_without_zstandard_the_error_names_the_extra(monkeypatch):
     assert read_all(gzip.compress(b"x\n"))[0] == b"x\n"
 
 
+# --- bounded memory (issue #35) -----------------------------------------------------
+
+
+def zeros_gzip(n: int) -> bytes:
+    c = __import__("zlib").compressobj(9, 8, 16 + 15)
+    return b"".join([c.compress(b"\0" * (1 << 20)) for _ in range(n >> 20)]) + c.flush()
+
+
+def zeros_zstd(n: int, window_log: int = 23) -> bytes:
+    params = zstd.ZstdCompressionParameters.from_level(3, window_log=window_log)
+    c = zstd.ZstdCompressor(compression_params=params).compressobj()
+    return b"".join([c.compress(b"\0" * (1 << 20)) for _ in range(n >> 20)]) + c.flush()
+
+
+@pytest.mark.parametrize("make", [zeros_gzip, zeros_zstd], ids=["gzip", "zstd"])
+def test_a_bomb_decompresses_in_bounded_pieces(make):
+    """64 MiB of zeros from a few KB: read 64 KiB at a time, never more than
+    a couple of MiB held (Python's allocations: tracemalloc)."""
+    import tracemalloc
+
+    data = make(64 << 20)
+    assert len(data) < 100_000
+    fp, _kind = compression.open_decompressed(io.BytesIO(data), "bomb")
+    tracemalloc.start()
+    try:
+        total = 0
+        while True:
+            chunk = fp.read(1 << 16)
+            if not chunk:
+                break
+            assert len(chunk) <= 1 << 16
+            total += len(chunk)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert total == 64 << 20 and fp.damage is None
+    assert peak < 4 << 20, f"peak {peak / (1 << 20):.1f} MiB held"
+
+
+def test_read_gives_at_most_what_is_asked():
+    fp, _kind = compression.open_decompressed(io.BytesIO(zst(DATA)), "x")
+    got = [fp.read(1000) for _ in range(5)]
+    assert all(len(g) == 1000 for g in got) and b"".join(got) == DATA[:5000]
+    assert fp.read1(7) == DATA[5000:5007]
+    assert fp.read() == DATA[5007:]
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_window_up_to_the_limit_is_read_and_a_larger_one_refused(trickle):
+    assert compression.MAX_WINDOW == 8 << 20
+    data = zeros_zstd(2 << 20, window_log=23)
+    assert zstd.get_frame_parameters(data[:18]).window_size == compression.MAX_WINDOW
+    assert read_all(data, trickle) == (b"\0" * (2 << 20), "zstd", None)
+    wide = zeros_zstd(2 << 20, window_log=24)
+    with pytest.raises(PstateError) as e:
+        read_all(wide, trickle)
+    assert e.value.exit_code == 65
+    assert e.value.message.startswith("x: a zstd frame needs a window of 16 MiB to decompress; pstate reads "
+                                      "frames of windows up to 8 MiB")
+    assert "fix: decompress it first: zstd -dc --long=31 x | pstate ... -" in e.value.message
+    # a later frame is held to it too
+    with pytest.raises(PstateError):
+        read_all(zst(DATA[:100]) + wide)
+
+
+def test_a_single_segment_frame_needs_its_content_size_as_window():
+    """zstd writes a frame whose content size is known and no larger than
+    its window as one segment: the window is then the content size."""
+    small = zstd.ZstdCompressor(level=3).compress(DATA[:1000])
+    assert small[4] & 0x20  # single segment
+    assert read_all(small) == (DATA[:1000], "zstd", None)
+    big = zstd.ZstdCompressor(level=22).compress(b"x" * (9 << 20))
+    assert big[4] & 0x20 and zstd.get_frame_parameters(big[:18]).window_size == 9 << 20
+    with pytest.raises(PstateError, match="needs a window of 9 MiB"):
+        read_all(big)
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_skippable_frames_are_passed_over(trickle):
+    skip = compression._SKIPPABLE.to_bytes(4, "little") + (5).to_bytes(4, "little") + b"hello"
+    data = zst(DATA[:3000]) + skip + zst(DATA[3000:6000]) + skip
+    assert read_all(data, trickle) == (DATA[:6000], "zstd", None)
+
+
+@pytest.mark.parametrize("cut", [3, 5, 6, 9, 12])
+def test_a_stream_cut_in_a_frame_header_is_truncated(cut):
+    one = zst(DATA[:3000])
+    out, _kind, damage = read_all(one + zst(DATA[3000:6000])[:cut])
+    assert (out, damage) == (DATA[:3000], "truncated")
+
+
+def test_garbage_after_a_frame_is_corrupt():
+    for tail in (b"garbage!", b"\0" * 64):
+        out, _kind, damage = read_all(zst(DATA[:3000]) + tail)
+        assert out == DATA[:3000] and damage.startswith("corrupt"), damage
+    out, _kind, damage = read_all(gzip.compress(DATA[:3000]) + b"garbage!")
+    assert out == DATA[:3000] and damage.startswith("corrupt"), damage
+
+
+def test_a_compressed_file_is_a_context_manager(tmp_path):
+    """(csv_records reads CSV snapshots with `with open_input(path) as fp`)"""
+    from pstate.stream.streamio import open_input
+
+    path = tmp_path / "x.csv"
+    path.write_bytes(zst(b"a,b\n1,2\n"))
+    with open_input(str(path)) as fp:
+        assert io.TextIOWrapper(fp, encoding="utf-8").read() == "a,b\n1,2\n"
+    assert fp.closed
+
+
 # --- through the commands ---------------------------------------------------------
 
 import subprocess  # noqa: E402

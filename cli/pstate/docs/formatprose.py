@@ -5,7 +5,7 @@ types, fields and states from pstate.stream.schema.
 
 from __future__ import annotations
 
-from pstate.stream import schema
+from pstate.stream import compression, schema
 
 # --- pstate-events(5) ----------------------------------------------------------
 
@@ -72,6 +72,20 @@ EVENTS = {
         stats`), is reported: its events would count twice. Paced replay
         waits at most 60 s of recorded time between two records, and says so
         when it shortens a gap.
+
+        Compressed input. A file or standard input that starts as zstd or
+        gzip data is decompressed as it is read, whatever its name, a
+        bounded piece at a time: a small file that decompresses to gigabytes
+        takes no more memory than any other, and a line longer than 1 MiB in
+        it is skipped as in a plain file. Frames (members) one after another
+        read as one stream. A zstd frame is decompressed with a window of at
+        most {compression.MAX_WINDOW >> 20} MiB, what zstd writes up to
+        level 19; a frame that asks for a larger one (`zstd --long`, the
+        `--ultra` levels) ends the run with exit code 65 where it begins,
+        before a window that large is allocated: decompress it first (`zstd
+        -dc --long=31 FILE | pstate stats`). A compressed stream that is cut
+        short or corrupt is read up to where it stops decoding and reported
+        as a truncated final record.
 
         Record types. Events are the state and lifecycle records ({", ".join(schema.EVENT_TYPES)}): only they
         count in the end record's events, so that events plus the lost
