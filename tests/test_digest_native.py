@@ -59,7 +59,8 @@ def digest(data: bytes, by: str, chunk: int, *, use_native: bool, strict: bool =
         s = agg.summarise(stats)
         rep = tables.build_report(s, s.groups, hist=True, with_matrix=True)
         return ("ok", rep, dict(stats.first_bad), stats.metas, stats.ends, stats.lines, stats.records,
-                stats.truncated_tail, agg.events, list(agg.tasks.items()), list(agg.cells.items()))
+                stats.truncated_tail, agg.events, list(agg.tasks.items()), list(agg.cells.items()),
+                stats.out_of_order, stats.order)
     finally:
         ingest._digest = saved
 
@@ -127,6 +128,57 @@ def test_many_states_and_comms():
             for i in range(3000)]
     for by in ("pid", "tid", "comm"):
         both(lines(*recs), by, 4096)
+
+
+# Records out of order on their CPU, among plain ones: a step back on cpu 0,
+# one on a CPU beyond the native table, one after a record the careful path
+# reads, a new recording (meta) and records a filter leaves out.
+DISORDER = [rec(ts=5000, cpu=0), rec(ts=6000, cpu=1), rec(ts=4000, cpu=0), rec(ts=4500, cpu=0),
+            rec(ts=100, cpu=5000), rec(ts=99, cpu=5000), b'{"type": "state", "ts": 7000, "cpu": 1, "pid": 10, '
+            b'"tid": 11, "from": "running", "to": "sleeping", "dur_ns": 5}', rec(ts=6500, cpu=1),
+            rec(ts=6400, cpu=1, pid=99), rec(ts=6300, cpu=1, comm="other"),
+            {"type": "meta", "schema": 1, "ts": 1}, rec(ts=10, cpu=0), rec(ts=9, cpu=0)]
+
+
+@pytest.mark.parametrize("chunk", [1, 13, 64, 1 << 20])
+@pytest.mark.parametrize("f", [None, 3, 5])
+def test_records_out_of_order_agree(chunk, f):
+    out = both(lines(*PLAIN[:30], *DISORDER, *PLAIN[30:60]), "tid", chunk,
+               filt=None if f is None else FILTERS[f])
+    assert out[0] == "ok" and out[11] == 6
+
+
+def test_the_native_loop_notes_the_order_it_takes():
+    """digest, parse_states and plain_states note the ts of the records they
+    take in the table bound in this thread, and leave to the careful path
+    what it must place: the first on a CPU before any meta record, the first
+    out of order, one on a CPU beyond the table."""
+    data = lines(rec(ts=10), rec(ts=20), rec(ts=15), rec(ts=30), rec(ts=1, cpu=5000))
+    for call in (lambda b: NATIVE.plain_states(b, 0, len(b) - 1, 1 << 20),
+                 lambda b: NATIVE.parse_states(b, 0, len(b) - 1, 1 << 20),
+                 lambda b: NATIVE.Digester("tid", lambda s: len(s), lambda c: 1).digest(b, 0, len(b) - 1, 1 << 20)):
+        order = streamio.ReadStats().order
+        assert call(data)[:2] == (len(data), 5)  # unbound: nothing noted, all taken
+        assert NATIVE.bind_order(order.table) is None
+        try:
+            assert call(data)[:2] == (0, 0)  # the first on cpu 0 before any meta record: the careful path's
+            order.reset()
+            assert call(data)[:2] == (data.index(b"\n", data.index(b"\n") + 1) + 1, 2)  # then the first back
+            assert (order.count, order.cells[3]) == (0, 20)
+            order.note(0, 15, "in", 3)
+            stop = call(data[data.index(b'{"type":"state","ts":30'):])
+            assert stop[1] == 1 and (order.count, order.cells[3]) == (1, 30)  # the cpu beyond the table: Python's
+            assert call(lines(rec(ts=25)))[1] == 1 and (order.count, order.cells[3]) == (2, 25)
+        finally:
+            assert NATIVE.bind_order(None) is order.table
+    with pytest.raises(TypeError):
+        NATIVE.bind_order(5)
+    with pytest.raises(ValueError):
+        NATIVE.bind_order(bytearray(3))
+        try:
+            NATIVE.plain_states(data, 0, len(data) - 1, 1 << 20)
+        finally:
+            NATIVE.bind_order(None)
 
 
 @pytest.mark.parametrize("at", [0, 3000, 9000])

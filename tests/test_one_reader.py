@@ -8,7 +8,9 @@ Python) path of reader.StreamReader give the same results everywhere.
   (heat --live's), the careful path, read_records (heat, snapshots) and
   replay --no-wait's output;
 - the rule for record types (pstate-events(5)): unknown types are counted,
-  never bad lines; annotation records are not events.
+  never bad lines; annotation records are not events;
+- records out of order (a ts lower than the one before on the same CPU) are
+  counted alike by every path and every command, and fail --strict.
 """
 
 from __future__ import annotations
@@ -102,7 +104,12 @@ def read_through(data: bytes, *, native_rows: bool, chunk: int = 1 << 16, name: 
         rd.end()
     except Exception as e:  # a newer schema: the same error either way
         return [("error", str(e))]
-    return sink.out + [("stats", stats.lines, stats.records, stats.skipped, stats.truncated_tail, stats.unknown)]
+    return sink.out + [summary(stats)]
+
+
+def summary(stats: ReadStats) -> tuple:
+    return ("stats", stats.lines, stats.records, stats.skipped, stats.truncated_tail, stats.unknown,
+            stats.out_of_order, stats.order.first)
 
 
 class Kept:
@@ -132,7 +139,7 @@ def rows_through(data: bytes, *, native_rows: bool, wide: bool, chunk: int = 1 <
         rd.end()
     except Exception as e:
         return [("error", str(e))]
-    return sink.out + [("stats", stats.lines, stats.records, stats.skipped, stats.truncated_tail, stats.unknown)]
+    return sink.out + [summary(stats)]
 
 
 def state_fields(rec: dict) -> dict:
@@ -153,7 +160,7 @@ def test_the_same_records_through_every_reader(path):
     st_ = ReadStats()
     whole = list(read_records([str(path)], st_))
     assert [state_fields(r) for r in whole] == careful[:-1]
-    assert ("stats", st_.lines, st_.records, st_.skipped, st_.truncated_tail, st_.unknown) == careful[-1]
+    assert summary(st_) == careful[-1]
 
 
 def test_the_wide_fields_are_named_once():
@@ -261,19 +268,24 @@ META = {"type": "meta", "schema": 1, "source": "record", "ts": 900, "wall_ns": 1
 
 @st.composite
 def line(draw) -> bytes:
-    kind = draw(st.sampled_from(["state"] * 6 + ["fork", "exit", "loss", "end", "cgroup", "future", "bad", "blank"]))
+    kind = draw(st.sampled_from(["state"] * 6 + ["fork", "exit", "loss", "end", "cgroup", "future", "bad", "blank",
+                                                 "meta"]))
+    if kind == "meta":  # a recording starts: the order per CPU too
+        return orjson.dumps(dict(META, ts=draw(st.integers(0, 10**6))))
     if kind == "bad":
         return draw(st.sampled_from([b"{", b"nope", b"[1]", b'{"type":1}', b'{"type":"state","ts":-1}', b"\x00\x00"]))
     if kind == "blank":
         return draw(st.sampled_from([b"", b"  ", b"\r"]))
     rec = dict(BASE)
+    # ts out of order on a CPU or not; a CPU beyond the native table (streamio.ORDER_CPUS) now and then
     rec.update(ts=draw(st.integers(1000, 10**6)), pid=draw(st.integers(0, 5)), tid=draw(st.integers(0, 9)),
+               cpu=draw(st.sampled_from([0, 0, 0, 1, 1, 3, 4095, 4096, 2**40])),
                dur_ns=draw(st.one_of(st.none(), st.integers(0, 1 << 40))),
                comm=draw(st.one_of(st.none(), st.sampled_from(["w", "java", "ünï", "a\"b"]))),
                **{"from": draw(st.sampled_from(["running", "runnable", "sleeping", "preempted", "state_Q"])),
                   "to": draw(st.sampled_from(["running", "runnable", "uninterruptible", "zombie"]))})
     if kind != "state":
-        rec = {"type": kind, "ts": rec["ts"], "cpu": 0, "pid": rec["pid"], "tid": rec["tid"], "comm": "w"}
+        rec = {"type": kind, "ts": rec["ts"], "cpu": rec["cpu"], "pid": rec["pid"], "tid": rec["tid"], "comm": "w"}
         if kind == "loss":
             rec = {"type": "loss", "ts": 1, "reason": "ringbuf_full", "count": draw(st.integers(0, 9))}
         elif kind == "end":
@@ -308,6 +320,79 @@ def test_generated_streams_agree(tmp_path, monkeypatch, lines, bom, cut, args):
         assert read_through(data, native_rows=True, chunk=5) == read_through(data, native_rows=False)
         assert (rows_through(data, native_rows=True, wide=True, chunk=5)
                 == rows_through(data, native_rows=False, wide=True))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.sampled_from([0, 1, 2, 4096]), st.integers(-3, 5), st.booleans()), max_size=60),
+       chunk=st.sampled_from([5, 64, 1 << 16]))
+def test_generated_orders_agree(steps, chunk):
+    """Runs of ts per CPU that mostly go forward, with steps back, meta
+    records and lines only the careful path reads (", " spellings) between
+    them: the native readers and the careful path count alike."""
+    ts = {}
+    out = []
+    for cpu, step, careful in steps:
+        if step == -3:
+            out.append(orjson.dumps(dict(META, ts=1)))
+            continue
+        ts[cpu] = ts.get(cpu, 5000) + step * 100
+        text = orjson.dumps(dict(BASE, ts=max(ts[cpu], 0), cpu=cpu))
+        out.append(text.replace(b",", b", ") if careful else text)
+    data = b"\n".join(out) + b"\n"
+    careful = read_through(data, native_rows=False, chunk=chunk)
+    assert rows_through(data, native_rows=False, wide=False, chunk=chunk)[-1] == careful[-1]
+    if NATIVE_ROWS is not None:
+        assert read_through(data, native_rows=True, chunk=chunk) == careful
+        assert rows_through(data, native_rows=True, wide=True, chunk=chunk)[-1] == careful[-1]
+
+
+# --- records out of order, through every command --------------------------------------
+
+DISORDER = [META, dict(BASE, ts=2000), dict(BASE, ts=3000, cpu=1), dict(BASE, ts=1500),  # back on cpu 0
+            {"type": "fork", "ts": 2500, "cpu": 1, "pid": 10, "tid": 11, "comm": "w", "child_pid": 12,
+             "child_tid": 12, "thread": False},  # back on cpu 1
+            dict(BASE, ts=1600), dict(BASE, ts=1600, tid=12), {"type": "loss", "ts": 1, "reason": "ringbuf_full",
+                                                              "count": 0},
+            dict(META, ts=100), dict(BASE, ts=200)]  # a new recording starts anew
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["stats", "-f", "json"], ["heat", "--width", "60"],
+                                  ["replay", "--no-wait"], ["export", "-q", "-f", "chrome"], ["export", "-q"]],
+                         ids=["stats", "stats-json", "heat", "replay", "export-chrome", "export-perfetto"])
+def test_records_out_of_order_are_counted_and_fail_strict(tmp_path, monkeypatch, argv):
+    path = tmp_path / "disorder.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in DISORDER))
+    warning = (f"pstate {argv[0]}: warning: 2 records out of order: a ts lower than that of the record before it "
+               f"on the same CPU (first at {path}:4)\n")
+    code, _out, err = fast_and_careful(monkeypatch, [*argv, str(path)])
+    assert code == 0 and warning in err
+    code, _out, err = fast_and_careful(monkeypatch, [*argv, "--strict", str(path)])
+    assert code == 65 and warning in err
+    if argv[0] == "stats":
+        assert both(str(path), "--strict") == stats(str(path), "--strict")
+    in_order = tmp_path / "ordered.jsonl"
+    in_order.write_bytes(b"".join(orjson.dumps(r) + b"\n" for i, r in enumerate(DISORDER) if i not in (3, 4, 5, 6)))
+    code, _out, err = fast_and_careful(monkeypatch, [*argv, "--strict", str(in_order)])
+    assert code == 0 and "out of order" not in err
+
+
+@pytest.mark.parametrize("every", [1, 2, 5])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_records_out_of_order_across_parts(tmp_path, every, jobs):
+    """stats -j: a record that goes back from the last one of an earlier
+    part counts, as in one pass."""
+    recs = [dict(BASE, ts=t, cpu=c) for t, c in [(10, 0), (20, 1), (5, 0), (30, 0), (15, 1), (25, 0), (40, 2),
+                                                  (35, 2), (50, 1)]]
+    for lead in ([], [META]):
+        data = b"".join(orjson.dumps(r) + b"\n" for r in lead + recs + [META] + recs[:4])
+        path = tmp_path / "parts.jsonl"
+        path.write_bytes(data)
+        one, _rep = test_stats.serial(str(path))
+        assert one.out_of_order == 4 + 1
+        got, _rep = test_stats.in_parts(str(path), test_stats.parts_of(data, every), jobs)
+        assert (got.out_of_order, got.order.first, got.problems()) == (one.out_of_order, one.order.first,
+                                                                        one.problems())
+        assert got.order == one.order
 
 
 # --- the rule for record types ------------------------------------------------------

@@ -378,3 +378,98 @@ def test_the_quick_accept_of_a_state_record_accepts_only_what_the_full_checks_ac
     assert check_record(rec) == record_problem(rec)
     if typical and not fields:
         assert plain_state_ok(rec)
+
+
+# --- records out of order (issue #35) ------------------------------------------------
+
+
+def ev(ts: int, cpu: int = 0, kind: str = "state", **kw) -> bytes:
+    rec = {"type": kind, "ts": ts, "cpu": cpu, "pid": 10, "tid": 11, "comm": "a"}
+    if kind == "state":
+        rec.update({"from": "running", "to": "sleeping", "dur_ns": 5})
+    rec.update(kw)
+    return orjson.dumps(rec) + b"\n"
+
+
+OTHER = [  # records without a cpu: never checked, whatever their ts
+    b'{"type":"loss","ts":1,"reason":"ringbuf_full","count":1}\n',
+    b'{"type":"process","ts":1,"pid":10,"comm":"a","why":"first"}\n',
+    b'{"type":"cgroup","ts":1,"cgroup":5,"path":"/x","gone":false}\n',
+    b'{"type":"rate","ts":1,"sample_every":2,"events_per_s":9}\n',
+    b'{"type":"stack","ts":1,"stack_id":1,"frames":"a;b"}\n',
+    b'{"type":"hologram","ts":1,"cpu":0}\n',  # a type this pstate does not know: not read
+]
+
+
+@pytest.mark.parametrize("data, count, first", [
+    (META + ev(10) + ev(20) + ev(20) + ev(30), 0, None),  # equal ts are in order
+    (META + ev(10) + ev(5) + ev(7) + ev(6), 2, 3),  # each step back counts, against the record before it
+    (META + ev(10) + ev(10**12) + ev(20) + ev(30), 1, 4),  # one in the future makes one count, not all after
+    (META + ev(10, cpu=0) + ev(5, cpu=1) + ev(11, cpu=0) + ev(6, cpu=1), 0, None),  # per CPU
+    (META + ev(10, cpu=1) + ev(5, cpu=1, kind="fork", child_pid=1, child_tid=1, thread=False)
+     + ev(4, cpu=1, kind="exec", old_tid=11) + ev(3, cpu=1, kind="exit", group_dead=True), 3, 3),
+    (META + ev(10) + b"".join(OTHER) + ev(11), 0, None),
+    (META + ev(10) + META + ev(5) + ev(6), 0, None),  # a meta record starts a recording
+    (ev(10) + ev(9) + META + ev(1), 1, 2),  # (records before any meta too)
+    (META + ev(10, cpu=2**62) + ev(9, cpu=2**62) + ev(8, cpu=4096) + ev(9, cpu=4096), 1, 3),  # any cpu
+    (META + ev(10) + b"{bad\n" + ev(5, tid="x") + ev(9), 1, 5),  # skipped lines are not records
+])
+def test_records_out_of_order_per_cpu(tmp_path, data, count, first):
+    p = write(tmp_path, data)
+    recs, st_ = read(p)
+    assert st_.out_of_order == count
+    assert st_.order.first == ((p, first) if first else None)
+    problems = [x for x in st_.problems() if "out of order" in x]
+    if count:
+        assert problems == [f"{count} record{'s' if count > 1 else ''} out of order: a ts lower than that of the "
+                            f"record before it on the same CPU (first at {p}:{first})"]
+        assert st_.report("pstate x", err=io.StringIO()) == 0
+        assert st_.report("pstate x", err=io.StringIO(), strict=True) == 65
+    else:
+        assert problems == []
+
+
+def test_sources_read_one_after_another_continue_one_another(tmp_path):
+    a = write(tmp_path, META + ev(10) + ev(20), "a.jsonl")
+    b = write(tmp_path, ev(15) + ev(25), "b.jsonl")  # a part of the same recording
+    c = write(tmp_path, META + ev(1), "c.jsonl")  # another recording
+    st_ = ReadStats()
+    list(read_records([a, b, c], st_))
+    assert (st_.out_of_order, st_.order.first) == (1, (b, 1))
+
+
+def test_out_of_order_per_interval_and_after_a_pickle():
+    import pickle
+
+    st_ = ReadStats()
+    rd = StreamReader(type("S", (), {"rows": lambda s, r: None, "record": lambda s, r, w: None})(), st_)
+    rd.begin("in")
+    rd.feed(META + ev(10) + ev(5))
+    mark = st_.mark()
+    rd.feed(ev(4) + ev(3) + ev(8))
+    assert st_.out_of_order == 3 and st_.since(mark).out_of_order == 2
+    assert "2 records out of order" in st_.since(mark).problems()[0] and "(first at in:3)" in st_.problems()[0]
+    again = pickle.loads(pickle.dumps(st_))
+    assert again == st_ and again.out_of_order == 3 and again.order.cells[3] == 8
+
+
+def test_a_part_read_on_its_own_joins_what_came_before():
+    """stats -j: the first record on each CPU in a part goes against the last
+    one before the part; a part with a meta record starts anew."""
+    def part(data: bytes, at_start: bool) -> ReadStats:
+        st_ = ReadStats()
+        rd = StreamReader(type("S", (), {"rows": lambda s, r: None, "record": lambda s, r, w: None})(), st_)
+        rd.begin("f", at_start=at_start)
+        rd.feed(data)
+        rd.end()
+        return st_
+
+    one, two, three = META + ev(10) + ev(20, cpu=1), ev(5) + ev(4) + ev(30, cpu=1), META + ev(1) + ev(2)
+    whole = part(one + two + three, True)
+    joined = part(one, True)
+    for data in (two, three):
+        p = part(data, False)
+        joined.lines += p.lines  # (as ingest.merge_read_stats does, before join_spans)
+        joined.join_spans(p)
+    assert (joined.out_of_order, joined.order.first) == (whole.out_of_order, whole.order.first) == (2, ("f", 4))
+    assert joined.order == whole.order

@@ -32,6 +32,13 @@
  * protocol but only returns the plain state records as tuples (sharing
  * interned strings and ints; reader.ROW_FIELDS); wide rows carry the fields a trace export
  * needs of switches and wake-ups too (WIDE_FIELDS).
+ *
+ * The order of records per CPU (stream.streamio.CpuOrder): the reader binds
+ * its table for the duration of a bulk read (bind_order, per thread), and
+ * each of these readers notes there the ts of every record it takes, as the
+ * careful path does; a record whose place the careful path must note (the
+ * first on a CPU before any meta record, the first out of order, one on a
+ * CPU beyond the table) is left to it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -509,6 +516,109 @@ static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py
         return 0;
     *next = (e - buf) + 1;
     return 1;
+}
+
+/* --- the order of records per CPU ------------------------------------------ */
+
+/* The cells of streamio.CpuOrder.table: the records out of order, 1 once the
+ * first is placed, 1 until the first meta record, then the ts of the last
+ * record per CPU (-1: none). */
+enum { ORDER_COUNT, ORDER_PLACED, ORDER_LEAD, ORDER_HEAD };
+
+typedef struct {
+    long long *c;   /* NULL: no table bound, nothing to note */
+    Py_ssize_t ncpu;
+    Py_buffer view;
+} order_t;
+
+static PyObject *order_key; /* the key of the bound table in the thread's state dict */
+
+/* The table bound in this thread, if any, held until order_release. */
+static int order_acquire(order_t *o)
+{
+    o->c = NULL;
+    PyObject *d = PyThreadState_GetDict();
+    PyObject *obj = d ? PyDict_GetItemWithError(d, order_key) : NULL;
+    if (!obj)
+        return PyErr_Occurred() ? -1 : 0;
+    if (PyObject_GetBuffer(obj, &o->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (o->view.len < (Py_ssize_t)(ORDER_HEAD * sizeof(long long)) || o->view.len % sizeof(long long) ||
+        (uintptr_t)o->view.buf % sizeof(long long)) {
+        PyBuffer_Release(&o->view);
+        PyErr_SetString(PyExc_ValueError, "bad order table");
+        return -1;
+    }
+    o->c = o->view.buf;
+    o->ncpu = o->view.len / (Py_ssize_t)sizeof(long long) - ORDER_HEAD;
+    return 0;
+}
+
+static void order_release(order_t *o)
+{
+    if (o->c)
+        PyBuffer_Release(&o->view);
+    o->c = NULL;
+}
+
+/* 1: the record may be taken here; 0: leave its line to the careful path. */
+static inline int order_ok(const order_t *o, const state_rec *r)
+{
+    if (!o->c)
+        return 1;
+    if (r->cpu >= o->ncpu)
+        return 0;
+    long long last = o->c[ORDER_HEAD + r->cpu];
+    if (last < 0)
+        return !o->c[ORDER_LEAD];
+    return r->ts >= last || o->c[ORDER_PLACED];
+}
+
+/* A record taken (after order_ok). */
+static inline void order_note(const order_t *o, const state_rec *r)
+{
+    if (!o->c)
+        return;
+    long long *last = &o->c[ORDER_HEAD + r->cpu];
+    if (r->ts < *last)
+        o->c[ORDER_COUNT]++;
+    *last = r->ts;
+}
+
+PyDoc_STRVAR(bind_order_doc,
+"bind_order(table) -> previous\n\n"
+"Bind a reader's order table (streamio.CpuOrder.table, a writable buffer of\n"
+"int64 cells) in this thread, or None to unbind; previous: what was bound\n"
+"(None: nothing). While it is bound, Digester.digest, parse_states and\n"
+"plain_states note the ts of the records they take in it.");
+
+static PyObject *bind_order(PyObject *module, PyObject *table)
+{
+    PyObject *d = PyThreadState_GetDict();
+    if (!d) {
+        PyErr_SetString(PyExc_RuntimeError, "no thread state dict");
+        return NULL;
+    }
+    PyObject *prev = PyDict_GetItemWithError(d, order_key);
+    if (!prev && PyErr_Occurred())
+        return NULL;
+    prev = prev ? prev : Py_None;
+    Py_INCREF(prev);
+    int rc;
+    if (table == Py_None) {
+        rc = PyDict_Contains(d, order_key);
+        if (rc > 0)
+            rc = PyDict_DelItem(d, order_key);
+    } else if (!PyObject_CheckBuffer(table)) {
+        PyErr_SetString(PyExc_TypeError, "bind_order takes a writable buffer or None");
+        rc = -1;
+    } else
+        rc = PyDict_SetItem(d, order_key, table);
+    if (rc < 0) {
+        Py_DECREF(prev);
+        return NULL;
+    }
+    return prev;
 }
 
 /* --- ints beyond 64 bits ------------------------------------------------------ */
@@ -1343,6 +1453,7 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     PyObject *result = NULL;
     Py_ssize_t lines = 0, digested = 0;
     long long clip_v = 0;
+    order_t order = {0};
     if (pos < 0 || end > view.len || pos > end + 1) {
         PyErr_SetString(PyExc_ValueError, "bad range");
         goto done;
@@ -1362,17 +1473,20 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     }
     const char *buf = view.buf;
     PyObject *clip_or_null = clip == Py_None ? NULL : clip;
+    if (order_acquire(&order) < 0)
+        goto done;
     /* Segments as bytes.split(b"\n") makes them: the last one ends at end. */
     while (pos <= end && !self->hist_flush_due) {
         state_rec r;
         Py_ssize_t next;
-        if (!next_state(buf, pos, end, max_line, &r, &next))
+        if (!next_state(buf, pos, end, max_line, &r, &next) || !order_ok(&order, &r))
             break;
         if (self->filt.on) {
             int ok = filter_passes(self, &r);
             if (ok < 0)
                 goto done;
             if (!ok) { /* read, and left out as the careful path leaves it out */
+                order_note(&order, &r);
                 lines++;
                 pos = next;
                 continue;
@@ -1383,6 +1497,7 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
             goto done;
         if (rc > 0)
             break;
+        order_note(&order, &r);
         lines++;
         digested++;
         pos = next;
@@ -1395,6 +1510,7 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     result = Py_BuildValue("nnO", pos, lines, self->hist_flush_due ? Py_True : Py_False);
 done:
     self->has_pending = 0; /* (only left set by an error) */
+    order_release(&order);
     PyBuffer_Release(&view);
     return result;
 }
@@ -1643,7 +1759,8 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
     PyObject *weight_k = PyLong_FromLongLong(k);
     PyObject *result = NULL;
     Py_ssize_t lines = 0;
-    if (!rows || !one || !weight_k)
+    order_t order = {0};
+    if (!rows || !one || !weight_k || order_acquire(&order) < 0)
         goto done;
     const char *buf = view.buf;
     while (pos <= end) {
@@ -1669,7 +1786,7 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         }
         state_rec r;
         extras x;
-        if (!parse_state(p, e, &r, wide ? &x : NULL))
+        if (!parse_state(p, e, &r, wide ? &x : NULL) || !order_ok(&order, &r))
             break;
         Py_ssize_t size = wide ? 10 + N_EXTRA : 10;
         PyObject *t = PyTuple_New(size);
@@ -1706,11 +1823,13 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
             goto done;
         }
         Py_DECREF(t);
+        order_note(&order, &r);
         lines++;
         pos = (e - buf) + 1; /* end + 1 after the last segment */
     }
     result = Py_BuildValue("nnO", pos, lines, rows);
 done:
+    order_release(&order);
     PyBuffer_Release(&view);
     Py_XDECREF(rows);
     Py_XDECREF(one);
@@ -1743,12 +1862,19 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
     long long max_ts = -1;
     state_rec r;
     Py_ssize_t next;
-    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next)) {
+    order_t order;
+    if (order_acquire(&order) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next) && order_ok(&order, &r)) {
+        order_note(&order, &r);
         lines++;
         if (r.ts > max_ts)
             max_ts = r.ts;
         pos = next;
     }
+    order_release(&order);
     PyBuffer_Release(&view);
     return Py_BuildValue("nnL", pos, lines, max_ts);
 }
@@ -1756,6 +1882,7 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"parse_states", parse_states, METH_VARARGS, parse_states_doc},
     {"plain_states", plain_states, METH_VARARGS, plain_states_doc},
+    {"bind_order", bind_order, METH_O, bind_order_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1764,7 +1891,7 @@ static struct PyModuleDef digest_module = {
     .m_name = "_digest",
     .m_doc = "Native bulk readers of the one stream reader (pstate.stream.reader): the Digester of stats "
              "(pstate.analysis.ingest.LineDigester), the row reader parse_states (heat, export, replay) and "
-             "plain_states (replay).",
+             "plain_states (replay); bind_order, the reader's table of the order of records per CPU.",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1775,6 +1902,8 @@ PyMODINIT_FUNC PyInit__digest(void)
         return NULL;
     for (int ch = 0; ch < 256; ch++)
         str_stop[ch] = ch < 0x20 || ch >= 0x80 || ch == '"' || ch == '\\';
+    if (!order_key && !(order_key = PyUnicode_InternFromString("pstate._digest.order")))
+        return NULL;
     PyObject *m = PyModule_Create(&digest_module);
     if (!m)
         return NULL;

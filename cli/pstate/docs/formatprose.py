@@ -73,6 +73,14 @@ EVENTS = {
         waits at most 60 s of recorded time between two records, and says so
         when it shortens a gap.
 
+        Order. The events ({", ".join(schema.EVENT_TYPES)}) carry the CPU
+        they happened on; no other record carries one, and no other record
+        is checked. Within a recording (from one meta record to the next,
+        across files read one after another), an event whose ts is lower
+        than that of the event before it on the same CPU is out of order: it
+        is read, and counted and reported once; with `--strict` the run
+        exits with 65. Equal ts are in order.
+
         Compressed input. A file or standard input that starts as zstd or
         gzip data is decompressed as it is read, whatever its name, a
         bounded piece at a time: a small file that decompresses to gigabytes

@@ -20,7 +20,14 @@ everywhere:
 - meta, loss and end records are noted in the ReadStats (ReadStats.note): a
   meta record of a newer schema raises PstateError (exit 65);
 - a record type this pstate does not know (schema.KNOWN_TYPES) is skipped
-  quietly and counted in ReadStats.unknown, never a bad line.
+  quietly and counted in ReadStats.unknown, never a bad line;
+- a record out of order is read, and counted in ReadStats.out_of_order
+  (strict: the report's exit code is 65). The rule (streamio.CpuOrder):
+  only records that carry a cpu count, the events (state, fork, exec,
+  exit); within a recording (from one meta record to the next, across the
+  sources read one after another), one whose ts is lower than that of the
+  record before it with the same cpu is out of order; equal ts are not. The
+  lines heat --live passes over unparsed (k > 1) are not checked.
 - with a filter (stream.filters.Filter, the options record takes), only
   the event records it passes come out (other records all do), and each
   meta record comes out with the read_filter_* fields of the filter; the
@@ -54,8 +61,17 @@ readers are in C (pstate._digest): Digester, which sums the rows up for
 stats (timeinstate.Aggregator.add_digested), parse_states, which hands them
 out as rows (native_rows=True: heat, heat --live, export; replay's filters,
 window and pacing), and plain_states, which only finds them (replay copies
-their lines). PSTATE_PURE=1 leaves every line to the careful path; the tests
-hold the two paths to the same rows, records, counts, errors and output.
+their lines). A bulk reader notes the ts of the records it takes in the
+reader's CpuOrder (ReadStats.order), which the reader binds for the call
+(pstate._digest.bind_order), and leaves to the careful path a record it
+cannot place there: the first on a CPU before any meta record, the first
+out of order, one on a CPU beyond ORDER_CPUS. PSTATE_PURE=1 leaves every
+line to the careful path; the tests hold the two paths to the same rows,
+records, counts, errors and output.
+
+Memory is bounded by max_line (a longer line is dropped as it comes),
+whatever the source: compressed input comes in bounded pieces
+(stream.compression).
 """
 
 from __future__ import annotations
@@ -65,7 +81,8 @@ import orjson
 from pstate import native
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.streamio import BOM, MAX_LINE, ReadStats, note_damage, open_input, plain_state_ok, record_problem
+from pstate.stream.streamio import (BOM, CPU_TYPES, MAX_LINE, ReadStats, note_damage, open_input, plain_state_ok,
+                                    record_problem)
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
@@ -73,6 +90,8 @@ ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight
 WIDE_FIELDS = ("cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu", "waker")
 # The native row reader (None when not built or PSTATE_PURE=1).
 _parse_states = getattr(native.load("_digest"), "parse_states", None)
+# The binding of a reader's CpuOrder for the native bulk readers it calls.
+_bind_order = getattr(native.load("_digest"), "bind_order", None)
 # Sampling (heat --live) may pass over transitions into these states, which
 # are the bulk of a stream, recognised by their bytes without parsing.
 _TO = b'"to":"'
@@ -291,7 +310,14 @@ class StreamReader:
         while True:
             if fast is not None:
                 self._flush_rows()
-                pos, lines, records = fast(buf, pos, end, self.lineno)
+                if _bind_order is not None:
+                    prev = _bind_order(stats.order.table)  # what the bulk reader takes, it notes there
+                    try:
+                        pos, lines, records = fast(buf, pos, end, self.lineno)
+                    finally:
+                        _bind_order(prev)
+                else:
+                    pos, lines, records = fast(buf, pos, end, self.lineno)
                 self.lineno += lines
                 stats.lines += lines
                 stats.records += records
@@ -342,6 +368,8 @@ class StreamReader:
             stats.truncated_tail = self.earlier_tail  # the last line was complete after all
         stats.records += 1
         t = rec["type"]
+        if t in CPU_TYPES:
+            stats.order.note(rec["cpu"], rec["ts"], self.name, lineno)
         filt = self.filt
         if t == "state":
             if filt is not None and not filt.match_state(rec["pid"], rec["tid"], rec.get("comm"), rec["cpu"],

@@ -4,8 +4,10 @@ writer.
 
 Readers treat input as untrusted: a malformed, over-long or wrongly typed line
 is skipped and counted, never a traceback; a truncated last line is reported;
-a stream of a newer schema is refused. Memory is bounded by the line limit.
-The one reader that applies these rules is reader.StreamReader.
+a stream of a newer schema is refused; records whose ts goes back on their CPU
+are counted (CpuOrder). Memory is bounded by the line limit, and compressed
+input by the bounds of pstate.stream.compression. The one reader that applies
+these rules is reader.StreamReader.
 """
 
 from __future__ import annotations
@@ -31,6 +33,130 @@ _INT_FIELDS = ("ts", "cpu", "pid", "tid")
 # reader that accepted a value another rejects would disagree on the counts.
 MAX_INT = 1 << 63
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which orjson rejects
+# The records that carry a cpu (and a ts): the events. Their order per CPU is checked (CpuOrder).
+CPU_TYPES = frozenset(schema.EVENT_TYPES)
+ORDER_CPUS = 4096  # CPUs 0..4095 in CpuOrder's table; the native readers leave records of others to Python
+_COUNT, _PLACED, _LEAD, _HEAD = 0, 1, 2, 3  # the cells of CpuOrder.table before the last ts per CPU
+
+
+class CpuOrder:
+    """The order of the records a reader read, per CPU.
+
+    The rule: within a recording (from one meta record to the next), a
+    record that carries a cpu (CPU_TYPES: state, fork, exec and exit, the
+    events; every other record has no cpu, and is not checked) is out of
+    order when its ts is lower than that of the record before it with the
+    same cpu. Equal ts are in order. Each such record counts once (a record
+    far in the future makes only the record after it count, not all that
+    follow). Sources read one after another (files, stats -j's parts)
+    continue one another: only a meta record starts anew.
+
+    The state is shared by the reader's careful path (note) and its native
+    bulk readers (pstate._digest, given table by reader.StreamReader through
+    bind_order), so that both count alike: table holds int64 cells, [0]
+    the records out of order, [1] 1 once the first of them is placed
+    (first: its source and line, which the careful path notes: the native
+    readers leave that record to it), [2] 1 until the first meta record,
+    then the ts of the last record per CPU below ORDER_CPUS (-1: none since
+    the last meta record); big holds the others. lead: the first record on
+    each CPU before the first meta record (cpu -> (ts, source, line), noted
+    by the careful path too), which a part of a file read on its own
+    compares with what came before it (join)."""
+
+    def __init__(self):
+        self.table = bytearray(b"\xff" * (8 * (_HEAD + ORDER_CPUS)))
+        self._cells = None
+        cells = self.cells
+        cells[_COUNT] = cells[_PLACED] = 0
+        cells[_LEAD] = 1
+        self.big: dict = {}
+        self.first: tuple | None = None  # (source, line)
+        self.lead: dict = {}
+
+    @property
+    def cells(self) -> memoryview:
+        if self._cells is None:
+            self._cells = memoryview(self.table).cast("q")
+        return self._cells
+
+    @property
+    def count(self) -> int:
+        return self.cells[_COUNT]
+
+    def __getstate__(self):  # (stats -j: a part's ReadStats comes back pickled)
+        return {"table": bytes(self.table), "big": self.big, "first": self.first, "lead": self.lead}
+
+    def __setstate__(self, state) -> None:
+        self.table = bytearray(state["table"])
+        self._cells = None
+        self.big, self.first, self.lead = state["big"], state["first"], state["lead"]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CpuOrder) and self.__getstate__() == other.__getstate__()
+
+    def note(self, cpu: int, ts: int, name: str, line: int) -> None:
+        """A record on cpu at ts, at line of name (the careful path)."""
+        cells = self.cells
+        if cpu < ORDER_CPUS:
+            last = cells[_HEAD + cpu]
+            cells[_HEAD + cpu] = ts
+        else:
+            last = self.big.get(cpu, -1)
+            self.big[cpu] = ts
+        if last < 0:
+            if cells[_LEAD] and cpu not in self.lead:
+                self.lead[cpu] = (ts, name, line)
+        elif ts < last:
+            cells[_COUNT] += 1
+            if not cells[_PLACED]:
+                cells[_PLACED] = 1
+                self.first = (name, line)
+
+    def reset(self) -> None:
+        """A meta record: a recording starts."""
+        self.table[8 * _HEAD:] = b"\xff" * (8 * ORDER_CPUS)
+        self.big.clear()
+        self.cells[_LEAD] = 0
+
+    def _last(self, cpu: int) -> int:
+        return self.cells[_HEAD + cpu] if cpu < ORDER_CPUS else self.big.get(cpu, -1)
+
+    def join(self, part: "CpuOrder", line_base: int) -> None:
+        """What a part of the input read on its own (stats -j) saw, after
+        everything read here: its records out of order, and its first
+        record on each CPU (before any meta record in it) against the last
+        one here; line_base: the lines read before the part."""
+        cells, pcells = self.cells, part.cells
+        firsts = [(part.first[1] + line_base, part.first[0])] if part.first else []
+        for cpu, (ts, name, line) in sorted(part.lead.items(), key=lambda kv: kv[1][2]):
+            last = self._last(cpu)
+            if last >= 0 and ts < last:
+                cells[_COUNT] += 1
+                firsts.append((line + line_base, name))
+            if cells[_LEAD] and cpu not in self.lead:
+                self.lead[cpu] = (ts, name, line + line_base)
+        cells[_COUNT] += pcells[_COUNT]
+        if firsts and not cells[_PLACED]:
+            line, name = min(firsts)
+            self.first = (name, line)
+            cells[_PLACED] = 1
+        if not pcells[_LEAD]:  # the part read a meta record: its recording is the one going on
+            self.table[8 * _HEAD:] = part.table[8 * _HEAD:]
+            self.big = dict(part.big)
+            cells[_LEAD] = 0
+        else:
+            for cpu in range(ORDER_CPUS):
+                ts = pcells[_HEAD + cpu]
+                if ts >= 0:
+                    cells[_HEAD + cpu] = ts
+            self.big.update(part.big)
+
+
+class _OrderSince:
+    """The records out of order since a mark (ReadStats.since)."""
+
+    def __init__(self, count: int, first: tuple | None):
+        self.count, self.first = count, first
 
 
 @dataclass
@@ -53,6 +179,7 @@ class ReadStats:
     # a recording whose meta an earlier part read)
     _spans: list = field(default_factory=list, repr=False, compare=False)
     _lead_end: int | None = field(default=None, repr=False, compare=False)
+    order: CpuOrder = field(default_factory=CpuOrder, repr=False)  # ts per CPU (out_of_order)
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
@@ -61,6 +188,11 @@ class ReadStats:
     @property
     def n_skipped(self) -> int:
         return sum(self.skipped.values())
+
+    @property
+    def out_of_order(self) -> int:
+        """Records whose ts goes back on their CPU (CpuOrder has the rule)."""
+        return self.order.count
 
     def note(self, rec: dict, name: str) -> str:
         """Collect a valid record's meta, loss and end information; return its type.
@@ -72,6 +204,7 @@ class ReadStats:
             check_schema(rec, name)
             self.metas.append(rec)
             self._overlap(rec, name)
+            self.order.reset()
         elif t == "loss":
             r = rec["reason"]
             self.loss[r] = self.loss.get(r, 0) + rec["count"]
@@ -108,7 +241,12 @@ class ReadStats:
         """The recordings a part of the input read on its own saw (a file
         read in parts, stats -j), after everything read here: a recording
         it read that overlaps one read here is noted as an overlap, as it is
-        when one reader reads both (the part's own overlaps are its own)."""
+        when one reader reads both (the part's own overlaps are its own);
+        so are its records out of order, and its first record on each CPU
+        that goes back from the last one here (CpuOrder.join). The part's
+        lines are counted in lines already (ingest.merge_read_stats adds
+        them first): they are the ones after line_base."""
+        self.order.join(part.order, self.lines - part.lines)
         self._end_span(part._lead_end)
         for boot, ts, end, where, hit in part._spans:
             if not hit and self._overlaps(boot, ts):
@@ -122,12 +260,13 @@ class ReadStats:
 
     def mark(self) -> dict:
         """The counts so far, for since()."""
-        return {"skipped": dict(self.skipped), "loss": dict(self.loss)}
+        return {"skipped": dict(self.skipped), "loss": dict(self.loss), "out_of_order": self.out_of_order}
 
     def since(self, mark: dict) -> "ReadStats":
-        """What was skipped and lost after mark() (stats --interval: per
-        interval, like its events); lines and records read, meta and end
-        records, the truncated tail and damaged starts as they are."""
+        """What was skipped and lost, and the records out of order, after
+        mark() (stats --interval: per interval, like its events); lines and
+        records read, meta and end records, the truncated tail and damaged
+        starts as they are."""
         def minus(now: dict, then: dict) -> dict:
             return {k: n - then.get(k, 0) for k, n in now.items() if n - then.get(k, 0)}
 
@@ -136,6 +275,7 @@ class ReadStats:
                                                           "first_bad")})
         view.skipped = minus(self.skipped, mark["skipped"])
         view.loss = minus(self.loss, mark["loss"])
+        view.order = _OrderSince(self.out_of_order - mark["out_of_order"], self.order.first)
         return view
 
     def problems(self) -> list[str]:
@@ -144,6 +284,11 @@ class ReadStats:
             out.append(f"skipped {n} line{'s' if n != 1 else ''}: {reason} (first at {self.first_bad[reason]})")
         if self.truncated_tail:
             out.append(f"truncated final record at {self.truncated_tail}")
+        n = self.order.count
+        if n:
+            name, line = self.order.first or ("?", "?")
+            out.append(f"{n} record{'s' if n != 1 else ''} out of order: a ts lower than that of the record "
+                       f"before it on the same CPU (first at {name}:{line})")
         if self.overlaps:
             out.append(f"{self.overlaps[0]}: a recording of the same boot overlaps one read before it "
                        "(the same recording twice?); its events count twice: give each recording once")
