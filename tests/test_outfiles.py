@@ -191,3 +191,55 @@ def test_output_is_appended_after_a_copytruncate(tmp_path):
     w.record({"n": 2})
     w.close()
     assert p.read_bytes() == b'{"n":2}\n'  # no hole of NUL bytes before it
+
+
+def test_replace_writes_aside_and_renames_at_the_end(tmp_path):
+    """open_output(replace=True), as export uses it: the name keeps its old
+    content until publish(); abandon() leaves it and no temporary file."""
+    p = tmp_path / "t.json"
+    out = outfiles.open_output(str(p), replace=True)
+    os.write(out.fd, b"new\n")
+    assert not p.exists() and len(os.listdir(tmp_path)) == 1  # only the temporary file
+    outfiles.publish(out)
+    assert p.read_bytes() == b"new\n" and os.listdir(tmp_path) == ["t.json"]
+    assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    out = outfiles.open_output(str(p), replace=True)
+    os.write(out.fd, b"partial")
+    outfiles.abandon(out)
+    assert p.read_bytes() == b"new\n" and os.listdir(tmp_path) == ["t.json"]
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    (tmp_path / "l.json").symlink_to(victim)
+    assert "it is a symbolic link (to" in refused(tmp_path / "l.json", replace=True)
+    assert victim.read_bytes() == b"precious\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="chown needs root")
+def test_replace_keeps_the_owner_and_mode_of_the_file_it_replaces(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    p = tmp_path / "t.json"
+    p.write_bytes(b"old\n")
+    os.chown(p, 65534, 65534)
+    p.chmod(0o644)
+    out = outfiles.open_output(str(p), replace=True)
+    os.write(out.fd, b"new\n")
+    outfiles.publish(out)
+    st = p.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (65534, 65534, 0o644)
+    assert p.read_bytes() == b"new\n"
+
+
+def test_replace_writes_a_fifo_as_it_is(tmp_path):
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo, 0o600)
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    t.start()
+    out = outfiles.open_output(str(fifo), replace=True, fifo_wait_s=5)
+    assert out.tmp is None and not out.regular
+    os.write(out.fd, b"x\n")
+    outfiles.publish(out)
+    t.join(5)
+    assert got == [b"x\n"] and os.listdir(tmp_path) == ["f"]
+

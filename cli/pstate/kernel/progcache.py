@@ -98,18 +98,15 @@ def _untrusted_dir(directory: str, owner: int) -> str | None:
 
 
 def _open_dir(directory: str, owner: int) -> int:
-    """A descriptor of the checked cache directory (O_NOFOLLOW), or CacheMiss.
-    The directories above are checked first, so no other user can swap the
-    path between the check and the open; the open directory is checked again."""
-    why = trust.why_untrusted_ancestors(directory, (owner,))
-    if why:
-        raise CacheMiss(why)
+    """A descriptor of the checked cache directory (not a link), or
+    CacheMiss. The path is walked by descriptor from / (trust.open_dir):
+    each directory above is checked as it is opened and the next one opened
+    from it, so no other user can swap the path between the check and the
+    open; the open directory is checked again."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise CacheMiss(f"{directory} does not exist") from None
-    except OSError as e:
-        raise CacheMiss(f"{directory}: {e.strerror}") from None
+        fd = trust.open_dir(directory, (owner,), strict=True, follow_last=False, check_last=False)
+    except trust.WalkError as e:
+        raise CacheMiss(e.why) from None
     why = trust.why_untrusted_stat(directory, os.fstat(fd), (owner,), True)
     if why:
         os.close(fd)
@@ -389,7 +386,7 @@ def store(entry: dict, directory: str | None = None, owner: int = 0) -> str | No
     ours to write (the cache is an optimisation: it never fails a run)."""
     directory = directory or cache_dir()
     try:
-        trust.make_dirs(directory, 0o755)
+        trust.make_dirs(directory, 0o755, (owner,))
         dfd = _open_dir(directory, owner)
     except (OSError, CacheMiss):
         return None

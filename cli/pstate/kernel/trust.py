@@ -10,10 +10,23 @@ hop by hop as the kernel resolves them: each link on the way must be root's
 (or the given owner's), and so must every directory passed through on the
 way to each link's target, so a root-owned link to a link in another user's
 directory is refused even when the chain ends at a trusted file.
+
+Every path pstate writes below (-o, export -o, snapshot and flight
+directories, the program cache) is opened by open_dir: walked one component
+at a time with openat(O_NOFOLLOW|O_DIRECTORY) from / (or the working
+directory), each step relative to the descriptor of the directory before,
+so no name is resolved twice and a directory swapped for a link between two
+steps is met as that link. A link on the way is followed (its target read
+from the link itself, then walked the same way) only when it belongs to
+root or the given owners and sits in a directory only they can write (or in
+a root-owned sticky directory, where no one else can replace it); any other
+link is refused. The caller then creates, renames and removes relative to
+the final directory's descriptor.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -177,21 +190,201 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
     return None
 
 
-def make_dirs(path: str, mode: int = 0o755) -> None:
-    """mkdir -p with every directory it creates set to mode whatever the
-    umask (a first run under umask 000 must not leave a 0777 directory)."""
-    path = os.path.abspath(path)
-    missing = []
-    cur = path
-    while not os.path.isdir(cur):
-        missing.append(cur)
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            break
-        cur = parent
-    for d in reversed(missing):
+# --- walking a path by descriptors ----------------------------------------------
+
+
+class WalkError(Exception):
+    """A path open_dir refuses or cannot resolve. why: the reason, a sentence
+    starting with the path concerned; path: that path; unsafe: refused
+    because another user could change what it leads to (a link, a directory
+    others can write), rather than merely missing or unreadable; errno: the
+    error of the failed step, when one failed (ENOENT, ENOTDIR, EACCES...)."""
+
+    def __init__(self, why: str, path: str, *, unsafe: bool = False, err: int | None = None):
+        super().__init__(why)
+        self.why = why
+        self.path = path
+        self.unsafe = unsafe
+        self.errno = err
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_at(dfd: int | None, name: str, flags: int, mode: int = 0o777) -> int:
+    """openat(2): one step of a walk (dfd None: from the working directory)."""
+    return os.open(name, flags, mode, dir_fd=dfd)
+
+
+def _only_writable_by(st: os.stat_result, allowed: tuple[int, ...]) -> bool:
+    """Whether no one but root or allowed can replace an entry of the
+    directory st describes (entries they own, in a root-owned sticky one)."""
+    if st.st_uid not in allowed:
+        return False
+    return not st.st_mode & 0o022 or bool(st.st_uid == 0 and st.st_mode & stat.S_ISVTX)
+
+
+def _step_error(shown: str, e: OSError) -> WalkError:
+    if e.errno == errno.ENOENT:
+        return WalkError(f"{shown} does not exist", shown, err=e.errno)
+    return WalkError(f"{shown}: {e.strerror}", shown, err=e.errno)
+
+
+def open_dir(path: str, owners: tuple[int, ...] = (0,), *, strict: bool = False, follow_last: bool = True,
+             create: int | None = None, check_last: bool = True) -> int:
+    """An O_RDONLY|O_DIRECTORY descriptor of the directory path names, found
+    by walking it one component at a time (see the module's docstring);
+    WalkError otherwise. "" is the working directory.
+
+    owners: who besides root may own a link followed on the way (and, with
+    strict, a directory passed). strict: every directory passed is held to
+    the rule for ancestors (why_untrusted_stat with ancestor=True: root's
+    or owners', not writable by group or others unless root's and sticky),
+    from / even for a relative path; check_last=False leaves the final
+    directory to the caller. follow_last=False: a final component that is
+    a link is refused. create: a missing directory is made with this mode
+    whatever the umask (mkdir -p); one made by another run meanwhile is
+    walked like any other."""
+    allowed = (0,) + tuple(o for o in owners if o != 0)
+    if strict:
+        path = os.path.abspath(path)
+    pending = [p for p in path.split("/") if p][::-1]  # a stack: the next one last
+    stack: list[tuple[int, str, os.stat_result]] = []  # the directories walked: (fd, shown path, stat)
+
+    def begin(absolute: bool) -> None:
+        for fd, _, _ in stack:
+            os.close(fd)
+        stack.clear()
+        shown = "/" if absolute else "."
         try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue  # made by another run, or not a directory: the caller's checks decide
-        os.chmod(d, mode, follow_symlinks=False)
+            fd = _open_at(None, shown, _DIR)
+        except OSError as e:
+            raise _step_error(shown, e) from None
+        stack.append((fd, "/" if absolute else "", os.fstat(fd)))
+        if strict:
+            why = why_untrusted_stat(shown, stack[-1][2], allowed, True, ancestor=True)
+            if why:
+                raise WalkError(why, shown, unsafe=True)
+
+    def shown_at(base: str, name: str) -> str:
+        return os.path.join(base, name) if base else name
+
+    links = 0
+    made = 0
+    try:
+        begin(path.startswith("/"))
+        while pending:
+            name = pending.pop()
+            if name == ".":
+                continue
+            dfd, base, dst = stack[-1]
+            last = not pending
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop()[0])
+                    continue
+                if base == "/":
+                    continue  # the parent of / is /
+                name = ".."
+            here = shown_at(base, name)
+            try:
+                fd = _open_at(dfd, name, _DIR)
+            except FileNotFoundError as e:
+                if create is None or name == ".." or made > 4096:
+                    raise _step_error(here, e) from None
+                made += 1
+                try:
+                    os.mkdir(name, create, dir_fd=dfd)
+                except FileExistsError:
+                    pass  # made meanwhile by another run, or a link: walked next
+                except OSError as e:
+                    raise _step_error(here, e) from None
+                else:
+                    try:
+                        fd = _open_at(dfd, name, _DIR)
+                    except OSError:
+                        pending.append(name)  # gone or swapped already: walked again
+                        continue
+                    st = os.fstat(fd)
+                    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != create:
+                        os.fchmod(fd, create)  # whatever the umask
+                    os.close(fd)
+                pending.append(name)
+                continue
+            except (NotADirectoryError, OSError) as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise _step_error(here, e) from None
+                target = _link_target(dfd, name, here, base, dst, allowed, last and not follow_last)
+                links += 1
+                if target is None:  # a directory again already: walked again (counted as a link)
+                    pending.append(name)
+                    if links > _MAX_LINKS:
+                        raise WalkError(f"{here} keeps changing", here, unsafe=True, err=errno.ELOOP)
+                    continue
+                if links > _MAX_LINKS:
+                    raise WalkError(f"{path}: too many levels of symbolic links", here, err=errno.ELOOP)
+                if target.startswith("/"):
+                    begin(True)
+                pending.extend(p for p in reversed(target.split("/")) if p)
+                continue  # a relative target resolves from the link's directory
+            st = os.fstat(fd)
+            if name == "..":  # above where a relative walk began: the new beginning
+                for ofd, _, _ in stack:
+                    os.close(ofd)
+                stack.clear()
+                here = os.path.normpath(here)
+            stack.append((fd, here, st))
+            if strict and (pending or check_last):
+                why = why_untrusted_stat(here, st, allowed, True, ancestor=True)
+                if why:
+                    raise WalkError(why, here, unsafe=True)
+        fd = stack.pop()[0]
+        return fd
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _link_target(dfd: int, name: str, here: str, base: str, dst: os.stat_result, allowed: tuple[int, ...],
+                 refuse: bool) -> str | None:
+    """The target of the link name in the directory dfd (base, dst its
+    fstat), read from the link itself, when the walk may follow it;
+    WalkError otherwise (also when name is no link but not a directory).
+    None when name is a directory by now (swapped back meanwhile)."""
+    try:
+        lfd = _open_at(dfd, name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise _step_error(here, e) from None
+    try:
+        st = os.fstat(lfd)
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISLNK(st.st_mode):
+            raise WalkError(f"{here} is not a directory", here, err=errno.ENOTDIR)
+        if refuse:
+            raise WalkError(f"{here} is a symbolic link", here, unsafe=True, err=errno.ELOOP)
+        if st.st_uid not in allowed:
+            raise WalkError(f"{here} is a symbolic link owned by uid {st.st_uid}", here, unsafe=True)
+        if not _only_writable_by(dst, allowed):
+            raise WalkError(f"{here} is a symbolic link in {base or '.'}, which another user can write "
+                            f"(owned by uid {dst.st_uid}, mode {stat.S_IMODE(dst.st_mode):04o})", here, unsafe=True)
+        try:
+            return os.readlink("", dir_fd=lfd)  # this very link: it cannot be swapped under the read
+        except OSError as e:
+            raise _step_error(here, e) from None
+    finally:
+        os.close(lfd)
+
+
+def make_dirs(path: str, mode: int = 0o755, owners: tuple[int, ...] = (0,)) -> None:
+    """mkdir -p with every directory it creates set to mode whatever the
+    umask (a first run under umask 000 must not leave a 0777 directory),
+    walked as open_dir(strict=True) does: nothing is made below a directory
+    root (or owners) could not trust, or through a link another user could
+    change; the caller's checks then say why. OSError when a directory
+    cannot be made."""
+    try:
+        os.close(open_dir(path, owners, strict=True, create=mode))
+    except WalkError as e:
+        if e.errno not in (None, errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise OSError(e.errno, e.why) from None

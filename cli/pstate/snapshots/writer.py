@@ -7,9 +7,11 @@ the BPF one), so every rule below is testable with a fake.
 Directory rules (a root job from cron writes here):
 - --dir must be a real directory (not a symlink), owned by root or the
   caller, and not group- or world-writable; a missing one is created 0700
-  when its parent exists. Every file operation goes through one directory
-  file descriptor opened with O_NOFOLLOW, so a path swapped later is never
-  followed.
+  when its parent exists. The path to it is walked by descriptor
+  (pstate.kernel.trust.open_dir: a link on the way followed only when it is
+  root's or the caller's in a directory no one else can write), and every
+  file operation goes through one directory file descriptor opened with
+  O_NOFOLLOW, so a path swapped later is never followed.
 - one instance per directory: flock on DIR/.pstate.lock; a second instance
   exits 75 at once naming the holder. The kernel drops the lock when the
   holder dies, even by SIGKILL.
@@ -43,7 +45,7 @@ from typing import Callable, Protocol
 
 import orjson
 
-from pstate.kernel import identity
+from pstate.kernel import identity, trust
 from pstate.snapshots import folds as foldrows, histograms, snapdir
 from pstate.snapshots.promexport import PromExport
 from pstate.exitcodes import ExitCode, PstateError
@@ -62,24 +64,53 @@ def _errname(e: OSError) -> str:
 
 
 def open_out_dir(path: str, create: bool = True) -> int:
-    """Check --dir and return an O_DIRECTORY|O_NOFOLLOW descriptor of it."""
+    """Check --dir and return an O_DIRECTORY|O_NOFOLLOW descriptor of it.
+    The directory it is in is walked by trust.open_dir (by descriptor, a
+    link on the way followed only when root's or yours in a directory only
+    you can write); --dir is then created, checked and opened relative to
+    that directory's descriptor."""
+    parent, name = os.path.split(path.rstrip("/") or "/")
+    if name in ("", ".", ".."):
+        parent, name = os.path.split(os.path.abspath(path))
+        name = name or "."  # --dir /
     try:
-        st = os.lstat(path)
+        pfd = trust.open_dir(parent, (0, os.geteuid()))
+    except trust.WalkError as e:
+        if e.unsafe:
+            raise PstateError(f"--dir {path}: {e.why}", ExitCode.NOPERM,
+                              hint="use a directory whose path no other user can change") from None
+        if e.errno == errno.ENOENT:
+            raise PstateError(f"--dir {path}: no such directory, and its parent {os.path.abspath(parent or '.')} "
+                              "does not exist either", ExitCode.CANTCREAT, hint=f"mkdir -p -m 0700 {path}") from None
+        raise PstateError(f"--dir {path}: {os.strerror(e.errno) if e.errno else e.why}", ExitCode.CANTCREAT) from None
+    try:
+        return _open_out_dir_at(path, pfd, name, create)
+    finally:
+        os.close(pfd)
+
+
+def _open_out_dir_at(path: str, pfd: int, name: str, create: bool) -> int:
+    made = False
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
     except FileNotFoundError:
-        parent = os.path.dirname(os.path.abspath(path))
-        if not create or not os.path.isdir(parent):
+        if not create:
+            parent = os.path.dirname(os.path.abspath(path))
             raise PstateError(f"--dir {path}: no such directory, and its parent {parent} does not exist either",
                               ExitCode.CANTCREAT, hint=f"mkdir -p -m 0700 {path}") from None
         try:
-            os.mkdir(path, 0o700)
-            os.chmod(path, 0o700, follow_symlinks=False)  # whatever the umask
+            os.mkdir(name, 0o700, dir_fd=pfd)
+            made = True
         except FileExistsError:
             pass
         except OSError as e:
             raise PstateError(f"cannot create --dir {path}: {e.strerror}",
                               ExitCode.NOPERM if e.errno in (errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
                               ) from None
-        st = os.lstat(path)
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except OSError as e:
+            raise PstateError(f"--dir {path}: {e.strerror}", ExitCode.CANTCREAT) from None
     except OSError as e:
         raise PstateError(f"--dir {path}: {e.strerror}", ExitCode.CANTCREAT) from None
     if stat.S_ISLNK(st.st_mode):
@@ -87,23 +118,30 @@ def open_out_dir(path: str, create: bool = True) -> int:
                           ExitCode.NOPERM, hint=f"pass the directory it points to: {os.path.realpath(path)}")
     if not stat.S_ISDIR(st.st_mode):
         raise PstateError(f"--dir {path} is not a directory", ExitCode.CANTCREAT)
-    if st.st_mode & 0o022:
-        raise PstateError(
-            f"--dir {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
-            "another user could replace or plant snapshots there",
-            ExitCode.NOPERM, hint=f"chmod go-w {path}, or use a directory of your own")
-    if st.st_uid not in (0, os.geteuid()):
-        raise PstateError(f"--dir {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
-                          hint=f"chown {os.geteuid()} {path}, or use a directory of your own")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=pfd)
     except OSError as e:
-        code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM) else ExitCode.CANTCREAT
+        code = ExitCode.NOPERM if e.errno in (errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOTDIR) \
+            else ExitCode.CANTCREAT
         raise PstateError(f"cannot open --dir {path}: {e.strerror}", code) from None
     st2 = os.fstat(fd)
     if (st2.st_dev, st2.st_ino) != (st.st_dev, st.st_ino):
         os.close(fd)
         raise PstateError(f"--dir {path} changed while it was being opened", ExitCode.NOPERM)
+    if made and st.st_uid == os.geteuid():
+        with contextlib.suppress(OSError):  # 0700 whatever the umask
+            os.fchmod(fd, 0o700)
+            st = os.fstat(fd)
+    if st.st_mode & 0o022:
+        os.close(fd)
+        raise PstateError(
+            f"--dir {path} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):04o}); "
+            "another user could replace or plant snapshots there",
+            ExitCode.NOPERM, hint=f"chmod go-w {path}, or use a directory of your own")
+    if st.st_uid not in (0, os.geteuid()):
+        os.close(fd)
+        raise PstateError(f"--dir {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
+                          hint=f"chown {os.geteuid()} {path}, or use a directory of your own")
     return fd
 
 
