@@ -408,3 +408,53 @@ def test_real_recording_round_trips(tmp_path, pstate):
     r = pstate("export", str(rec), "-f", "chrome", "-o", str(tmp_path / "t.json"))
     assert r.returncode == 0
     assert_chrome_matches_stats(json.loads((tmp_path / "t.json").read_text()), rec, pstate)
+
+
+# --- a full disk -----------------------------------------------------------------------------
+
+
+def test_a_full_disk_leaves_no_partial_trace_and_exits_74(tmp_path):
+    """export -o on a full file system: exit 74 with one message, no partial
+    or empty file, no temporary file left; an earlier file of that name is
+    left as it was."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "tiny"
+    d.mkdir(mode=0o700)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "pstate-test", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        big = [META] + [st(2000 + i, 0, 10, 10, "a", "running", "sleeping", 5, "switch_out", kstate="S",
+                           next_tid=0) for i in range(20000)]
+        src = write(tmp_path / "rec.jsonl", big)
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        os.truncate(d / "filler", (d / "filler").stat().st_size - 16384)
+        (d / "old.json").write_bytes(b"an earlier trace\n")
+        for fmt, name in (("chrome", "t.json"), ("chrome", "old.json"), ("perfetto", "t.pftrace")):
+            p = subprocess.run(pstate_cmd("export", "-f", fmt, str(src), "-o", str(d / name)), capture_output=True,
+                               env=clean_env(), timeout=120)
+            err = p.stderr.decode(errors="replace")
+            assert p.returncode == 74, err
+            assert "Traceback" not in err and "No space left on device" in err, err
+            assert len(err.strip().splitlines()) <= 2, err
+            assert sorted(os.listdir(d)) == ["filler", "old.json"], os.listdir(d)
+            assert (d / "old.json").read_bytes() == b"an earlier trace\n"
+        # with room, an export replaces the earlier file whole
+        os.unlink(d / "filler")
+        small = write(tmp_path / "small.jsonl", STREAM)
+        p = subprocess.run(pstate_cmd("export", "-f", "chrome", str(small), "-o", str(d / "old.json")),
+                           capture_output=True, env=clean_env(), timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert json.loads((d / "old.json").read_bytes())["traceEvents"]
+        assert sorted(os.listdir(d)) == ["old.json"]
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)

@@ -4,10 +4,14 @@ files refused, FIFOs and devices written but never fsync'd."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import subprocess
 import threading
+from pathlib import Path
 
+import orjson
 import pytest
 
 from pstate.stream import outfiles
@@ -243,3 +247,86 @@ def test_replace_writes_a_fifo_as_it_is(tmp_path):
     t.join(5)
     assert got == [b"x\n"] and os.listdir(tmp_path) == ["f"]
 
+
+# --- a full disk -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_fs(tmp_path):
+    """A 64 KiB tmpfs filled up but for free(n) bytes: a function."""
+    if not ROOT:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "tiny"
+    d.mkdir(mode=0o700)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "pstate-test", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+
+    def free(n: int) -> Path:
+        fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        os.truncate(d / "filler", max(0, (d / "filler").stat().st_size - n))
+        return d
+
+    try:
+        yield free
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def whole_lines(data: bytes) -> list[dict]:
+    assert data.endswith(b"\n"), data[-80:]
+    return [orjson.loads(x) for x in data.splitlines()]
+
+
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_a_full_disk_leaves_whole_lines_and_nothing_more(full_fs, unbuffered):
+    """LineWriter on a full file system: ENOSPC raised once, the file cut back
+    to its last complete line, nothing written after (not by close, not at
+    exit)."""
+    d = full_fs(8192)
+    w = LineWriter(str(d / "o.jsonl"), unbuffered=unbuffered)
+    rec = {"type": "state", "ts": 1, "comm": "x" * 37, "n": 0}
+    with pytest.raises(OSError) as e:
+        for n in range(100000):
+            rec["n"] = n
+            w.record(rec)
+            if n % 50 == 49:
+                w.flush()
+        w.close()
+    assert e.value.errno == errno.ENOSPC
+    assert "No space left on device" in str(e.value)
+    recs = whole_lines((d / "o.jsonl").read_bytes())
+    assert [r["n"] for r in recs] == list(range(len(recs))) and len(recs) > 10
+    size = (d / "o.jsonl").stat().st_size
+    with pytest.raises(OSError) as again:  # nothing more is written
+        w.record(rec)
+    assert again.value is e.value
+    w.close(sync=True)
+    del w
+    import gc
+
+    gc.collect()
+    assert (d / "o.jsonl").stat().st_size == size
+
+
+@pytest.mark.bpf
+def test_record_on_a_full_disk_ends_on_a_line_and_exits_74(full_fs):
+    from conftest import clean_env, pstate_cmd
+
+    d = full_fs(12288)
+    p = subprocess.run(pstate_cmd("record", "-q", "-d", "20", "-o", str(d / "rec.jsonl")), capture_output=True,
+                       timeout=120, env=clean_env())
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode == 74, err
+    assert "Traceback" not in err and "No space left on device" in err, err
+    assert len(err.strip().splitlines()) <= 2, err  # one message (and its fix)
+    recs = whole_lines((d / "rec.jsonl").read_bytes())
+    assert recs[0]["type"] == "meta" and len(recs) > 1

@@ -10,7 +10,7 @@ import click
 
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.commands.options import input_options, read_filter_options
-from pstate.stream.outfiles import open_output
+from pstate.stream import outfiles
 from pstate.stream.streamio import ReadStats
 from pstate.stream.reader import StreamReader, feed_sources
 
@@ -46,13 +46,39 @@ be created, 74 writing failed, 77 the output is a link or another user's file.
 
 
 def _open_output(path: str | None, fmt: str):
-    """The output as a binary file object; a terminal gets no protobuf."""
+    """(the output as a binary file object, its OutputFile or None for
+    standard output); a terminal gets no protobuf. A file is written to a
+    temporary file beside it and renamed over it at the end (_finish), so a
+    failed export (a full disk, an error, a signal) leaves no partial trace
+    and an earlier file of that name as it was; a FIFO or a device is
+    written as it is. No link followed, other users' files refused."""
     if path is None or path == "-":
         if sys.stdout.isatty() and fmt == "perfetto":
             raise click.UsageError("a Perfetto trace is binary: give -o FILE, or redirect standard output")
-        return sys.stdout.buffer, False
-    out = open_output(path)  # no link followed, other users' files refused
-    return os.fdopen(out.fd, "wb", buffering=1 << 20), True
+        return sys.stdout.buffer, None
+    out = outfiles.open_output(path, replace=True)
+    return os.fdopen(out.fd, "wb", buffering=1 << 20, closefd=False), out
+
+
+def _finish(fp, out) -> None:
+    """Flush the output; publish a file (fsync, rename into place)."""
+    fp.flush()
+    if out is not None:
+        fp.close()  # the descriptor stays open (closefd=False): publish() syncs and closes it
+        outfiles.publish(out)
+
+
+def _abandon(fp, out) -> None:
+    """After a failure: what the buffer holds goes nowhere, the temporary
+    file (only the one this run created) is removed."""
+    if out is None or out.fd < 0:
+        return  # standard output, or already closed (and abandoned) by publish()
+    outfiles.silence(out.fd)
+    try:
+        fp.close()
+    except (OSError, ValueError):
+        pass
+    outfiles.abandon(out)
 
 
 class Progress:
@@ -170,27 +196,31 @@ def cli(fmt, output, quiet, files, strict, filt):
     rd = StreamReader(feed, stats, strict=strict, native_rows=True, wide=True, filt=filt)
     reading = feed_sources(rd, files or ("-",), stats)
     next(reading, None)  # the first chunk: an unreadable input is found before the output is made
-    fp, owned = _open_output(output, fmt)
+    fp, out = _open_output(output, fmt)
     progress = Progress(not quiet and sys.stderr.isatty())
+    done = False
     try:
         feed.go()
         for _ in reading:
             progress.tick(feed.n)
         writer = feed.open()
         writer.close()
-        fp.flush()
-        if owned:
-            fp.close()
+        _finish(fp, out)
+        done = True
     except BrokenPipeError:
         from pstate.stream.streamio import silence_stdout
 
         silence_stdout()
         return
     except OSError as e:
-        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}",
+        left = f"; {output} was left as it was (no partial trace)" if out is not None and out.tmp is not None \
+            else ""
+        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}{left}",
                           ExitCode.IOERR) from None
     finally:
         progress.done()
+        if not done:
+            _abandon(fp, out)
     why, sampled = feed.why, feed.sampled
     if why and not quiet:
         print(f"{PROG}: note: no CPU tracks, thread tracks only: {why}", file=sys.stderr)

@@ -471,16 +471,29 @@ class LineWriter:
     A file named *.zst or *.gz is written compressed (pstate.stream.compression);
     flush() then ends a compressed block, so what was written decodes.
     BrokenPipeError propagates: the caller decides to end quietly.
+
+    A full file system (ENOSPC, EDQUOT, EFBIG) ends the writing: a regular
+    file is cut back to its last complete line (a compressed one to the end
+    of its last flushed block), nothing more is written to it (not what the
+    buffers hold, not at close or exit), and the OSError raised says so;
+    every later write raises it again.
     """
 
     def __init__(self, target: "str | OutputFile | None" = None, unbuffered: bool = False):
         self.out = None
         self._file = None
+        self.failed: OSError | None = None  # the error that ended the writing
+        self._good = 0  # the file's size after the last flush that succeeded: a line (block) boundary
+        self._compressed = False
         if target is None or target == "-":
             self.path = target
             self.fp = sys.stdout.buffer
             self.tty = sys.stdout.isatty()
             self.owned = False
+            try:
+                self._good = os.fstat(self.fp.fileno()).st_size
+            except (OSError, ValueError):
+                pass
         else:
             self._attach(target if isinstance(target, OutputFile) else open_output(target))
         self.autoflush = unbuffered or self.tty
@@ -494,42 +507,136 @@ class LineWriter:
         self._file = io.open(out.fd, "wb", buffering=1 << 20)
         kind = compressor_for(out.path)  # rec.jsonl.zst, rec.jsonl.gz
         self.fp = compressed_writer(self._file, kind) if kind else self._file
+        self._compressed = bool(kind)
         self.tty = os.isatty(out.fd)
         self.owned = True
+        self._good = os.fstat(out.fd).st_size
 
     def _close_file(self) -> None:
+        from pstate.stream.outfiles import close_dir
+
         try:
             self.fp.close()  # a compressor ends its frame
         finally:
-            if self._file is not self.fp:
-                self._file.close()
+            try:
+                if self._file is not self.fp:
+                    self._file.close()
+            finally:
+                if self.out is not None:
+                    close_dir(self.out)
 
     @property
     def regular(self) -> bool:
         """Writing to a regular file (which fsync and reopen apply to)."""
         return self.out is not None and self.out.regular
 
+    def _fd(self) -> int:
+        return self._file.fileno() if self._file is not None else self.fp.fileno()
+
+    def _flushed(self) -> None:
+        """After a flush that succeeded: the file ends on a line (a block) here."""
+        try:
+            self._good = os.fstat(self._fd()).st_size
+        except (OSError, ValueError):
+            pass
+
+    def _failing(self, e: OSError) -> OSError:
+        """The error to raise for e: for a full file system, cut the file back
+        to its last complete line, send whatever is still buffered nowhere,
+        and remember the error; any other error as it is."""
+        import errno
+
+        from pstate.stream.outfiles import silence
+
+        if self.failed is not None:
+            return self.failed
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return e
+        try:
+            fd = self._fd()
+        except (OSError, ValueError):
+            fd = None
+        kept = None
+        if fd is not None:
+            try:
+                st = os.fstat(fd)
+                if _stat.S_ISREG(st.st_mode):
+                    kept = min(st.st_size, self._good) if self._compressed else self._last_line_end(fd, st.st_size)
+                    os.ftruncate(fd, kept)
+            except OSError:
+                kept = None
+            silence(fd)
+        name = errno.errorcode.get(e.errno, str(e.errno))
+        what = (f": the file ends after its last complete {'block' if self._compressed else 'line'}, "
+                "nothing more was written" if kept is not None else ": nothing more was written")
+        self.failed = OSError(e.errno, f"{e.strerror or os.strerror(e.errno)} ({name}){what}")
+        return self.failed
+
+    def _last_line_end(self, fd: int, size: int) -> int:
+        """The offset just past the file's last newline (0 without one),
+        read through a second descriptor of the same file (fd is write-only);
+        without one, the size after the last flush that succeeded."""
+        try:
+            rfd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return min(size, self._good)
+        try:
+            if os.fstat(rfd).st_ino != os.fstat(fd).st_ino:
+                return min(size, self._good)
+            end = size
+            while end > 0:
+                start = max(0, end - 65536)
+                chunk = os.pread(rfd, end - start, start)
+                k = chunk.rfind(b"\n")
+                if k >= 0:
+                    return start + k + 1
+                end = start
+            return 0
+        finally:
+            os.close(rfd)
+
     def record(self, rec: dict) -> None:
-        self.fp.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
-        self.lines += 1
-        if self.autoflush:
-            self.fp.flush()
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self.fp.write(orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE))
+            self.lines += 1
+            if self.autoflush:
+                self.fp.flush()
+                self._flushed()
+        except OSError as e:
+            raise self._failing(e) from None
 
     def raw(self, data: "bytes | memoryview", nlines: int) -> None:
         """Write pre-serialised lines (record's fast path)."""
-        self.fp.write(data)
-        self.lines += nlines
-        if self.autoflush:
-            self.fp.flush()
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self.fp.write(data)
+            self.lines += nlines
+            if self.autoflush:
+                self.fp.flush()
+                self._flushed()
+        except OSError as e:
+            raise self._failing(e) from None
 
     def flush(self) -> None:
-        self.fp.flush()
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self.fp.flush()
+        except OSError as e:
+            raise self._failing(e) from None
+        self._flushed()
 
     def sync(self) -> None:
         """Flush, and fsync a regular file (an error is raised: data may be gone)."""
-        self.fp.flush()
+        self.flush()
         if self.regular:
-            os.fsync(self.fp.fileno())
+            try:
+                os.fsync(self.fp.fileno())
+            except OSError as e:
+                raise self._failing(e) from None
 
     def moved(self) -> bool:
         """Whether the output file's path no longer names it (logrotate
@@ -544,11 +651,28 @@ class LineWriter:
         self._attach(open_output(self.out.path))
 
     def close(self, sync: bool = False) -> None:
+        """Flush (fsync with sync) and close; after a full file system, only
+        close (what the buffers hold goes nowhere)."""
+        if self.failed is not None:
+            if self.owned:
+                try:
+                    self._close_file()
+                except OSError:
+                    pass
+                self.owned = False
+            return
         try:
             if sync:
                 self.sync()
             else:
-                self.fp.flush()
+                self.flush()
         finally:
             if self.owned:
-                self._close_file()
+                self.owned = False
+                if self.failed is not None:
+                    try:
+                        self._close_file()
+                    except OSError:
+                        pass
+                else:
+                    self._close_file()
