@@ -11,7 +11,7 @@ for its pid, which the next start, --stop and doctor find and remove.
 The pin directory must be one only root can change (pins.open_pin_dir): a
 real directory, root's, writable by no one else, made 0700; any other is
 refused (exit 77) with how to recover. A collector is found by its
-manifest wherever it is (pins.search walks bpffs): one an older pstate
+manifest wherever it is (pinsearch.search walks bpffs): one an older pstate
 pinned in a directory another user made, and that user moved, is still
 seen by --status and doctor, removed by --stop, and keeps --start from
 starting a second one. The manifest (pins.PinSet) carries the
@@ -43,7 +43,7 @@ import types
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, features, loader, pins, probeplan
+from pstate.kernel import bpfsys, features, loader, pins, pinsearch, probeplan
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
 from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
@@ -132,7 +132,7 @@ def _starting(found: pins.PinSet) -> bool:
 
 @dataclasses.dataclass
 class Survey:
-    """What bpffs holds of the collector (pins.search): the pin directory
+    """What bpffs holds of the collector (pinsearch.search): the pin directory
     and why it may not be used, the collectors running (the one in the pin
     directory first), what killed starts left, starts under way, and why
     the search did not see all of bpffs."""
@@ -160,7 +160,7 @@ def survey(root: str = PIN_ROOT) -> Survey:
         pass  # no bpffs, or --pin-dir's parent missing: nothing to say of it here
     except OSError as e:
         problem = f"{root}: {e.strerror or e}"
-    found = pins.search()
+    found = pinsearch.search()
     running, partial, starting = [], [], []
     for s in found.sets:
         if s.doc.get("what", WHAT) != WHAT or "layout" not in s.doc:
@@ -177,7 +177,7 @@ def survey(root: str = PIN_ROOT) -> Survey:
 
 def find(root: str = PIN_ROOT) -> pins.PinSet | None:
     """The running collector: the one in the pin directory when that is
-    safe, else the first pins.search finds anywhere in bpffs; or None."""
+    safe, else the first pinsearch.search finds anywhere in bpffs; or None."""
     try:
         fd = pins.open_pin_dir(root)
     except OSError:
