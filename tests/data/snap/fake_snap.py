@@ -79,7 +79,7 @@ def install(collector_factory=None, setter=setattr) -> None:
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers, probes=None: FakeProgram())
     setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
-    setter(snap, "running_collector", lambda: None)  # whatever runs on this machine
+    setter(snap, "running_collector", lambda root=None: None)  # whatever runs on this machine
     # who the fake processes are: three services, one title each
     from pstate.kernel import identity
 
