@@ -13,7 +13,8 @@ import tarfile
 
 import pytest
 
-from pstate.kernel import headers, trust
+from pstate import trust
+from pstate.kernel import headers
 from pstate.kernel.headers import HeadersNotFound
 
 NOBODY = 65534

@@ -27,7 +27,8 @@ import pytest
 
 from conftest import IN_CI
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import progcache, trust
+from pstate import trust
+from pstate.kernel import progcache
 from pstate.snapshots import writer
 from pstate.stream import outfiles
 

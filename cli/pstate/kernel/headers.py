@@ -24,7 +24,7 @@ cases alike, with_companion) is merged with it into a cached tree of
 symlinks. compile_check() says whether BCC can compile against a tree.
 
 Headers are code that root compiles into the kernel, so a tree is used only
-when no other user can change it (pstate.kernel.trust): the tree and every
+when no other user can change it (pstate.trust): the tree and every
 directory above it root-owned and not group/world-writable, checked on every
 run; before each compile, every directory and file under include/ and arch/
 (what BCC reads), symbolic links followed hop by hop to their targets. A
@@ -52,7 +52,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
-from pstate.kernel import trust
+from pstate import trust
 from pstate.exitcodes import ExitCode, PstateError
 
 CACHE_ROOT = "/var/cache/pstate/kernel-headers"

@@ -48,7 +48,8 @@ import struct
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, trust
+from pstate import trust
+from pstate.kernel import bpfsys
 
 BPFFS = "/sys/fs/bpf"
 

@@ -18,7 +18,7 @@ kept with the BTF id of its attach target, valid for that BTF only.
 Entries live in /var/cache/pstate/programs (PSTATE_CACHE_DIR elsewhere). A
 directory or file not owned by root, or writable by others, or below such a
 directory, is never read: the instructions in it run in the kernel (rules in
-pstate.kernel.trust). An entry is opened once, without following a link, from a
+pstate.trust). An entry is opened once, without following a link, from a
 descriptor of the checked directory, and the open file is checked. Pruning
 removes only entries this cache wrote (named for their key, which their
 checksummed content repeats), never another file. Entries are written atomically and
@@ -52,7 +52,7 @@ from pstate.kernel import bpfsys
 from pstate.kernel import btf
 from pstate.kernel import headers
 from pstate.kernel import tpbtf
-from pstate.kernel import trust
+from pstate import trust
 
 FORMAT = 1
 DEFAULT_DIR = "/var/cache/pstate/programs"

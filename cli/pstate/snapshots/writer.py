@@ -8,7 +8,7 @@ Directory rules (a root job from cron writes here):
 - --dir must be a real directory (not a symlink), owned by root or the
   caller, and not group- or world-writable; a missing one is created 0700
   when its parent exists. The path to it is walked by descriptor
-  (pstate.kernel.trust.open_dir: a link on the way followed only when it is
+  (pstate.trust.open_dir: a link on the way followed only when it is
   root's or the caller's in a directory no one else can write), and every
   file operation goes through one directory file descriptor opened with
   O_NOFOLLOW, so a path swapped later is never followed.
@@ -45,7 +45,8 @@ from typing import Callable, Protocol
 
 import orjson
 
-from pstate.kernel import identity, trust
+from pstate import trust
+from pstate.kernel import identity
 from pstate.snapshots import folds as foldrows, histograms, snapdir
 from pstate.snapshots.promexport import PromExport
 from pstate.exitcodes import ExitCode, PstateError

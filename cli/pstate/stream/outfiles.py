@@ -16,7 +16,7 @@ so the output file is opened the way snapshots are published:
 - a FIFO (or a pipe, terminal, /dev/null) is written as it is, never
   fsync'd; a FIFO nobody reads yet is waited for at most FIFO_WAIT_S.
 
-The directory is found by pstate.kernel.trust.open_dir, one component at a
+The directory is found by pstate.trust.open_dir, one component at a
 time from / (or the working directory) by descriptor, never by its name
 again: a directory on the way swapped for a link meanwhile is met as that
 link, and a link on the way is followed only when root (or you) own it and
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import trust
+from pstate import trust
 
 FIFO_WAIT_S = 10.0  # how long to wait for a reader of a FIFO before giving up
 
