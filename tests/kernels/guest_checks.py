@@ -1,6 +1,6 @@
-"""The kernel matrix's checks, run as root inside a guest (--guest, which sets
-up the guest's mounts first) or on the host (tests/kernels/matrix.py starts
-it either way).
+"""The kernel matrix's checks, run as root inside a guest (--mode guest,
+which sets up the guest's mounts first) or on the host (--mode host, in a
+mount namespace of its own); tests/kernels/matrix.py starts it either way.
 
 Each step runs with its own time limit and writes one JSON file per check
 to OUT/results/<check>.json: {"name", "ok", "seconds", "detail"} (ok null:

@@ -199,7 +199,8 @@ def virtme_cmd(vrun: str, root: str, kver: str, accel: dict, script: str, extra:
 
 def choose_accel(cache: str, vrun: str, kid: str, root: str, kver: str) -> dict:
     """tcg or kvm for this kernel: ACCEL, else a remembered probe, else a
-    probe: does the kernel boot under KVM within PROBE_LIMIT s?"""
+    probe: does the kernel boot under KVM within PROBE_LIMIT s? (The caller
+    holds the guest lock.)"""
     forced = os.environ.get("ACCEL")
     if forced:
         return {"accel": forced, "why": "ACCEL"}
@@ -215,9 +216,8 @@ def choose_accel(cache: str, vrun: str, kid: str, root: str, kver: str) -> dict:
     for opts in ([], ["-cpu", "host,-arch-capabilities"]):
         accel = {"accel": "kvm", "qemu_opts": opts}
         say(f"  probing KVM{' with ' + ' '.join(opts) if opts else ''} (at most {PROBE_LIMIT} s)")
-        with GuestLock():
-            rc, secs = run_group(virtme_cmd(vrun, root, kver, accel, "echo pstate-kvm-boots", ["--rodir", root]),
-                                 PROBE_LIMIT, log)
+        rc, secs = run_group(virtme_cmd(vrun, root, kver, accel, "echo pstate-kvm-boots", ["--rodir", root]),
+                             PROBE_LIMIT, log)
         text = open(log, errors="replace").read()
         if "pstate-kvm-boots" in text:
             found = dict(accel, why=f"a KVM boot took {secs:.0f} s")
@@ -278,22 +278,23 @@ def run_guest(kernel: dict, cache: str, out: str, steps: list[str], limit: float
         say(f"  tests/kernels/btf/{kid}.btf.xz written from {kver}'s BTF (commit it)")
     fetch_s = time.monotonic() - t
     vrun = virtme(cache)
-    accel = choose_accel(cache, vrun, kid, root, kver)
     programs = os.path.join(cache, "programs", f"{kid}.img")
     if not os.path.exists(programs):
         os.makedirs(os.path.dirname(programs), exist_ok=True)
         make_disk(programs, "1G", "pstate-programs")
     scratch = os.path.join(out, "scratch.img")
     make_disk(scratch, "512M", "pstate-scratch")
-    script = (f"{passed_env()} {os.path.join(REPO, '.venv', 'bin', 'python')} {os.path.join(HERE, 'guest_checks.py')}"
-              f" --mode guest --out {out} --accel {accel['accel']} --kernel-root {root}"
-              f" --steps {','.join(steps)} > {out}/guest.log 2>&1")
     extra = ["--overlay-rwdir", "/tmp", "--overlay-rwdir", "/mnt", "--overlay-rwdir", "/usr/src",
              "--overlay-rwdir", "/usr/lib", "--rodir", root, "--rwdir", out,
              "--blk-disk", f"scratch={scratch}", "--blk-disk", f"programs={programs}"]
-    say(f"{kid}: {kver} under {accel['accel']} ({accel['why']}) -> {out}")
+    say(f"{kid}: {kver}")
     try:
         with GuestLock():
+            accel = choose_accel(cache, vrun, kid, root, kver)
+            script = (f"{passed_env()} {os.path.join(REPO, '.venv', 'bin', 'python')} "
+                      f"{os.path.join(HERE, 'guest_checks.py')} --mode guest --out {out} --accel {accel['accel']} "
+                      f"--kernel-root {root} --steps {','.join(steps)} > {out}/guest.log 2>&1")
+            say(f"  booting under {accel['accel']} ({accel['why']}) -> {out}")
             rc, secs = run_group(virtme_cmd(vrun, root, kver, accel, script, extra), limit,
                                  os.path.join(out, "console.log"), poll=Watch(out, kid))
     finally:
