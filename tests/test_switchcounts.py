@@ -36,6 +36,13 @@ def test_a_fake_proc_is_read_thread_by_thread(tmp_path):
     assert switchcounts.read(str(tmp_path / "nowhere")) == {}
 
 
+def test_a_name_that_is_not_utf8_is_read_as_the_one_rule_decodes_it(tmp_path):
+    d = tmp_path / "10" / "task" / "10"
+    d.mkdir(parents=True)
+    (d / "status").write_bytes(b"Name:\tbad\xff\x1b[2Jname\nvoluntary_ctxt_switches:\t3\nnonvoluntary_ctxt_switches:\t1\n")
+    assert switchcounts.read(str(tmp_path)) == {10: ("bad\ufffd\x1b[2Jname", 4)}
+
+
 def test_this_process_switches_are_counted():
     tid = threading.get_native_id()
     first = switchcounts.read()[tid][1]

@@ -23,7 +23,7 @@ import orjson
 from pstate import native
 from pstate.kernel import eventlayout
 from pstate.kernel.kstates import KernelStates
-from pstate.stream import schema
+from pstate.stream import names, schema
 
 # ring buffer header (len, pg_off) + struct event (bpf/pstate.h)
 EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
@@ -98,8 +98,7 @@ class Encoder:
     def comm(self, raw: bytes) -> str:
         c = self._comms.get(raw)
         if c is None:
-            text = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-            c = orjson.dumps(text).decode()
+            c = orjson.dumps(names.comm(raw)).decode()
             if len(self._comms) > 65536:
                 self._comms.clear()
             self._comms[raw] = c
@@ -130,7 +129,7 @@ class Encoder:
     def prefix_text(self, pid: int, tid: int, comm: bytes) -> str:
         pid = self.pid(pid, tid)
         if self.identity is not None:
-            self.identity.seen(pid, tid, comm.split(b"\0", 1)[0].decode("utf-8", "replace"))
+            self.identity.seen(pid, tid, names.comm(comm))
         return f'"pid":{pid},"tid":{tid},"comm":{self.comm(comm)}'
 
     def cgroup_text(self, cgid: int) -> str:

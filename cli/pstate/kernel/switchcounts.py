@@ -14,6 +14,7 @@ and names those threads.
 from __future__ import annotations
 
 from pstate.kernel.loader import proc_threads
+from pstate.stream import names
 
 _COUNTERS = ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
 
@@ -24,8 +25,8 @@ def read(proc: str = "/proc") -> dict[int, tuple[str, int]]:
     out: dict[int, tuple[str, int]] = {}
     for pid, tid in proc_threads(proc):
         try:
-            with open(f"{proc}/{pid}/task/{tid}/status") as f:
-                text = f.read()
+            with open(f"{proc}/{pid}/task/{tid}/status", "rb") as f:
+                text = names.decode(f.read())  # a thread's name is any bytes
         except OSError:
             continue
         parsed = parse_status(text)

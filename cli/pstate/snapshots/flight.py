@@ -32,7 +32,7 @@ from pstate import native
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
 from pstate.kernel.loader import RingReader
-from pstate.stream import schema
+from pstate.stream import names, schema
 from pstate.stream.durations import Duration, fmt_ns, parse_ns
 from pstate.stream.meta import rfc3339, wall_time_at
 from pstate.stream.outfiles import invoking_user
@@ -279,7 +279,7 @@ class FlightRecorder:
         at = i * STRIDE + OFF["comm"]
         rec = {"type": "trigger", "ts": _field(batch, i, "ts", 8), "cause": "condition", "condition": trig.text,
                "pid": self.enc.pid(pid, tid), "tid": tid,
-               "comm": bytes(batch[at:at + 16]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+               "comm": names.comm(batch[at:at + 16]),
                "from": self.enc.name(_field(batch, i, "from", 2)), "to": self.enc.name(_field(batch, i, "to", 2))}
         dur = _field(batch, i, "dur", 8)
         rec["dur_ns"] = None if dur == eventcodec.NO_DUR else dur

@@ -17,6 +17,7 @@ from pstate.kernel import bpfsys, eventlayout, loader
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
+from pstate.stream import names
 from pstate.snapshots.writer import Sample
 
 # state slots and row flags of bpf/snap.bpf.c (bpf/pstate.h)
@@ -85,7 +86,7 @@ def _tid(key) -> int:
 
 
 def _decode_comm(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return names.comm(raw)
 
 
 class TidArray:

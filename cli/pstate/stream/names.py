@@ -63,6 +63,12 @@ def decode(raw, lossless: bool = False) -> str:
     return _INVALID.sub(lambda m: f"\\x{ord(m.group()) - 0xdc00:02x}", text)
 
 
+def comm(raw: bytes) -> str:
+    """The text of a kernel task name: its bytes up to the first NUL (the
+    kernel's 16-byte comm), decoded as a name that is only shown."""
+    return decode(bytes(raw).split(b"\0", 1)[0])
+
+
 def encode(text: str) -> bytes:
     """The bytes of a name decode(..., lossless=True) wrote: its \\xNN
     escapes (80 to ff, and 5c) are bytes again. Also takes a str an os
