@@ -285,8 +285,6 @@ def test_a_bomb_in_a_snapshot_directory(bombs, tmp_path, cmd, codec, kind):
     assert r.code in (0, 1, 65, 66), r.err  # (1: no usable snapshot in DIR)
 
 
-@pytest.mark.xfail(strict=True, reason="snapdir.csv_records reads a CSV snapshot's lines without a limit "
-                                       "(plain files too): not one of the readers changed here")
 @pytest.mark.parametrize("cmd", ["stats", "heat"])
 def test_a_zero_bomb_as_a_csv_snapshot(bombs, tmp_path, cmd):
     d = tmp_path / "snaps"
@@ -342,3 +340,14 @@ def test_the_reproduction_of_the_issue(tmp_path):
     r = run(["stats", str(path)])
     within_bound(r, base, "stats b.zst (zstd -19 --long=27)")
     refused(r, path, "128 MiB")
+
+
+def test_bounded_lines_passes_over_a_long_line_as_it_comes():
+    import io
+
+    from pstate.snapshots.snapdir import bounded_lines
+
+    data = b"a,b\n" + b"x" * 100 + b"\n1,2\n" + b"y" * 50 + b"\ntail"
+    assert list(bounded_lines(io.BytesIO(data), max_line=40, chunk=7)) == [b"a,b\n", None, b"1,2\n", None, b"tail"]
+    assert list(bounded_lines(io.BytesIO(b"z" * 100), max_line=40, chunk=7)) == [None]
+    assert list(bounded_lines(io.BytesIO(b""), max_line=40)) == []

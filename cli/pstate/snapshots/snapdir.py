@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import calendar
 import csv
-import io
 import os
 import re
 import stat
@@ -33,8 +32,8 @@ import orjson
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import identity
 from pstate.snapshots import histograms
-from pstate.stream.streamio import ReadStats, open_input
-from pstate.stream.reader import read_records
+from pstate.stream.streamio import MAX_LINE, ReadStats, open_input
+from pstate.stream.reader import overlong, read_records
 
 # --- names -----------------------------------------------------------------
 
@@ -278,6 +277,38 @@ def _csv_cell(name: str, text: str):
     return text
 
 
+def bounded_lines(fp, max_line: int = MAX_LINE, chunk: int = 1 << 16):
+    """The lines of a binary stream (bytes, each with its newline), None for
+    one longer than max_line, which is passed over as it comes: the memory
+    taken is bounded by max_line, whatever the input, as the one reader's is."""
+    pending, discarding = b"", False
+    while True:
+        data = fp.read(chunk)
+        if not data:
+            break
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                if not discarding:
+                    pending += data[start:]
+                    if len(pending) > max_line:
+                        pending, discarding = b"", True
+                break
+            if discarding:
+                discarding = False
+                yield None
+            else:
+                line = pending + data[start:nl + 1]
+                pending = b""
+                yield None if len(line) - 1 > max_line else line
+            start = nl + 1
+    if discarding:
+        yield None
+    elif pending:
+        yield pending
+
+
 def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
     """The records of a CSV snapshot, as read_records gives those of a
     JSON-lines one: the meta and end records from their '#' comment lines
@@ -288,10 +319,13 @@ def csv_records(path: str, stats: ReadStats, *, strict: bool = False):
         stats.skip(reason, f"{path}:{lineno}")
 
     with open_input(path) as fp:
-        text = io.TextIOWrapper(fp, encoding="utf-8", errors="replace", newline="")
         header = None
-        for lineno, line in enumerate(text, 1):
+        for lineno, raw in enumerate(bounded_lines(fp), 1):
             stats.lines += 1
+            if raw is None:  # as the one reader takes a line over its limit
+                bad(lineno, overlong(MAX_LINE), f"a line longer than {MAX_LINE} bytes")
+                continue
+            line = raw.decode("utf-8", "replace")
             if line.startswith("#"):
                 try:
                     rec = orjson.loads(line[1:])
