@@ -212,6 +212,122 @@ def test_prom_text_passes_promtool_and_is_bounded_by_units(tmp_path, by, series)
         assert sum(int(ln.split()[1]) for ln in threads) == 50
 
 
+# --- who may read the files (the rule at the top of snapshots/writer.py) ---------
+
+
+@pytest.fixture
+def open_base():
+    """A directory any user can enter (pytest's tmp_path is under a 0700 one of
+    root's), as a textfile collector's directory is."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="pstate-prom-", dir="/tmp"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077, 0o777])
+def test_prom_file_is_0644_for_the_textfile_collector(open_base, umask):
+    # node_exporter runs as its own user: it lists DIR and reads the file; nothing else is opened to it
+    out = open_base / "textfile"
+    r = snap("--dir", out, "-i", "0.01", "--format", "prom", "-v", umask=umask)
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {snapdir.PROM_NAME: 0o644, snapdir.STATUS_NAME: 0o600, snapdir.LOCK_NAME: 0o600}
+
+
+def test_prom_file_with_group_is_0640_for_that_group(open_base):
+    out = open_base / "textfile"
+    r = snap("--dir", out, "-i", "0.01", "--format", "prom", "--group", "nogroup", "-v", umask=0o077)
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+    st, f = out.stat(), (out / snapdir.PROM_NAME).stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o750, 65534)
+    assert (stat.S_IMODE(f.st_mode), f.st_gid) == (0o640, 65534)
+
+
+def test_jsonl_and_csv_stay_root_only_in_an_open_dir(open_base):
+    for fmt in ("jsonl", "csv"):
+        out = open_base / fmt
+        r = snap("--dir", out, "-i", "0.01", "--format", fmt)
+        assert r.returncode == 0, r.stderr
+        assert stat.S_IMODE(out.stat().st_mode) == 0o700
+        assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o600}
+
+
+def test_prom_in_a_dir_a_collector_cannot_list_is_said(open_base, tmp_path):
+    # an existing DIR is left as it is; --verbose (or a terminal) says why a collector cannot read the file;
+    # cron (no terminal, no -v) gets nothing on success
+    shut = open_base / "shut"
+    shut.mkdir(mode=0o700)
+    r = snap("--dir", shut, "-i", "0.01", "--format", "prom", "-v")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(shut.stat().st_mode) == 0o700
+    assert stat.S_IMODE((shut / snapdir.PROM_NAME).stat().st_mode) == 0o644
+    assert f"cannot read {shut}/{snapdir.PROM_NAME}: {shut} is mode 0700 (no read and search for others)" in r.stderr
+    assert "/var/lib/prometheus/node-exporter" in r.stderr
+    r = snap("--dir", shut, "-i", "0.01", "--format", "prom")
+    assert r.returncode == 0 and r.stderr == ""
+    # a directory on the way that others cannot search (pytest's own 0700 one)
+    r = snap("--dir", tmp_path / "deep", "-i", "0.01", "--format", "prom", "-v")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o755
+    assert ", on its path, is mode 0700 (no search for others)" in r.stderr
+
+
+def test_prom_labels_carry_titles_only_when_asked(tmp_path):
+    for by in ("unit", "cgroup", "comm", "pid", "thread"):
+        r = snap("--dir", tmp_path / by, "-i", "0.01", "--format", "prom", "--prom-by", by)
+        assert r.returncode == 0, r.stderr
+        text = (tmp_path / by / snapdir.PROM_NAME).read_text()
+        assert "title=" not in text and "fake: worker" not in text, by
+    r = snap("--dir", tmp_path / "title", "-i", "0.01", "--format", "prom", "--prom-by", "title")
+    assert r.returncode == 0, r.stderr
+    assert 'title="fake: worker 1000"' in (tmp_path / "title" / snapdir.PROM_NAME).read_text()
+
+
+def _under_hidepid(*args) -> subprocess.CompletedProcess:
+    """The fake snap in a mount namespace of its own whose /proc is a new
+    instance mounted hidepid=invisible (the host's /proc is not touched)."""
+    script = 'mount -t proc -o hidepid=invisible proc /proc && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           *fake_cmd(*args)], capture_output=True, text=True, timeout=60, env=fake_env())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a /proc of its own")
+def test_prom_under_hidepid_shows_no_one_what_proc_hides(open_base):
+    for by, group, mode in (("title", None, 0o600), ("pid", None, 0o600), ("comm", None, 0o600),
+                            ("title", "nogroup", 0o640), ("unit", None, 0o644), ("cgroup", None, 0o644)):
+        out = open_base / f"{by}-{group}"
+        r = _under_hidepid("--dir", out, "-i", "0.01", "--format", "prom", "--prom-by", by, "-v",
+                           *(["--group", group] if group else []))
+        assert r.returncode == 0, r.stderr
+        assert stat.S_IMODE((out / snapdir.PROM_NAME).stat().st_mode) == mode, (by, group)
+        said = f"hidepid=invisible) and --prom-by {by} labels name them" in r.stderr
+        assert said == (mode == 0o600), r.stderr
+
+
+def test_procfs_hidepid_reads_the_top_proc_mount(tmp_path):
+    from pstate.snapshots.promexport import procfs_hidepid
+
+    host = "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+    f = tmp_path / "mountinfo"
+    for text, want in ((host, None),
+                       (host + "76 53 0:41 / /proc rw,relatime - proc proc rw,hidepid=invisible\n", "invisible"),
+                       (host.replace("proc rw", "proc rw,hidepid=2"), "2"),
+                       (host.replace("proc rw", "proc rw,hidepid=0"), None),
+                       (host.replace("proc rw", "proc rw,hidepid=off"), None),
+                       ("76 53 0:41 / /proc rw - proc proc rw,hidepid=2\n" + host, None),  # the later one is on top
+                       ("30 22 0:41 / /proc/sys rw - proc proc rw,hidepid=2\n", None)):
+        f.write_text(text)
+        assert procfs_hidepid(str(f)) == want, text
+    assert procfs_hidepid(str(tmp_path / "none")) is None
+
+
 def test_snapshot_rows_carry_title_and_cgroup(tmp_path):
     r = snap("--dir", tmp_path, "--count", "1", "--interval", "0.05")
     assert r.returncode == 0, r.stderr

@@ -29,8 +29,8 @@ Examples:
   sudo pstate snap --dir /var/lib/pstate -k 1440  ... keeping the newest 1440
   sudo pstate snap --dir DIR --every 10s --max-age 24h    a daemon
   sudo pstate snap --dir DIR --every 1m --clear   each file covers its minute
-  sudo pstate snap --dir /var/lib/node_exporter/textfile --every 15s \\
-       --format prom --group prometheus           for Prometheus
+  # for Prometheus, into the directory Debian's node_exporter reads
+  sudo pstate snap --dir /var/lib/prometheus/node-exporter --format prom --every 15s
   pstate stats DIR/                               trends, churn, leak suspects
   jq -c 'select(.type=="task" and .uninterruptible_ns > 0)' DIR/pstate-snap-*
 
@@ -40,7 +40,10 @@ Files: pstate-snap-<UTC time>-<seq>.jsonl (or .csv) in DIR, mode 0600
 thread, an end trailer (man pstate-events). CSV has the same columns, with
 the meta and end records as JSON in '#' comment lines. --format prom keeps
 one file, pstate-snap.prom, replaced at each snapshot, for node_exporter's
-textfile collector; series are per systemd unit by default (--prom-by).
+textfile collector, which runs as its own user: mode 0644 (0640 with
+--group), in a DIR it can list; series are per systemd unit by default
+(--prom-by), and carry process titles only with --prom-by title (man
+pstate-snap: who may read what).
 Rows carry their process's title and cgroup (title, cgroup, cgroup_path),
 read from /proc at each snapshot.
 

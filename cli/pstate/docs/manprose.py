@@ -382,6 +382,40 @@ PAGES: dict[str, dict] = {
             DIR/.pstate-last.json, so monitoring can alert on a snap that
             stopped working without parsing logs.
 
+            Prometheus: node_exporter's textfile collector reads every *.prom
+            file in one directory. Debian's prometheus-node-exporter package
+            reads /var/lib/prometheus/node-exporter (its
+            `--collector.textfile.directory`; root's, mode 0755), so that is
+            the directory for `--format prom`:
+
+                sudo pstate snap --dir /var/lib/prometheus/node-exporter --format prom --every 15s
+
+            Who may read what (SECURITY). Snapshots name processes, their
+            titles (command lines), cgroups and systemd units: what /proc and
+            /sys/fs/cgroup show every local user, except that where /proc is
+            mounted with hidepid other users' processes are hidden, and
+            pstate writes what root sees. So what snap writes is readable by
+            root only (mode 0600 whatever the umask), or by the group
+            `--group` names as well (0640): JSON-lines and CSV snapshots,
+            which carry every thread's title, the ledger, the status file and
+            the collector's cursor. The one exception is pstate-snap.prom,
+            written for a reader that is not root: node_exporter runs as a
+            user of its own (prometheus on Debian), so the file is 0644, as
+            node_exporter's own instructions assume, or 0640 for `--group`'s
+            group. A DIR that a `--format prom` run creates is 0755 (0750,
+            owned by that group, with `--group`), so the collector can list
+            it; an existing DIR is left as it is, and a run on a terminal or
+            with `--verbose` says when the collector could not list it. The
+            file holds only the labels `--prom-by` asks for: per unit (the
+            default) or per cgroup, names any local user can read under
+            /sys/fs/cgroup anyway. Process titles, which may hold secrets
+            passed on a command line, are in it only with `--prom-by title`,
+            and command names and pids only with comm, pid or thread; where
+            /proc hides other users' processes (hidepid), such a file stays
+            0600 unless `--group` names who may read it (the run says so on
+            a terminal or with `--verbose`), so no one reads in it what /proc
+            hides from them.
+
             What keeps running in the kernel: `pstate snap --start` loads
             snap's BPF programs once and pins them, their BPF links and their
             maps under /sys/fs/bpf/pstate/snap (mounting bpffs at /sys/fs/bpf
@@ -484,7 +518,9 @@ PAGES: dict[str, dict] = {
              "One snapshot: the UTC time of the interval end and a sequence number (.csv with "
              "`--format csv`). Mode 0600, or 0640 with `--group`."),
             ("DIR/pstate-snap.prom", "With `--format prom`: the latest snapshot, replaced each time, "
-                                     "for node_exporter's textfile collector."),
+                                     "for node_exporter's textfile collector. Mode 0644, or 0640 with "
+                                     "`--group` (0600 where /proc hides other users' processes and "
+                                     "`--prom-by` names processes: see DESCRIPTION)."),
             ("DIR/.pstate-last.json", "Outcome of the latest snapshot: ok, file, seq, tasks, error."),
             ("DIR/.pstate-written", "The names of the snapshots pstate wrote into DIR, one a line, oldest "
                                     "first. `--keep` and `--max-age` delete only files listed here: a "

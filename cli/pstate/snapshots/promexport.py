@@ -1,9 +1,42 @@
 """Prometheus text of snapshots (`pstate snap --format prom`), for
-node_exporter's textfile collector."""
+node_exporter's textfile collector.
+
+The file is read by the collector's own user (Debian: prometheus), so it
+is readable by others (writer.py has the rule) and carries only the labels
+--prom-by asks for: per unit (the default) and per cgroup, names any local
+user reads in /sys/fs/cgroup anyway; process titles (command lines, which
+may hold secrets), comm and pids only per title, comm, pid or thread.
+"""
 
 from __future__ import annotations
 
 from pstate.snapshots import histograms
+
+# Groupings whose labels name processes: what /proc shows every user, but
+# only to the process's owner where /proc is mounted with hidepid.
+PER_PROCESS = ("title", "comm", "pid", "thread", "process")
+
+
+def procfs_hidepid(mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The hidepid= value of the /proc this process sees when it hides other
+    users' processes (1, 2, invisible, noaccess, ptraceable), else None. The
+    last /proc in mountinfo is the one on top."""
+    try:
+        with open(mountinfo, "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    found = None
+    for line in text.splitlines():
+        mount, _, sb = line.partition(" - ")
+        fields = mount.split()
+        if len(fields) < 6 or fields[4] != "/proc":
+            continue
+        found = None
+        for opt in ",".join([fields[5], *sb.split()[2:3]]).split(","):
+            if opt.startswith("hidepid=") and opt[len("hidepid="):] not in ("0", "off"):
+                found = opt[len("hidepid="):]
+    return found
 
 
 def _label(v) -> str:

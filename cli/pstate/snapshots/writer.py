@@ -20,6 +20,22 @@ Directory rules (a root job from cron writes here):
   that does not exist yet, and the directory is fsync'd. A reader never
   sees a partial snapshot; temp files a killed run left are removed by the
   next one (under the lock, so none of them can be in use).
+- who may read what (the rule): pstate writes what root sees, so what it
+  writes is root's (0600) unless a reader is named. --group GROUP names
+  one: files are 0640 with that group. The --format prom file is written for
+  a reader that is not root, the textfile collector, which runs as its own
+  user (Debian: prometheus): it is 0644 (0640 with --group), and it holds
+  only the labels --prom-by asks for. By default (unit) and per cgroup those
+  are names every local user can read in /sys/fs/cgroup anyway; process
+  titles (command lines, which may carry secrets), comm and pids appear
+  only when asked (--prom-by title, comm, pid, thread). Where /proc hides
+  other users' processes (hidepid), such a file stays 0600 without --group,
+  and snap says so: it shows no one what /proc would not show them. A DIR
+  a prom run creates is 0755 (0750 with --group's group), so the collector
+  can list it; an existing one is left as it is, with a warning when the
+  reader could not list it. Everything else (JSON-lines and CSV snapshots,
+  the ledger, the status, the lock, the collector's cursor) keeps the rule
+  above.
 - retention (--keep, --max-age) deletes only snapshots pstate wrote there:
   each published name is appended to DIR/.pstate-written, and only names
   listed there, oldest first in the order they were written, are ever
@@ -48,7 +64,7 @@ import orjson
 from pstate import trust
 from pstate.kernel import identity
 from pstate.snapshots import folds as foldrows, histograms, snapdir
-from pstate.snapshots.promexport import PromExport
+from pstate.snapshots.promexport import PER_PROCESS, PromExport, procfs_hidepid
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.meta import clock_anchor, rfc3339
 
@@ -65,7 +81,12 @@ def _errname(e: OSError) -> str:
 
 
 def open_out_dir(path: str, create: bool = True) -> int:
-    """Check --dir and return an O_DIRECTORY|O_NOFOLLOW descriptor of it.
+    """Check --dir and return an O_DIRECTORY|O_NOFOLLOW descriptor of it."""
+    return _open_out_dir(path, create)[0]
+
+
+def _open_out_dir(path: str, create: bool) -> tuple[int, bool]:
+    """open_out_dir's descriptor, and whether this call created the directory.
     The directory it is in is walked by trust.open_dir (by descriptor, a
     link on the way followed only when root's or yours in a directory only
     you can write); --dir is then created, checked and opened relative to
@@ -90,7 +111,7 @@ def open_out_dir(path: str, create: bool = True) -> int:
         os.close(pfd)
 
 
-def _open_out_dir_at(path: str, pfd: int, name: str, create: bool) -> int:
+def _open_out_dir_at(path: str, pfd: int, name: str, create: bool) -> tuple[int, bool]:
     made = False
     try:
         st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -143,7 +164,33 @@ def _open_out_dir_at(path: str, pfd: int, name: str, create: bool) -> int:
         os.close(fd)
         raise PstateError(f"--dir {path} is owned by uid {st.st_uid}, neither root nor you", ExitCode.NOPERM,
                           hint=f"chown {os.geteuid()} {path}, or use a directory of your own")
-    return fd
+    return fd, made
+
+
+def _closed_to_reader(path: str, st: os.stat_result, gid: int | None) -> str | None:
+    """Why a reader that is neither root nor DIR's owner (in group gid, with
+    --group) could not list DIR, or None. Its path's directories must let
+    it search them, DIR let it read and search."""
+    def lets(s: os.stat_result, need: int) -> bool:
+        shift = 3 if gid is not None and s.st_gid == gid else 0  # its group's bits, else the others'
+        return (s.st_mode >> shift) & need == need
+
+    def who() -> str:
+        return "others" if gid is None else f"group {gid} and others"
+
+    if not lets(st, 0o5):
+        return f"{path} is mode {stat.S_IMODE(st.st_mode):04o} (no read and search for {who()})"
+    above = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            ast = os.stat(above)
+        except OSError:
+            return None
+        if not lets(ast, 0o1):
+            return f"{above}, on its path, is mode {stat.S_IMODE(ast.st_mode):04o} (no search for {who()})"
+        if above == "/":
+            return None
+        above = os.path.dirname(above)
 
 
 _libc = None
@@ -175,14 +222,27 @@ class SnapDir:
 
     def __init__(self, path: str, *, create: bool = True, gid: int | None = None):
         self.path = path
-        self.fd = open_out_dir(path, create)
+        self.fd, self.made = _open_out_dir(path, create)
         self.gid = gid
-        self.mode = 0o640 if gid is not None else 0o600
+        self.mode = 0o640 if gid is not None else 0o600  # root's, or --group's
+        self.shared_mode = 0o640 if gid is not None else 0o644  # a file for a reader of its own (--format prom)
         self.lock_fd: int | None = None
         self.seq = 0
 
     def where(self, name: str) -> str:
         return os.path.join(self.path, name)
+
+    def open_to_reader(self) -> str | None:
+        """DIR for a reader that runs as its own user (a textfile collector
+        lists DIR): made 0755 (0750 with --group's group) when this run
+        created it; an existing one is left as it is. Returns why such a
+        reader could not list DIR, or None."""
+        if self.made:
+            with contextlib.suppress(OSError):
+                if self.gid is not None:
+                    os.fchown(self.fd, -1, self.gid)
+                os.fchmod(self.fd, 0o750 if self.gid is not None else 0o755)
+        return _closed_to_reader(self.path, os.fstat(self.fd), self.gid)
 
     def lock(self) -> None:
         """Take DIR/.pstate.lock or exit 75 naming the holder."""
@@ -290,14 +350,14 @@ class SnapDir:
                 out.append((parsed[1], parsed[0], name))
         return out
 
-    def _write_temp(self, name: str, data: bytes) -> str:
+    def _write_temp(self, name: str, data: bytes, mode: int) -> str:
         tmp = f".pstate-{name}.tmp.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode,
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=self.fd)
         try:
             if self.gid is not None:
                 os.fchown(fd, -1, self.gid)
-            os.fchmod(fd, self.mode)  # the umask may have taken bits away
+            os.fchmod(fd, mode)  # after the group, and whatever the umask
             view = memoryview(data)
             while view:
                 n = os.write(fd, view)
@@ -311,12 +371,12 @@ class SnapDir:
         os.close(fd)
         return tmp
 
-    def publish(self, name: str, data: bytes, *, replace: bool = False) -> None:
-        """Write data to DIR/name atomically and durably. replace=False never
-        overwrites (FileExistsError)."""
+    def publish(self, name: str, data: bytes, *, replace: bool = False, mode: int | None = None) -> None:
+        """Write data to DIR/name atomically and durably, mode self.mode
+        unless told. replace=False never overwrites (FileExistsError)."""
         tmp = None
         try:
-            tmp = self._write_temp(name, data)
+            tmp = self._write_temp(name, data, self.mode if mode is None else mode)
             if replace:
                 os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
             else:
@@ -547,11 +607,36 @@ class Snapper:
         self.stopper = stopper
         self.log = log
         self.prom = PromExport(plan.prom_by) if plan.fmt == "prom" else None
+        self.prom_mode = self._prom_mode() if self.prom is not None else None
         self.hists = histograms.HistTotals(plan.prom_by)  # jsonl's hist rows
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
         self.folds = foldrows.Folds()  # the folded groups read last, and this directory's totals of them
         self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
+
+    def _prom_mode(self) -> int:
+        """The .prom file's mode, by the rule at the top: 0644 (0640 with
+        --group) for the textfile collector's user; 0600 where its labels
+        name processes /proc hides from other users. Says why a collector
+        could not read it (on a terminal, or with --verbose: cron mails
+        nothing on success)."""
+        def warn(msg: str) -> None:
+            if sys.stderr.isatty():
+                print(f"pstate snap: warning: {msg}", file=sys.stderr)
+            else:
+                self.log(f"warning: {msg}")
+
+        hidden = procfs_hidepid()
+        if hidden and self.out.gid is None and self.plan.prom_by in PER_PROCESS:
+            warn(f"/proc hides other users' processes here (hidepid={hidden}) and --prom-by {self.plan.prom_by} "
+                 f"labels name them: {snapdir.PROM_NAME} is readable by root only (0600); --group GROUP (the "
+                 "textfile collector's group) makes it 0640 for that group")
+            return self.out.mode
+        why = self.out.open_to_reader()
+        if why:
+            warn(f"a textfile collector running as its own user cannot read {self.out.where(snapdir.PROM_NAME)}: "
+                 f"{why}; use a directory it can list (Debian's: /var/lib/prometheus/node-exporter)")
+        return self.out.shared_mode
 
     def run(self) -> int:
         """Returns the exit code: 0, or 130/143 when a signal ends the run
@@ -617,7 +702,7 @@ class Snapper:
                              [(k, growth, h) for k, (_rec, growth, h) in zip(fold_keys, folded)])
             self.out.seq += 1
             meta["seq"] = self.out.seq
-            self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True)
+            self.out.publish(snapdir.PROM_NAME, self.prom.render(meta), replace=True, mode=self.prom_mode)
             return snapdir.PROM_NAME
         render = render_csv if self.plan.fmt == "csv" else render_jsonl
         if self.plan.fmt == "jsonl":  # + a hist row per group and kind (CSV holds task rows only)
