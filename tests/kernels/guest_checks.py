@@ -181,8 +181,8 @@ class Runner:
             try:
                 rc = p.wait(timeout=self.left(cap))
             except subprocess.TimeoutExpired:
-                kill(p)
-                raise StepTimeout(f"`{' '.join(cmd[1:4])}` did not end in time") from None
+                kill(p, "timeout")
+                raise StepTimeout(f"`{' '.join(cmd[1:4])}` did not end in time (its stack: {err})") from None
         with open(out) as fo, open(err) as fe:
             return subprocess.CompletedProcess(cmd, rc, fo.read(), fe.read())
 
@@ -211,8 +211,17 @@ class Runner:
                 kill(p)
 
 
-def kill(p: subprocess.Popen):
+def kill(p: subprocess.Popen, why: str = ""):
+    """End p's process group. With why (a time limit), SIGABRT first: a
+    Python there (pstate) writes every thread's stack to its stderr
+    (PYTHONFAULTHANDLER), to say where it was."""
     try:
+        if why:
+            os.killpg(p.pid, signal.SIGABRT)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
@@ -281,8 +290,8 @@ class Recording:
         limit = time.monotonic() + r.left(cap)
         while not self.ready.wait(1):
             if time.monotonic() > limit:
-                kill(self.proc)
-                return f"no meta line within {cap:.0f} s"
+                kill(self.proc, "timeout")
+                return f"no meta line within {cap:.0f} s (record's stack: {self.err})"
         if os.path.getsize(self.path) == 0:  # its output ended with no line: it exited
             try:
                 rc = self.proc.wait(timeout=60)
@@ -299,8 +308,8 @@ class Recording:
         try:
             rc = self.proc.wait(timeout=r.left(120))
         except subprocess.TimeoutExpired:
-            kill(self.proc)
-            raise StepTimeout("record did not stop within 120 s of SIGINT") from None
+            kill(self.proc, "timeout")
+            raise StepTimeout(f"record did not stop within 120 s of SIGINT (its stack: {self.err})") from None
         self.copier.join(30)
         return rc
 
@@ -750,6 +759,7 @@ def main():
     ap.add_argument("--steps", default=",".join(STEPS))
     args = ap.parse_args()
     os.umask(0o022)
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # see kill()
     if args.mode == "host" and os.environ.get("PSTATE_MATRIX_NS") != str(os.getpid()):
         # on the host, a mount namespace of its own with a bpffs of its own:
         # the collector check meets nobody else's collector

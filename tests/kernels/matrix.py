@@ -189,7 +189,8 @@ def run_group(cmd: list[str], limit: float, log: str, env=None, poll=None) -> tu
 
 def virtme_cmd(vrun: str, root: str, kver: str, accel: dict, script: str, extra: list[str] = ()) -> list[str]:
     cmd = [vrun, "--kimg", os.path.join(root, "boot", f"vmlinuz-{kver}"), "--mods", "auto",
-           "--memory", "4G", "--cpus", "2", "--show-boot-console", *extra, "--script-sh", script]
+           "--memory", "4G", "--cpus", "2", "--show-boot-console", "-a", "loglevel=5",  # warnings, oopses, panics
+           *extra, "--script-sh", script]
     if accel["accel"] == "tcg":
         cmd.append("--disable-kvm")
     if accel.get("qemu_opts"):
@@ -301,6 +302,8 @@ def run_guest(kernel: dict, cache: str, out: str, steps: list[str], limit: float
         os.unlink(scratch)
     if rc is None:
         say(f"  {kid}: the guest was stopped after {limit:.0f} s (PSTATE_GUEST_LIMIT)")
+    else:
+        say(f"  {kid}: the guest ended after {kplan.fmt_secs(secs)} (virtme-run exit {rc})")
     return {"kernel": kver, "accel": accel["accel"], "wall": secs, "rc": rc, "fetch": fetch_s}
 
 
@@ -345,7 +348,7 @@ def collect(out: str, checks: list[str], kid: str, runinfo: dict, results: dict)
             results[(kid, name)] = json.load(open(path))
         elif name != "boot" or kid != "host":
             why = "the guest was stopped at its time limit" if runinfo.get("rc") is None else \
-                "no result: the run ended before this check (see guest.log, console.log)"
+                f"no result: the run ended before this check (exit {runinfo.get('rc')}; see guest.log, console.log)"
             results[(kid, name)] = {"name": name, "ok": False, "seconds": 0, "detail": why}
     plan_path = os.path.join(out, "plan.json")
     got = json.load(open(plan_path)) if os.path.exists(plan_path) else {}
