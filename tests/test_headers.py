@@ -588,3 +588,14 @@ def test_a_directory_reached_through_a_chain_is_checked_at_every_hop(tmp_path):
     assert trust.why_untrusted_ancestors(str(tmp_path / "via" / "kconfig.h")) == \
         f"{theirs} is owned by uid {NOBODY}, not root"
     assert trust.why_untrusted_ancestors(str(tmp_path / "real" / "kconfig.h")) is None
+
+
+def test_a_file_others_can_write_in_a_merged_tree_source_is_refused_before_the_compile(tmp_path, clean_env):
+    """The merge is links; what they lead to is checked with the merged tree
+    before each compile (verify), hop by hop into the source trees."""
+    arch, common = debian_split(tmp_path / "src")
+    os.chmod(common / "include/linux/sched.h", 0o666)
+    tree = headers.find(str(arch), cache_root=str(tmp_path / "cache"))
+    assert tree.origin == "explicit, merged"
+    with pytest.raises(headers.HeadersUntrusted, match="sched.h is writable by group or others"):
+        headers.verify(tree)

@@ -28,8 +28,9 @@ when no other user can change it (pstate.trust): the tree and every
 directory above it root-owned and not group/world-writable, checked on every
 run; before each compile, every directory and file under include/ and arch/
 (what BCC reads), symbolic links followed hop by hop to their targets. A
-merged tree is built only from trusted trees, its links point only into
-them, and its name carries a hash of the trees and their packages' identity,
+merged tree is built only from trees whose tops are trusted, its links point
+only into them (what they lead to is checked before each compile, with
+the rest), and its name carries a hash of the trees and their packages' identity,
 so an upgrade (or an older, unchecked merge) never stands in for the trees
 it came from. A kheaders tree is extracted from a root-owned archive into a
 temporary directory and renamed into place, members that could reach out of
@@ -300,17 +301,20 @@ def _cached(dst: str, manifest: str, mark_name: str, cache_root: str, fill: Call
 
 
 def merged_tree(arch_tree: str, common: str, cache_root: str = CACHE_ROOT) -> str:
-    """A cached merge of an arch tree and its common tree; built once, atomically,
-    from trees checked first (HeadersUntrusted otherwise)."""
+    """A cached merge of an arch tree and its common tree; built once,
+    atomically, of links into the two, whose tops (and every directory above
+    them) are checked here (HeadersUntrusted otherwise). What the links lead
+    to is checked with the merged tree before every compile (verify: each
+    link followed hop by hop into the trees): walking the two trees here as
+    well would read every file's metadata twice on the first compile, which
+    on a slow file system (a guest's 9p root) takes minutes."""
     manifest = _manifest(arch_tree, common)
     tag = hashlib.sha256(manifest.encode()).hexdigest()[:12]
     dst = os.path.join(cache_root, f"{os.path.basename(arch_tree)}-{tag}")
     if _reusable(dst, manifest):
         return dst
     for src in (arch_tree, common):
-        why = trust.why_untrusted_tree(src, READ_BY_BCC)
-        if why:
-            raise HeadersUntrusted(src, why)
+        check_top(os.path.realpath(src))
     sources = [os.path.realpath(arch_tree), os.path.realpath(common)]
     return _cached(dst, manifest, _MARK, cache_root, lambda tmp: _merge(tmp, sources))
 
