@@ -67,15 +67,47 @@ def why_untrusted(path: str, owners: tuple[int, ...] = (0,), directory: bool | N
 _MAX_LINKS = 40  # the kernel's limit on links followed in one lookup
 
 
+class _Dirs:
+    """Descriptors (O_PATH) of directories already resolved and checked, so
+    that a name in one is looked up alone (fstatat), not by walking its whole
+    path again: on a slow file system (a guest's 9p root) a tree's check
+    takes a lookup per entry instead of one per component of every path.
+    Bounded: the least recently used descriptor is closed first."""
+
+    LIMIT = 64
+
+    def __init__(self):
+        self.fds: dict[str, int] = {}
+
+    def lstat(self, parent: str, name: str) -> os.stat_result:
+        fd = self.fds.pop(parent, None)
+        if fd is None:
+            fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            if len(self.fds) >= self.LIMIT:
+                os.close(self.fds.pop(next(iter(self.fds))))
+        self.fds[parent] = fd  # the most recent last
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+    def readlink(self, parent: str, name: str) -> str:
+        return os.readlink(name, dir_fd=self.fds[parent]) if parent in self.fds else os.readlink(
+            os.path.join(parent, name))
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 def _why_untrusted_way(path: str, owners: tuple[int, ...], checked: set[str],
-                       check_last: bool = True) -> tuple[str | None, str]:
+                       check_last: bool = True, dirs: "_Dirs | None" = None) -> tuple[str | None, str]:
     """Resolve path one component at a time, as the kernel does: why a
     directory passed through or a symbolic link followed on the way could be
     changed by another user (None when none could), and the resolved path.
     Directories are held to the rule for ancestors (root or owners, a
     root-owned sticky directory allowed); check_last=False leaves the final
     component (once no longer a link) to the caller. checked: resolved
-    directories already found fine, added to."""
+    directories already found fine, added to; dirs: their descriptors, to
+    look a name up in one of them alone."""
     allowed = (0,) + tuple(o for o in owners if o != 0)
     pending = [p for p in os.path.abspath(path).split("/") if p][::-1]  # a stack: the next one last
     cur = "/"
@@ -100,7 +132,7 @@ def _why_untrusted_way(path: str, owners: tuple[int, ...], checked: set[str],
             cur = nxt
             continue
         try:
-            st = os.lstat(nxt)
+            st = dirs.lstat(cur, name) if dirs is not None else os.lstat(nxt)
         except OSError as e:
             return f"{nxt}: {e.strerror}", nxt
         if stat.S_ISLNK(st.st_mode):
@@ -110,7 +142,7 @@ def _why_untrusted_way(path: str, owners: tuple[int, ...], checked: set[str],
             if st.st_uid not in allowed:
                 return f"{nxt} is a symbolic link owned by uid {st.st_uid}", nxt
             try:
-                target = os.readlink(nxt)
+                target = dirs.readlink(cur, name) if dirs is not None else os.readlink(nxt)
             except OSError as e:
                 return f"{nxt}: {e.strerror}", nxt
             if target.startswith("/"):
@@ -144,49 +176,80 @@ def why_untrusted_tree(top: str, subdirs: tuple[str, ...] = (), owners: tuple[in
     subdirs, when given) is not safe to read as root, or None: every
     directory and file root-owned and not group/world-writable, symbolic
     links followed hop by hop, each link of a chain and every directory on
-    the way to each of its targets checked, then the final target. About
-    0.15 s for a distribution's 16,500-file header tree."""
+    the way to each of its targets checked, then the final target. Each
+    directory is listed through its descriptor and its entries looked up
+    in it alone, as are the targets of links (_Dirs). About 0.05 s for a
+    distribution's 16,500-file header tree."""
     why = why_untrusted_path(top, owners, True)
     if why:
         return why
     checked_dirs: set[str] = set()  # resolved directories found fine on the way to a link's target
     seen: set[tuple[int, int]] = set()  # directories walked
-    stack = [os.path.join(top, s) for s in subdirs] if subdirs else [top]
-    stack = [p for p in stack if os.path.lexists(p)]
-    while stack:
-        path = stack.pop()
-        try:
-            st = os.lstat(path)
-        except OSError as e:
-            return f"{path}: {e.strerror}"
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in owners:
-                return f"{path} is a symbolic link owned by uid {st.st_uid}"
-            why, target = _why_untrusted_way(path, owners, checked_dirs, check_last=False)
-            if why:
-                return f"{path} points to {os.path.realpath(path)}: {why}"
+    dirs = _Dirs()
+    try:
+        stack = [os.path.join(top, s) for s in subdirs] if subdirs else [top]
+        stack = [p for p in stack if os.path.lexists(p)]
+        while stack:
+            path = stack.pop()
             try:
-                st = os.lstat(target)
-            except OSError as e:
-                return f"{path} points to {target}: {e.strerror}"
-            path = target
-        if stat.S_ISDIR(st.st_mode):
-            if (st.st_dev, st.st_ino) in seen:
-                continue  # reached again through a link
-            seen.add((st.st_dev, st.st_ino))
-            why = why_untrusted_stat(path, st, owners, True)
-            if why:
-                return why
-            checked_dirs.add(path)
-            try:
-                with os.scandir(path) as it:
-                    stack.extend(e.path for e in it)
+                st = dirs.lstat(os.path.dirname(path), os.path.basename(path))
             except OSError as e:
                 return f"{path}: {e.strerror}"
-        else:
-            why = why_untrusted_stat(path, st, owners, False)
+            why = _why_untrusted_entry(path, st, owners, checked_dirs, seen, dirs, stack)
             if why:
                 return why
+    finally:
+        dirs.close()
+    return None
+
+
+def _why_untrusted_entry(path: str, st: os.stat_result, owners: tuple[int, ...], checked_dirs: set[str],
+                         seen: set, dirs: _Dirs, stack: list) -> str | None:
+    """One entry of why_untrusted_tree (st: its lstat): a link followed to
+    its target, a directory checked and its entries looked at (those that
+    are directories pushed on stack), a file checked."""
+    if stat.S_ISLNK(st.st_mode):
+        if st.st_uid not in owners:
+            return f"{path} is a symbolic link owned by uid {st.st_uid}"
+        why, target = _why_untrusted_way(path, owners, checked_dirs, check_last=False, dirs=dirs)
+        if why:
+            return f"{path} points to {os.path.realpath(path)}: {why}"
+        try:
+            st = dirs.lstat(os.path.dirname(target), os.path.basename(target))
+        except OSError as e:
+            return f"{path} points to {target}: {e.strerror}"
+        path = target
+    if not stat.S_ISDIR(st.st_mode):
+        return why_untrusted_stat(path, st, owners, False)
+    if (st.st_dev, st.st_ino) in seen:
+        return None  # reached again through a link
+    seen.add((st.st_dev, st.st_ino))
+    why = why_untrusted_stat(path, st, owners, True)
+    if why:
+        return why
+    checked_dirs.add(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    try:
+        with os.scandir(fd) as it:
+            for e in it:  # looked up in the directory's descriptor (fstatat)
+                sub = os.path.join(path, e.name)
+                try:
+                    est = e.stat(follow_symlinks=False)
+                except OSError as err:
+                    return f"{sub}: {err.strerror}"
+                if stat.S_ISDIR(est.st_mode):
+                    stack.append(sub)
+                    continue
+                why = _why_untrusted_entry(sub, est, owners, checked_dirs, seen, dirs, stack)
+                if why:
+                    return why
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    finally:
+        os.close(fd)
     return None
 
 
