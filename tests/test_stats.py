@@ -159,7 +159,7 @@ def test_process_groups_threads_and_counts_switches():
     assert (g[100]["voluntary"], g[100]["involuntary"]) == (4, 1)
     assert (g[200]["forks"], g[201]["execs"], g[201]["exits"]) == (1, 1, 1)
     assert g[201]["comm"] == "sleep"
-    assert set(g[100]["latency"]) == {"runq_wakeup", "runq_preempt", "oncpu", "blocked_sleeping",
+    assert set(g[100]["latency"]) == {"runq_wakeup", "runq_preempted", "oncpu", "blocked_sleeping",
                                       "blocked_uninterruptible"}
     w = g[100]["latency"]["runq_wakeup"]
     assert (w["count"], w["max_ns"]) == (4, 500_000)
@@ -209,7 +209,7 @@ def test_count_needs_interval():
 def test_help_documents_json_keys_and_examples():
     res = run("--help")
     assert res.exit_code == 0
-    for word in ("Examples:", "max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempt",
+    for word in ("Examples:", "max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempted",
                  "--interval", "--hist", "--matrix", "dot"):
         assert word in res.stdout
 

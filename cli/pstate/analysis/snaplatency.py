@@ -15,6 +15,7 @@ from typing import IO
 
 from pstate.analysis.latency import bounded_percentile
 from pstate.snapshots import histograms, snapdir
+from pstate.stream import vocab
 from pstate.stream.durations import fmt_ns
 
 PERCENTILES = (50, 99)
@@ -65,8 +66,7 @@ def series(snaps: list[snapdir.Snapshot]) -> list[dict]:
     return res
 
 
-KIND_WORDS = {"runq_wakeup": "runq wake-up", "runq_preempted": "runq preempted", "sleeping": "sleeping (S)",
-              "uninterruptible": "disk (D)"}
+KIND_WORDS = {k.hist_name: k.series_label for k in vocab.WAIT_KINDS if k.kernel}  # (stream.vocab's table)
 
 
 def top_of(entries: list[dict], top: int) -> list[dict]:

@@ -6,6 +6,7 @@ import functools
 
 import click
 
+from pstate.kernel import eventlayout
 from pstate.stream import schema
 from pstate.stream.durations import Duration
 from pstate.stream.filters import Filter
@@ -82,7 +83,8 @@ def filter_options(fn, *, titles: bool = False):
                           "e.g. D, stopped, preempted). Repeatable."),
         click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
                      help="Only transitions whose left state lasted at least this long, e.g. 5ms."),
-        click.option("--cpu", "cpus", type=click.IntRange(0, 4095), multiple=True, metavar="CPU",
+        click.option("--cpu", "cpus", type=click.IntRange(0, eventlayout.DEFINES["FILTER_CPUS"] - 1), multiple=True,
+                     metavar="CPU",
                      help="Only events on this CPU. Repeatable."),
         click.option("--cgroup", "cgroups", multiple=True, metavar="PATH",
                      help="Only processes in this cgroup (v2 path, e.g. /system.slice/nginx.service) "

@@ -15,7 +15,7 @@ import time
 
 import click
 
-from pstate.kernel import bpfsys, filtermaps, identity, loader, slotrings, stacks
+from pstate.kernel import bpfsys, eventlayout, filtermaps, identity, loader, slotrings, stacks
 from pstate.kernel.bpfsys import BPF_NOEXIST
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.exitcodes import ExitCode, PstateError
@@ -72,6 +72,7 @@ stays followed.
 SYNC_S = 5.0  # how often a regular output file is fsync'd: a crash loses seconds, not the page cache
 GOVERN_S = 0.25  # how often --max-rate looks at the kernel's event rate
 DRAIN_BATCH = 8192  # records decoded per write; bounds the memory a batch takes
+ST_KERNEL = eventlayout.DEFINES["ST_KERNEL"]  # a task row's state: | the reported prev_state bits
 
 
 def _size(text: str) -> int:
@@ -683,7 +684,7 @@ def _seed(prog: loader.Program, ks: KernelStates, by_tid: bool) -> None:
         leaf = Leaf()
         leaf.tgid = tgid
         leaf.since = 0  # start not seen: durations of this first state are unknown
-        leaf.state = (0x1000 | bit) if bit else 0
+        leaf.state = (ST_KERNEL | bit) if bit else 0
         key = Key(tid)
         rc = lib.bpf_update_elem(fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
         if rc != 0 and ctypes.get_errno() != errno.EEXIST:

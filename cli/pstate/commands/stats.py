@@ -107,31 +107,7 @@ which gets it too, can end the stream) and prints at end of input; a second
 Ctrl-C prints what it has at once.
 
 \b
---format json writes one JSON object (one per line, one per interval, with
---interval):
-  type "stats", schema 1, by, window {start_ts, end_ts, duration_ns},
-  interval {seq, start_ts, end_ts} (with --interval),
-  input {lines, records, events, skipped {reason: n}, skipped_total,
-    truncated_tail, lost {reason: n}, lost_total, lost_pct, complete,
-    interrupted},
-  accounting {tasks, groups, groups_shown, tasks_whole_window,
-    max_abs_deviation_ns, total_abs_deviation_ns, null_dur_transitions,
-    unobserved_ns, max_deviation_tid, max_deviation_comm,
-    impossible_transitions, oncpu_exceeds_cpus [keys]},
-  ledger {time_in_state (false: states {} and observed_ns null),
-    transition_filters, task_filters, read_filters (those stats applied), cut},
-  groups [{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
-    threads (by pid, comm), processes (by comm), comm, observed_ns,
-    unobserved_ns, oncpu_exceeds_cpus, states {STATE: {ns, pct}},
-    transitions, voluntary, involuntary, impossible, null_dur, forks, execs, exits,
-    latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
-      hist_unit, hist [[lo, hi, count]] (with --hist)}},
-    matrix (with --matrix)}],
-  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix),
-  rest, total (when --top hides groups: the hidden groups summed up, and
-    all the groups chosen; shown + rest = total, figure by figure).
-KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
-\b
+""" + tables.REPORT_FIELDS + """\b
 Why (--stacks, --wakers, --antagonists, --by reason, --format folded): read
 the whole input as records (no --interval; csv has no columns for them).
 --stacks ranks, per group, the kernel stacks of the blocked intervals that
@@ -145,13 +121,7 @@ irq or softirq, or [unknown]. --antagonists: per group, the run-queue time
 (after a wake-up and after a preemption) and the tasks whose on-CPU slices
 on the CPU it then got fall within it; "[idle or unseen]" is the rest (the
 CPU idle, a task the recording left out). Rows per group: --top N, else 5.
-json adds to every group: blocked_ns, stacks [{state, reason, frames, count,
-total_ns, p50_ns, p99_ns, max_ns}], reasons [{state, reason, count, ...}]
-(--stacks); wakers [{kind (task, irq, softirq, unknown), tid, pid, comm,
-name, count, ended_ns}]; runq_ns (runq_wakeup_ns after a wake-up plus
-runq_preempt_ns after a preemption), runq_waits, antagonists [{tid, pid, comm,
-name, ns, pct, waits}]; and a "why" object says which were asked for.
-
+""" + whytables.WHY_FIELDS + """
 \b
 --format csv writes one row per group (fixed columns: STATE_ns for every
 state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row

@@ -46,6 +46,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, features, loader, pins, pinsearch, probeplan
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
+from pstate.stream import meta
 from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
 
 LAYOUT = 2  # the version of what the manifest holds; with the source's hash, the layout
@@ -294,12 +295,9 @@ def _start(ks, max_tasks, kernel_headers, probes, defines, root: str, root_fd: i
         maps = prog.maps()
         collector = BpfCollector(prog, ks, loaded_ts)
         run_start = collector.start()
-        boot_id = ""
-        with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip()
         doc = {
             "what": WHAT, "pid": os.getpid(), "pid_start": _starttime(os.getpid()), "pin_dir": root,
-            "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": boot_id,
+            "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": meta.boot_id(),
             "loaded_ts": loaded_ts, "run_start_ts": run_start, "seed_ts": collector.seed_ts,
             "started_wall_ns": time.time_ns() - (time.monotonic_ns() - run_start),
             "max_tasks": max_tasks, **prog.plan.meta(),

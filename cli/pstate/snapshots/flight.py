@@ -32,7 +32,7 @@ from pstate import native
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
 from pstate.kernel.loader import RingReader
-from pstate.stream import names, schema
+from pstate.stream import names, schema, vocab
 from pstate.stream.durations import Duration, fmt_ns, parse_ns
 from pstate.stream.meta import rfc3339, wall_time_at
 from pstate.stream.outfiles import invoking_user
@@ -46,7 +46,8 @@ ENCODE_CHUNK = 8192  # slots encoded per write while a dump is written
 
 OFF = {name: HDR + eventlayout.offset_of(name) for name, _code in eventlayout.EVENT_FIELDS}  # within a slot
 assert STRIDE % 8 == 0 and OFF["dur"] % 8 == 0 and OFF["ts"] % 8 == 0 and OFF["from"] % 2 == 0
-WAIT_CODES = frozenset(eventcodec.CODES[s] for s in (schema.RUNNABLE, schema.PREEMPTED, schema.NEW))
+# runq>=DUR: the waits a switch-in ends (stream.vocab's run-queue kinds)
+WAIT_CODES = frozenset(eventcodec.CODES[s] for k in vocab.RUNQ_KINDS for s in k.frm)
 _COND = re.compile(r"^(?:comm=(?P<comm>[^:]{1,15}):)?(?P<state>[A-Za-z_+-]+)(?:>=(?P<dur>.+))?$")
 
 

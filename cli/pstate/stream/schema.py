@@ -179,7 +179,7 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                          "with (the state in from); absent when not taken"),
             "reason": ("string?", "wakeup, with stack_id: the first function of that stack, from the leaf, that "
                        "is not scheduler plumbing (schedule, io_schedule, schedule_timeout, bit_wait_io, "
-                       "wait_for_completion, ...: pstate.kernel.stacks.PLUMBING), e.g. __iomap_dio_rw"),
+                       "wait_for_completion, ...: pstate.stream.vocab.PLUMBING), e.g. __iomap_dio_rw"),
         },
     ),
     "stack": (
