@@ -488,10 +488,10 @@ def test_unsupported_map_type():
 
 def _record_defines(stack_entries: int = 0):
     from pstate.kernel import loader
-    from pstate.commands import record
+    from pstate.kernel import recordprog
 
     ks = loader.kernel_states()
-    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
+    return recordprog.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
 
 
 @pytest.mark.bpf

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pstate.analysis import causes, latency, snaplatency, timeinstate
-from pstate.commands import record
-from pstate.kernel import btf, eventcodec, eventlayout, filtermaps, stacks
-from pstate.render import heatmodel, tables, whytables
-from pstate.snapshots import flight, histograms
+from pstate.analysis import causes, latency, timeinstate
+from pstate.engines import flight
+from pstate.kernel import btf, eventcodec, eventlayout, filtermaps, recordprog, stacks
+from pstate.render import heatmodel, snaptables, tables, whytables
+from pstate.snapshots import histograms
 from pstate.stream import meta, schema, vocab
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_the_kernels_histograms_are_the_tables():
     assert sorted(D[k.kernel] for k in KERNEL_KINDS) == list(range(D["HIST_KINDS"]))
     assert histograms.KINDS == tuple(k.hist_name for k in sorted(KERNEL_KINDS, key=lambda k: D[k.kernel]))
     assert histograms.FAMILIES == {k.hist_name: (k.prom[0], dict(k.prom[1]), k.prom[2]) for k in KERNEL_KINDS}
-    assert snaplatency.KIND_WORDS == {k.hist_name: k.series_label for k in KERNEL_KINDS}
+    assert snaptables.KIND_WORDS == {k.hist_name: k.series_label for k in KERNEL_KINDS}
     assert set(histograms.HIST_RECORD[1]["kind"][1].split(" ")) >= {f"{k}" for k in histograms.KINDS}
 
 
@@ -180,7 +180,7 @@ def test_record_sets_and_state_bits_come_from_pstate_h():
     for m in ("pid_filter", "cgroup_filter", "cgroup_pids", "tid_filter", "comm_filter", "cpu_filter"):
         decl = re.search(rf"BPF_(?:HASH|ARRAY)\({m},[^;]*\);", text).group(0)
         assert re.search(r",\s*FILTER_[A-Z]+\);$", decl), decl
-    assert record.ST_KERNEL == D["ST_KERNEL"]
+    assert recordprog.ST_KERNEL == D["ST_KERNEL"]
     # a task row's state is ST_KERNEL | the kernel's bits, written with the name
     assert [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
             if re.search(rf"0x{D['ST_KERNEL']:x}\s*\|", p.read_text())] == []

@@ -55,6 +55,13 @@ WHY_BY_KEYS = ("reason",)  # groupings of their own, besides timeinstate.BY_KEYS
 SLICES_PER_CPU = 1 << 16  # on-CPU slices kept per CPU for --antagonists
 
 
+def aggregation_key(by: str) -> str:
+    """The Aggregator's grouping for stats --by BY: BY itself, or for a
+    grouping of the Causes' own (--by reason: the groups are reasons) the
+    processes, whose sums give the report its window, input and accounting."""
+    return "pid" if by in WHY_BY_KEYS else by
+
+
 @dataclass
 class Waker:
     """Who ended blocked intervals: kind "task", "irq", "softirq" or "unknown"."""

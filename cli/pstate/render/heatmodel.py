@@ -23,6 +23,7 @@ Columns are absolute bucket numbers counted from an origin: column c covers
 from __future__ import annotations
 
 from array import array
+from collections import deque
 
 from pstate.analysis import services
 from pstate.stream import schema, vocab
@@ -623,3 +624,38 @@ class Window(Tracker):
         for _s, _t, key in self.open.values():
             keys.add(key)
         return len(keys)
+
+
+REASON_STATE = "uninterruptible"  # heat --live's reason column: the reasons of D intervals
+
+
+class Reasons:
+    """heat --live's reason column: per row (the model's key), the reasons
+    of its D intervals that ended lately (the wake-ups of a recording made
+    with record --stacks carry them), and the one with the most D time in
+    the window shown."""
+
+    def __init__(self, keyf):
+        self.keyf = keyf
+        self.seen: dict = {}  # key -> deque of (ts, reason, dur_ns)
+
+    def note(self, rec: dict) -> None:
+        reason = rec.get("reason")
+        if not reason or rec["from"] != REASON_STATE or not isinstance(reason, str):
+            return
+        key = self.keyf(rec["pid"], rec["tid"], rec.get("comm") or "?", rec.get("cgroup"))
+        q = self.seen.get(key)
+        if q is None:
+            q = self.seen[key] = deque(maxlen=256)
+        q.append((rec["ts"], reason, rec.get("dur_ns") or 0))
+
+    def top(self, key, since: int) -> str:
+        q = self.seen.get(key)
+        if not q:
+            return ""
+        while q and q[0][0] < since:
+            q.popleft()
+        by: dict = {}
+        for _ts, reason, dur in q:
+            by[reason] = by.get(reason, 0) + dur
+        return min(by, key=lambda r: (-by[r], r)) if by else ""

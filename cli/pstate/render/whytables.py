@@ -95,6 +95,22 @@ def attach(rep: dict, causes, *, top: int | None, stacks: bool, wakers: bool, an
                   "stack_records": causes.has_stacks, "rows_per_group": rows}
 
 
+def reason_report(summary, causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool,
+                  states=None) -> dict:
+    """stats --by reason: the report of the summary's window, input and
+    accounting whose groups are the reasons (reason_groups), the first `top`
+    of them shown."""
+    rep = tables.build_report(summary, [])
+    groups = reason_groups(causes, top=None, stacks=stacks, wakers=wakers, antagonists=antagonists, states=states)
+    rep["by"] = "reason"
+    rep["accounting"]["groups"] = len(groups)
+    rep["groups"] = groups[:top] if top else groups
+    rep["accounting"]["groups_shown"] = len(rep["groups"])
+    rep["why"] = {"stacks": stacks, "wakers": wakers, "antagonists": antagonists,
+                  "stack_records": causes.has_stacks, "rows_per_group": None}
+    return rep
+
+
 def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool, states=None) -> list:
     """--by reason: the groups are the Causes' own, with blocked or
     run-queue time, longest first."""

@@ -55,6 +55,12 @@ LETTER_NAMES: dict[str, str] = {
 # Older kernels report these too.
 LETTER_NAMES.update({"W": "waking", "K": "wakekill", "N": "noload", "x": "dead"})
 
+# Letter -> state name for options that take a state by its letter (--state D,
+# --stacks D): every named state but unknown; R is running (the runnable and
+# preempted states share it).
+STATE_LETTERS: dict[str, str] = {letter: name for name, (letter, _c, _d) in STATES.items()
+                                 if name not in (UNKNOWN, RUNNABLE, PREEMPTED)}
+
 WAIT_STATES = frozenset({RUNNABLE, PREEMPTED, NEW})
 BLOCKED_CATEGORIES = frozenset({"blocked", "stopped"})
 
