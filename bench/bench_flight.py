@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_encode  # noqa: E402
 from pstate.kernel import eventcodec as ec  # noqa: E402
-from pstate.snapshots import flight  # noqa: E402
+from pstate.engines import flight  # noqa: E402
 from pstate.snapshots.writer import SnapDir  # noqa: E402
 from pstate.stream.meta import meta_record  # noqa: E402
 

@@ -46,6 +46,7 @@ import orjson
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
 
 from pstate.render import heatdraw as hr  # noqa: E402
+from pstate.engines import live  # noqa: E402
 from pstate.render import dashboard  # noqa: E402
 from pstate.stream import reader  # noqa: E402
 
@@ -120,8 +121,8 @@ def run_once(path: str, rate: float, args) -> dict:
     prod = subprocess.Popen([sys.executable, "-c", PRODUCER, path, str(rate), "200"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     # keys=False: leave the terminal this benchmark runs in alone.
-    opts = dashboard.LiveOptions(window_ns=10_000_000_000, refresh=4.0, style=hr.Style(True, False), keys=False)
-    res = dashboard.run_live(prod.stdout.fileno(), slave, opts, tty=True)
+    opts = live.LiveOptions(window_ns=10_000_000_000, refresh=4.0, style=hr.Style(True, False), keys=False)
+    res = live.run_live(prod.stdout.fileno(), slave, opts, tty=True)
     t_end = time.monotonic()
     times = prod.stderr.read().decode().split()
     prod.wait()
@@ -152,11 +153,11 @@ def capacity(path: str, k: int, rate: int = 200_000) -> dict:
     data = open(path, "rb").read()
     chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
     out = os.open(os.devnull, os.O_WRONLY)
-    opts = dashboard.LiveOptions(width=120, height=40, style=hr.Style(True, False), keys=False)
+    opts = live.LiveOptions(width=120, height=40, style=hr.Style(True, False), keys=False)
     dash = dashboard.Dashboard(opts, out, True)
     model = hm.Window(dash.bucket, dash.ncols, "tid", None, None)
     model.sample_every = k
-    feeder = dashboard.Feeder(model, ReadStats(), "bench", False)
+    feeder = live.Feeder(model, ReadStats(), "bench", False)
     feeder.k = k
     per_frame = rate // 4
     next_frame = per_frame

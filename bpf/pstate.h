@@ -57,6 +57,13 @@
 #define TF_COMM 8
 #define TF_FOLLOW 16 // not a set: pid_filter takes in the processes its members fork (--children, record -- CMD)
 #define TF_CGROUP 32 // cgroup_pids: the processes of --cgroup's cgroups (cgroup_filter), forks followed
+// record's filter sets: how many members each holds (pstate.kernel.filtermaps
+// refuses more)
+#define FILTER_IDS 1024       // tid_filter; and pid_filter's -p values
+#define FILTER_FOLLOWED 16384 // pid_filter, with the processes it follows; cgroup_pids
+#define FILTER_COMMS 256      // comm_filter
+#define FILTER_CPUS 4096      // cpu_filter
+#define FILTER_CGROUPS 1024   // cgroup_filter
 
 #define NO_DUR 0xffffffffffffffff // dur of a state whose start was not seen
 

@@ -144,14 +144,14 @@ BPF_F_TABLE("array", u32, struct slot_pos, slot_pos, SLOT_CPUS, BPF_F_MMAPABLE);
 #endif
 BPF_PERCPU_ARRAY(counters, u64, REC_NR_COUNTERS);
 BPF_ARRAY(settings, struct settings, 1);
-BPF_HASH(pid_filter, u32, u8, 16384); // -p values, and with TF_FOLLOW their descendants
+BPF_HASH(pid_filter, u32, u8, FILTER_FOLLOWED); // -p values, and with TF_FOLLOW their descendants
 // --cgroup: the ids of its cgroups, and the processes (tgids) known to be in
 // one: seeded by user space, grown at sched_switch and by fork, emptied by free
-BPF_HASH(cgroup_filter, u64, u8, 1024);
-BPF_HASH(cgroup_pids, u32, u8, 16384);
-BPF_HASH(tid_filter, u32, u8, 1024);
-BPF_HASH(comm_filter, struct comm_key, u8, 256);
-BPF_ARRAY(cpu_filter, u8, 4096);
+BPF_HASH(cgroup_filter, u64, u8, FILTER_CGROUPS);
+BPF_HASH(cgroup_pids, u32, u8, FILTER_FOLLOWED);
+BPF_HASH(tid_filter, u32, u8, FILTER_IDS);
+BPF_HASH(comm_filter, struct comm_key, u8, FILTER_COMMS);
+BPF_ARRAY(cpu_filter, u8, FILTER_CPUS);
 BPF_PERCPU_ARRAY(irq_state, struct irq_ctx, 1);
 // Kernel stacks of tasks blocking in the states of settings.stack_mask. User
 // space reads each slot when the wake-up that ends the blocked state arrives,

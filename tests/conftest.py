@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,60 @@ def clean_env() -> dict:
     buffering bugs, e.g. with closed pipes)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     return env
+
+
+def _until(what: str, proc, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc.poll() is not None:
+            raise AssertionError(f"the process ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout} s")
+        time.sleep(0.002)
+
+
+def caught_signals(pid: int) -> set[int]:
+    """The signals a process has a handler for (/proc/PID/status SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+    except (OSError, StopIteration):
+        return set()
+    return {n + 1 for n in range(64) if mask >> n & 1}
+
+
+def wait_ready(proc, timeout: float = 30) -> None:
+    """Until pstate's signal helper is installed (pstate.lifecycle: SIGINT,
+    SIGTERM and SIGHUP caught): from then on every signal gets the documented
+    exit status. (Before, for the few milliseconds the interpreter takes to
+    start, the kernel's default action applies.)"""
+    want = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    _until("pstate's signal handlers were installed", proc, lambda: want <= caught_signals(proc.pid), timeout)
+
+
+def wait_delivered(proc, signum: int, timeout: float = 30) -> None:
+    """Until a signal sent to the process is no longer pending (the kernel
+    delivered it: another of the same number is then one more, not merged)."""
+    def delivered() -> bool:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+        except OSError:
+            return True
+        return not any(m >> (signum - 1) & 1 for m in masks)
+    _until(f"signal {signum} was delivered", proc, delivered, timeout)
+
+
+def wait_reading_pipe(proc, timeout: float = 30) -> None:
+    """Until the process sleeps in a read of an empty pipe (it took what
+    was written and waits for more)."""
+    def reading() -> bool:
+        try:
+            with open(f"/proc/{proc.pid}/wchan") as f:
+                return "pipe_read" in f.read()
+        except OSError:
+            return False
+    _until("it waited on its input pipe", proc, reading, timeout)
 
 
 def bpf_prog_ids() -> set[int]:

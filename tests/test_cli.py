@@ -13,7 +13,6 @@ import pytest
 from click.testing import CliRunner
 
 from pstate import __version__
-from pstate.commands import record
 from pstate.kernel import bpfsys, btf, kstates, probeplan
 from pstate.main import COMMANDS, cli
 

@@ -9,7 +9,7 @@ import types
 
 from click.testing import CliRunner
 
-from pstate.commands import snap
+from pstate.engines import snap
 from pstate.main import cli
 from pstate.snapshots import collector as resident
 from pstate.snapshots.folds import Folds
@@ -21,8 +21,8 @@ class Key(ctypes.Structure):
 
 
 def reader(rows, state=None):
-    """A PinnedCollector whose `gone` map holds rows: [(tid, start_ts, since)]."""
-    r = resident.PinnedCollector.__new__(resident.PinnedCollector)
+    """A PinnedReader whose `gone` map holds rows: [(tid, start_ts, since)]."""
+    r = resident.PinnedReader.__new__(resident.PinnedReader)
     r.cursor = (state or {}).get("ts")
     r.late = {tuple(k) for k in (state or {}).get("late", [])}
     r.new_late, r.read, r.last_ts = [], [], None

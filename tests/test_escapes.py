@@ -32,6 +32,7 @@ from click.testing import CliRunner
 
 from conftest import clean_env, pstate_cmd
 from pstate.main import COMMANDS, cli
+from pstate.render import snaptables
 
 HERE = Path(__file__).resolve().parent
 WHY = HERE / "data" / "stats" / "why.jsonl"
@@ -188,9 +189,7 @@ BY_NAMES = {"comm": (EVIL_COMM, EVIL_COMM2), "title": (EVIL_TITLE,), "cgroup": (
 def stats_runs(fmt, inp):
     """(label, args, names a machine format keeps): stats over the evil
     recording, and over the evil snapshots where the format has a
-    snapshot renderer (analysis.snapseries.RENDERERS)."""
-    from pstate.analysis import snapseries
-
+    snapshot renderer (render.snaptables.RENDERERS)."""
     rec, runs = inp["rec"], []
     if fmt in ("table", "json"):
         runs += [(f"--by {b}", [rec, "--by", b], BY_NAMES[b]) for b in BYS]
@@ -210,7 +209,7 @@ def stats_runs(fmt, inp):
                  ("--wakers --by comm", [rec, "--wakers", "--by", "comm"], (EVIL_COMM2,))]
     elif fmt == "folded":
         runs += [(f"--by {b}", [rec, "--by", b], (EVIL_FN,)) for b in ("pid", "tid", "comm")]
-    if fmt in snapseries.RENDERERS:
+    if fmt in snaptables.RENDERERS:
         for b, names in (("pid", (EVIL_COMM,)), ("tid", (EVIL_COMM,)), ("comm", (EVIL_COMM,)),
                          ("title", (EVIL_TITLE,)), ("cgroup", (EVIL_CGROUP,)), ("unit", (EVIL_UNIT,))):
             runs.append((f"snapshots --by {b}", [inp["snaps"], "--by", b], names + (EVIL_UNIT,)))
@@ -242,7 +241,7 @@ def heat_runs(_fmt, inp):
 def doctor_runs(fmt, _inp, monkeypatch=None):
     """doctor's checks name threads (the unseen switches) and paths: a
     report of evil ones, rendered as the command renders it."""
-    from pstate.commands import doctor
+    from pstate.engines import doctor
     from pstate.exitcodes import ExitCode
 
     def checks(*_a, **_kw):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from pstate.kernel import eventcodec as ec
 from pstate.main import cli as pstate_cli
 from pstate.kernel.kstates import KernelStates
-from pstate.snapshots import flight
+from pstate.engines import flight
 from pstate.snapshots.writer import SnapDir
 from pstate.stream import schema
 

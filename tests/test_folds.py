@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pstate.engines.stats import snapshot_stats
+from pstate import lifecycle
 from pstate.kernel import identity
-from pstate.analysis import snapseries
 from pstate.snapshots import folds, snapdir, writer
 
 HERE = Path(__file__).parent
@@ -63,7 +64,7 @@ def take(tmp_path, monkeypatch, fmt: str, clear: bool = False) -> Path:
     plan = writer.Plan(fmt=fmt, interval_ns=10_000_000, count=3, prom_by="unit", clear=clear)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
     proms = []
-    snapper = writer.Snapper(d, FoldCollector(), plan, base, writer.Stopper())
+    snapper = writer.Snapper(d, FoldCollector(), plan, base, lifecycle.Stopper())
     if fmt == "prom":
         publish = snapper._publish
 
@@ -118,7 +119,7 @@ def test_fold_rows_and_stats_count_each_folded_thread_once(tmp_path, monkeypatch
     assert unit == [100, 90, 10]  # 200 in all: the truth
     assert [sum(t.folded for t in iv.tasks) for iv in ivs] == [0, 5, 1]
     res = io.StringIO()
-    assert snapseries.run([str(out)], fmt="json", top=None, by="unit", out=res, err=io.StringIO()) == 0
+    assert snapshot_stats([str(out)], fmt="json", top=None, by="unit", out=res, err=io.StringIO()) == 0
     doc = orjson.loads(res.getvalue())
     assert [c["threads_gone"] for c in doc["churn"]["intervals"]] == [0, 5, 1]
     (g,) = [t for t in doc["trends"] if t["comm"] == "fake1.service"]

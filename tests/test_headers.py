@@ -404,7 +404,7 @@ def test_compile_check_passes_this_machines_tree_and_fails_a_tree_without_includ
 
 @pytest.mark.bpf
 def test_doctor_says_problem_for_a_tree_that_does_not_compile(tmp_path, clean_env):
-    from pstate.commands import doctor
+    from pstate.engines import doctor
 
     arch, _ = debian_split(tmp_path / "src")
     (arch / "Makefile").write_text("# an arch tree whose common tree is not installed\n")

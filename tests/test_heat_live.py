@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from pstate.render import heatmodel as hm
+from pstate.engines import live
 from pstate.render import dashboard
 from pstate.stream.streamio import MAX_LINE, ReadStats
 from pstate.stream import reader
@@ -40,7 +41,7 @@ def line(ts, tid, frm, to, dur=1000):
 
 def feeder(k=1, measure=None):
     model = hm.Window(1_000_000, 100, "tid", None, measure)
-    f = dashboard.Feeder(model, ReadStats(), "<test>", False)
+    f = live.Feeder(model, ReadStats(), "<test>", False)
     f.k = k
     model.sample_every = k
     return f, model
@@ -149,9 +150,9 @@ def run_pipe(data: bytes, **kw):
     tr = threading.Thread(target=reader, daemon=True)
     tw.start()
     tr.start()
-    opts = dashboard.LiveOptions(width=80, height=24, refresh=20, **kw)
+    opts = live.LiveOptions(width=80, height=24, refresh=20, **kw)
     try:
-        res = dashboard.run_live(r_in, w_out, opts, tty=False)
+        res = live.run_live(r_in, w_out, opts, tty=False)
     finally:
         os.close(w_out)
         os.close(r_in)  # a writer still writing gets EPIPE and ends

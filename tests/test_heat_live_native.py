@@ -20,6 +20,7 @@ from odd_lines import ODD_LINES
 from pstate.render import heatmodel as hm
 from pstate.render import heatdraw as hr
 from pstate import native
+from pstate.engines import live
 from pstate.render import dashboard
 from pstate.stream import reader
 from pstate.exitcodes import PstateError
@@ -53,7 +54,7 @@ def model_state(m: hm.Window) -> tuple:
             [(c, list(col.items())) for c, col in m.grid.cols.items()], list(m.lat.items()))
 
 
-def frame(m: hm.Window, opts: dashboard.LiveOptions) -> list[str]:
+def frame(m: hm.Window, opts: live.LiveOptions) -> list[str]:
     dash = dashboard.Dashboard(opts, -1, False)
     dash.bucket, dash.ncols = m.bucket, m.ncols
     return dash.frame(m, lambda n: f"{n} tasks")
@@ -61,17 +62,17 @@ def frame(m: hm.Window, opts: dashboard.LiveOptions) -> list[str]:
 
 def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid", measure=None,
         filt=None, strict: bool = False, shade=None, max_line: int | None = None):
-    saved = reader._parse_states, dashboard.MAX_LINE
+    saved = reader._parse_states, live.MAX_LINE
     reader._parse_states = NATIVE if use_native else None
     if max_line is not None:
-        dashboard.MAX_LINE = max_line
+        live.MAX_LINE = max_line
     try:
-        opts = dashboard.LiveOptions(by=by, measure=measure, shade=shade, width=100, height=20, filt=filt,
+        opts = live.LiveOptions(by=by, measure=measure, shade=shade, width=100, height=20, filt=filt,
                                 style=hr.PLAIN, window_ns=50_000_000)
         model = hm.Window(1_000_000, 50, by, filt, measure)
         model.sample_every = k
         stats = ReadStats()
-        f = dashboard.Feeder(model, stats, "in.jsonl", strict)
+        f = live.Feeder(model, stats, "in.jsonl", strict)
         f.k = k
         err = None
         try:
@@ -84,7 +85,7 @@ def run(data: bytes, chunk: int, *, use_native: bool, k: int = 1, by: str = "tid
                 stats.first_bad, stats.truncated_tail, stats.metas, stats.loss, stats.ends,
                 model_state(model), frame(model, opts))
     finally:
-        reader._parse_states, dashboard.MAX_LINE = saved
+        reader._parse_states, live.MAX_LINE = saved
 
 
 def both(data: bytes, chunk: int = 1 << 17, **kw):

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from conftest import clean_env, pstate_cmd
-from pstate.analysis import snapseries
+from pstate.engines.stats import snapshot_stats
 from pstate.snapshots import snapdir
 from test_snap_bpf import snap_start, wait_collecting
 from workloads import V2Cgroups, kill_all
@@ -147,7 +147,7 @@ def test_stats_shows_a_groups_p99_rising_when_a_hog_joins(tmp_path):
             assert snap.wait(timeout=60) == 0, snap.stderr.read()
     assert all(k.poll() is not None and k.returncode == -9 for k in kids), [k.returncode for k in kids]
     buf = io.StringIO()
-    assert snapseries.run([str(out)], fmt="json", top=None, by="pid", out=buf, err=io.StringIO()) == 0
+    assert snapshot_stats([str(out)], fmt="json", top=None, by="pid", out=buf, err=io.StringIO()) == 0
     lat = orjson.loads(buf.getvalue())["latency"]
     mine = next(e for e in lat if e["group"] == path and e["kind"] == "runq_preempted")
     p99 = {p["interval"]: p["p99_ns"] for p in mine["series"]}
@@ -156,5 +156,5 @@ def test_stats_shows_a_groups_p99_rising_when_a_hog_joins(tmp_path):
     assert after >= 1 << 25, p99  # turns of 50 ms: the bucket (2^25, 2^26] ns
     assert after > 4 * p99.get(1, 0), p99  # the hog alone, preempted by others (if at all)
     buf = io.StringIO()
-    snapseries.run([str(out)], fmt="table", top=None, by="pid", out=buf, err=io.StringIO())
+    snapshot_stats([str(out)], fmt="table", top=None, by="pid", out=buf, err=io.StringIO())
     assert any(line.startswith(path[:30]) and "runq preempted" in line for line in buf.getvalue().splitlines())

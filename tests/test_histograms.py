@@ -13,7 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pstate.analysis import snapseries
+from pstate.engines.stats import snapshot_stats
+from pstate import lifecycle
 from pstate.analysis.latency import LogHist, bounded_percentile
 from pstate.snapshots import histograms, snapdir, writer
 
@@ -105,7 +106,7 @@ def take(tmp_path, monkeypatch, fmt: str, count: int = 5, by: str = "unit", clea
     plan = writer.Plan(fmt=fmt, interval_ns=S // 50, count=count, prom_by=by, clear=clear)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
     try:
-        assert writer.Snapper(d, HistCollector(), plan, base, writer.Stopper()).run() == 0
+        assert writer.Snapper(d, HistCollector(), plan, base, lifecycle.Stopper()).run() == 0
     finally:
         d.close()
     return tmp_path / fmt
@@ -143,7 +144,7 @@ def test_stats_shows_p99_rising_when_a_hog_joins(tmp_path, monkeypatch, clear):
     wake = next(r for r in last if r["type"] == "hist" and r["kind"] == "runq_wakeup")
     assert wake["count"] == (105 if clear else 515)
     buf = io.StringIO()
-    assert snapseries.run([str(out)], fmt="json", top=None, by="unit", out=buf, err=io.StringIO()) == 0
+    assert snapshot_stats([str(out)], fmt="json", top=None, by="unit", out=buf, err=io.StringIO()) == 0
     lat = orjson.loads(buf.getvalue())["latency"]
     e = next(x for x in lat if x["group"] == "fake1.service" and x["kind"] == "runq_wakeup")
     assert [p["count"] for p in e["series"]] == [100, 100, 105, 105, 105]
@@ -152,13 +153,13 @@ def test_stats_shows_p99_rising_when_a_hog_joins(tmp_path, monkeypatch, clear):
     gone = next(x for x in lat if x["group"] == "fake2.service" and x["kind"] == "runq_preempted")
     assert [p["count"] for p in gone["series"]] == [10, 10, 7, 7, 7]  # per interval: deltas of the group
     buf = io.StringIO()
-    snapseries.run([str(out)], fmt="table", top=None, by="unit", out=buf, err=io.StringIO())
+    snapshot_stats([str(out)], fmt="table", top=None, by="unit", out=buf, err=io.StringIO())
     text = buf.getvalue()
     assert "Latency per interval" in text
     line = next(x for x in text.splitlines() if x.startswith("fake1.service") and "runq wake-up" in x)
     assert "3.07us>3.07us" in line and "3.07us>1.57ms" in line, line
     buf = io.StringIO()
-    snapseries.run([str(out)], fmt="csv", top=None, by="unit", out=buf, err=io.StringIO())
+    snapshot_stats([str(out)], fmt="csv", top=None, by="unit", out=buf, err=io.StringIO())
     assert "# latency\nby,group,kind,interval,end_ts,wall_end_ns,count,sum_ns,p50_ns,p99_ns\n" in buf.getvalue()
 
 

@@ -91,11 +91,11 @@ def test_each_kernels_programs_compile_with_its_plan(kid, choice):
     (its offsets, its PATH_* and what it lacks); nothing is loaded."""
     import bcc
 
-    from pstate.commands import record
+    from pstate.kernel import recordprog
     from pstate.snapshots.taskmaps import defines_for
 
     ks = loader.kernel_states()
-    settings = {"record": record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False),
+    settings = {"record": recordprog.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False),
                 "snap": defines_for(ks, 4096)}
     os.environ["BCC_KERNEL_SOURCE"] = loader.find_headers(None).path
     for name in PROGRAMS:

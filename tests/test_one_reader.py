@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import test_stats
 from pstate import native
-from pstate.render import dashboard
+from pstate.engines import live
 from pstate.stream import schema
 from pstate.main import cli
 from pstate.stream import reader, replayer
@@ -251,7 +251,7 @@ def test_the_live_feeder_reads_what_read_records_reads(tmp_path):
     seen = []
     model_states = model.states
     model.states = lambda rows, skip_idle=False: (seen.extend(r[:8] for r in rows), model_states(rows, skip_idle))
-    f = dashboard.Feeder(model, ReadStats(), "small", False)
+    f = live.Feeder(model, ReadStats(), "small", False)
     f.feed(path.read_bytes())
     f.finish()
     want = [tuple(state_fields(r)[k] for k in ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu"))

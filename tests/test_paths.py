@@ -315,7 +315,7 @@ def test_snap_dir_below_a_swapped_directory_is_refused_or_real(arena):
 
 def test_flight_directory_through_nobodys_link_is_refused(arena):
     """record --flight -o DIR opens DIR as a snapshot directory: the same walk."""
-    from pstate.snapshots import flight
+    from pstate.engines import flight
 
     arena.swap()
     with pytest.raises(PstateError) as e:

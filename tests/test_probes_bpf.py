@@ -21,10 +21,10 @@ needs_btf = pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="the kern
 
 
 def _defines():
-    from pstate.commands import record
+    from pstate.kernel import recordprog
     from pstate.kernel import loader
 
-    return record.defines_for(loader.kernel_states(), max_tasks=4096, rb_pages=64, sample=False)
+    return recordprog.defines_for(loader.kernel_states(), max_tasks=4096, rb_pages=64, sample=False)
 
 
 def _runs(prog) -> int:
@@ -90,10 +90,10 @@ def test_one_refused_tracepoint_leaves_the_others_on_tp_btf(root_cache, monkeypa
 @needs_btf
 @pytest.mark.parametrize("name", ["record", "snap"])
 def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
-    from pstate.commands import snap
+    from pstate.snapshots import taskmaps
     from pstate.kernel import loader
 
-    d = _defines() if name == "record" else snap.defines_for(loader.kernel_states(), 4096)
+    d = _defines() if name == "record" else taskmaps.defines_for(loader.kernel_states(), 4096)
     cold = loader.Program(name, d, probes="tp_btf")
     try:
         assert (cold.origin, cold.plan.path) == ("compiled", "tp_btf")
@@ -160,12 +160,12 @@ def test_lifecycle_programs_on_the_tracepoint_path(root_cache, monkeypatch, name
     """--probes tracepoint: the lifecycle programs are raw tracepoints where
     the kernel's BTF gives their offsets, classic tracepoints without it
     (facts that raise); both compile, load from the cache again, and run."""
-    from pstate.commands import snap
+    from pstate.snapshots import taskmaps
     from pstate.kernel import loader, progcache
 
     if facts == "no_btf":
         monkeypatch.setattr(progcache, "btf_facts", _no_btf)
-    d = _defines() if name == "record" else snap.defines_for(loader.kernel_states(), 4096)
+    d = _defines() if name == "record" else taskmaps.defines_for(loader.kernel_states(), 4096)
     for origin in ("compiled", "cache"):
         p = loader.Program(name, d, probes="tracepoint")
         try:

@@ -16,6 +16,7 @@ from conftest import cache_entries
 from pstate.kernel import bpfsys
 from pstate.kernel import progcache
 from pstate.kernel.progcache import CacheMiss, NotCacheable
+from pstate.stream import vocab
 
 ME = os.geteuid()
 
@@ -487,10 +488,10 @@ def test_unsupported_map_type():
 
 def _record_defines(stack_entries: int = 0):
     from pstate.kernel import loader
-    from pstate.commands import record
+    from pstate.kernel import recordprog
 
     ks = loader.kernel_states()
-    return record.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
+    return recordprog.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
 
 
 @pytest.mark.bpf
@@ -706,7 +707,7 @@ def _take_write_stacks(prog, path: str, kallsyms) -> dict[int, tuple[str, ...]]:
     t = bpfsys.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"], m["flags"])
 
     def functions() -> dict[int, tuple[str, ...]]:
-        return {k.value: tuple(kstacks.symbol_name(f)
+        return {k.value: tuple(vocab.frame_name(f)
                                for f in kstacks.task_frames(list(t.walk(k.value, kallsyms.frame))))
                 for k in t}
 
@@ -812,8 +813,6 @@ def test_cold_and_warm_record_the_same_stacks(root_cache, monkeypatch, disk_file
     from test_stacks_bpf import DIRECT_WRITES
     from workloads import Recording, go, start, states
 
-    from pstate.kernel import stacks as kstacks
-
     monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
     top = {}
     for run in ("cold", "warm"):
@@ -844,6 +843,6 @@ def test_cold_and_warm_record_the_same_stacks(root_cache, monkeypatch, disk_file
         for r in ds:
             by[r["stack_id"]] = by.get(r["stack_id"], 0) + r["dur_ns"]
         sid = max(by, key=by.get)
-        top[run] = tuple(kstacks.symbol_name(f) for f in frames[sid].split(";"))
+        top[run] = tuple(vocab.frame_name(f) for f in frames[sid].split(";"))
         assert {"__x64_sys_pwrite64", "__iomap_dio_rw"} <= set(top[run]), (run, top[run])
     assert top["cold"] == top["warm"], top

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pstate.kernel import loader
-from pstate.commands import record
+from pstate.engines import record
 
 
 class FakeTable:

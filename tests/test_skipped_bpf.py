@@ -56,9 +56,9 @@ def _record(probes: str) -> tuple[list[dict], Recording]:
 def test_prog_info_reads_what_bpftool_reads():
     """bpfsys.prog_info: the offsets of struct bpf_prog_info, against bpftool."""
     from pstate.kernel import loader
-    from pstate.commands import record
+    from pstate.kernel import recordprog
 
-    prog = loader.Program("record", record.defines_for(loader.kernel_states(), max_tasks=4096, rb_pages=64,
+    prog = loader.Program("record", recordprog.defines_for(loader.kernel_states(), max_tasks=4096, rb_pages=64,
                                                         sample=False))
     try:
         with open("/proc/sys/kernel/bpf_stats_enabled", "r+") as f:

@@ -208,15 +208,15 @@ def test_skip_gives_up_everything(maps):
 
 
 def test_runs_only_where_stores_keep_their_order(monkeypatch):
-    from pstate.commands import record
+    from pstate.kernel import recordprog
 
-    monkeypatch.setattr(record.platform, "machine", lambda: "x86_64")
-    assert record.slots_per_cpu(16 << 20, 2) == 8192  # at most 704 KiB a CPU: the rest goes to the ring buffer
-    assert record.slots_per_cpu(1 << 20, 2) == 4096  # the buffer's size, shared by the CPUs
-    assert record.slots_per_cpu(16 << 20, 256) == 1024  # at least 1024, however many CPUs share it
-    assert record.slots_per_cpu(4096, 1) == 1024
-    monkeypatch.setattr(record.platform, "machine", lambda: "aarch64")
-    assert record.slots_per_cpu(16 << 20, 2) == 0  # stores may be reordered there: the ring buffer only
+    monkeypatch.setattr(recordprog.platform, "machine", lambda: "x86_64")
+    assert recordprog.slots_per_cpu(16 << 20, 2) == 8192  # at most 704 KiB a CPU: the rest goes to the ring buffer
+    assert recordprog.slots_per_cpu(1 << 20, 2) == 4096  # the buffer's size, shared by the CPUs
+    assert recordprog.slots_per_cpu(16 << 20, 256) == 1024  # at least 1024, however many CPUs share it
+    assert recordprog.slots_per_cpu(4096, 1) == 1024
+    monkeypatch.setattr(recordprog.platform, "machine", lambda: "aarch64")
+    assert recordprog.slots_per_cpu(16 << 20, 2) == 0  # stores may be reordered there: the ring buffer only
 
 
 def test_time_and_dur_words_follow_struct_event():

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, pstate_cmd
-from pstate.commands.snap import boottime_offset_ns
+from pstate.snapshots.taskmaps import boottime_offset_ns
 from test_snap_bpf import py, read_dir, snap_start, wait_collecting
 
 pytestmark = pytest.mark.bpf

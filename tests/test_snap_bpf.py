@@ -21,8 +21,8 @@ import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
 from workloads import V2Cgroups
+from pstate.engines.stats import snapshot_stats
 from pstate.snapshots import snapdir
-from pstate.analysis import snapseries
 
 pytestmark = pytest.mark.bpf
 
@@ -64,7 +64,7 @@ def read_dir(d: Path) -> list[snapdir.Snapshot]:
 
 def analyse(d: Path, **kw) -> dict:
     out, err = io.StringIO(), io.StringIO()
-    assert snapseries.run([str(d)], fmt="json", top=None, by="pid", out=out, err=err, **kw) == 0
+    assert snapshot_stats([str(d)], fmt="json", top=None, by="pid", out=out, err=err, **kw) == 0
     return orjson.loads(out.getvalue())
 
 
@@ -324,7 +324,7 @@ def test_full_map_says_truncated(tmp_path):
     assert s.meta["truncated"] is True and s.meta["map_full"] > 0
     assert len(s.rows) <= 64 * 2
     out, err = io.StringIO(), io.StringIO()
-    snapseries.run([str(tmp_path)], fmt="table", top=3, by="pid", out=out, err=err)
+    snapshot_stats([str(tmp_path)], fmt="table", top=3, by="pid", out=out, err=err)
     assert "are truncated (the task map was full)" in err.getvalue()
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pstate.render import snaptables
+from pstate.engines.stats import snapshot_stats
 from pstate.snapshots import snapdir
-from pstate.analysis import snapseries
 from pstate.exitcodes import PstateError
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +41,7 @@ def _in_data_dir(monkeypatch):
 
 def run(paths, fmt="json", by="pid", top=None, **kw):
     out, err = io.StringIO(), io.StringIO()
-    code = snapseries.run([str(p) for p in paths], fmt=fmt, top=top, by=by, out=out, err=err, **kw)
+    code = snapshot_stats([str(p) for p in paths], fmt=fmt, top=top, by=by, out=out, err=err, **kw)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -265,10 +266,10 @@ def test_subtract_never_goes_negative():
 
 
 def test_sparkline():
-    assert snapseries.spark([0, 1, 2, 4]) == "▁▃▅█"
-    assert snapseries.spark([0, 0]) == "▁▁"
-    assert len(snapseries.spark(list(range(100)))) == snapseries.SPARK_WIDTH
-    assert snapseries.spark([1, 2], unicode=False) == "+@"
+    assert snaptables.spark([0, 1, 2, 4]) == "▁▃▅█"
+    assert snaptables.spark([0, 0]) == "▁▁"
+    assert len(snaptables.spark(list(range(100)))) == snaptables.SPARK_WIDTH
+    assert snaptables.spark([1, 2], unicode=False) == "+@"
 
 
 def test_table_fits_80_columns():

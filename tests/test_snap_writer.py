@@ -28,8 +28,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import clean_env
+from pstate.engines.stats import snapshot_stats
+from pstate import lifecycle
 from pstate.snapshots import snapdir
-from pstate.analysis import snapseries
 from pstate.snapshots import histograms, writer
 from pstate.main import cli as main_cli
 from pstate.stream.meta import rfc3339
@@ -371,7 +372,7 @@ def test_wall_clock_steps_do_not_matter(tmp_path, monkeypatch):
     d.lock()
     plan = writer.Plan(interval_ns=S // 20, count=3)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
-    code = writer.Snapper(d, fake_snap.FakeCollector(4), plan, base, writer.Stopper()).run()
+    code = writer.Snapper(d, fake_snap.FakeCollector(4), plan, base, lifecycle.Stopper()).run()
     d.close()
     assert code == 0
     files = snapshots(tmp_path)
@@ -379,7 +380,7 @@ def test_wall_clock_steps_do_not_matter(tmp_path, monkeypatch):
     walls = [lines(f)[0]["wall_end_ns"] for f in files]
     assert walls[2] < walls[0]  # names and wall times went back; sequence numbers did not
     out = io.StringIO()
-    snapseries.run([str(tmp_path)], fmt="json", top=None, by="pid", out=out, err=io.StringIO())
+    snapshot_stats([str(tmp_path)], fmt="json", top=None, by="pid", out=out, err=io.StringIO())
     ivs = orjson.loads(out.getvalue())["intervals"]
     assert [iv["seq"] for iv in ivs] == [1, 2, 3]
     # an hour's step would show; a loaded machine's late wake-ups must not

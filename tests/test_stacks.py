@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from pstate.kernel import stacks
+from pstate.stream import vocab
 
 KALLSYMS = b"""\
 ffffffff81000000 T _stext
@@ -80,11 +81,11 @@ def test_a_reused_kernel_id_gets_a_new_stream_id(tmp_path):
 
 
 def test_reason_skips_plumbing():
-    assert stacks.reason_of(["__schedule+0x1", "schedule+0x2", "schedule_hrtimeout_range_clock+0x3",
+    assert vocab.reason_of(["__schedule+0x1", "schedule+0x2", "schedule_hrtimeout_range_clock+0x3",
                              "do_epoll_wait+0x4"]) == "do_epoll_wait"
-    assert stacks.reason_of(["__schedule+0x1", "io_schedule+0x2", "bit_wait_io+0x3", "__wait_on_bit+0x4",
+    assert vocab.reason_of(["__schedule+0x1", "io_schedule+0x2", "bit_wait_io+0x3", "__wait_on_bit+0x4",
                              "out_of_line_wait_on_bit+0x5", "jbd2_log_wait_commit+0x6 [jbd2]"]) == "jbd2_log_wait_commit"
-    assert stacks.reason_of(["__schedule+0x1"]) == "__schedule"
+    assert vocab.reason_of(["__schedule+0x1"]) == "__schedule"
 
 
 def test_tracing_frames_of_a_tp_btf_program_are_left_out():
@@ -94,7 +95,7 @@ def test_tracing_frames_of_a_tp_btf_program_are_left_out():
               "__schedule+0x628", "schedule+0x23", "futex_do_wait+0x46"]
     assert stacks.task_frames(tp_btf) == tp_btf[2:]
     assert stacks.task_frames(tp_btf[2:]) == tp_btf[2:]
-    assert stacks.reason_of(stacks.task_frames(tp_btf)) == "futex_do_wait"
+    assert vocab.reason_of(stacks.task_frames(tp_btf)) == "futex_do_wait"
 
 
 def test_symbols_read_in_the_background_name_the_same_frames(tmp_path):

@@ -7,11 +7,14 @@ Regenerate the goldens:  PSTATE_REGEN=1 pytest tests/test_stats.py
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import clean_env, pstate_cmd
+from conftest import clean_env, pstate_cmd, wait_delivered, wait_ready, wait_reading_pipe
 from pstate.stream import reader, streamio
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
@@ -159,7 +162,7 @@ def test_process_groups_threads_and_counts_switches():
     assert (g[100]["voluntary"], g[100]["involuntary"]) == (4, 1)
     assert (g[200]["forks"], g[201]["execs"], g[201]["exits"]) == (1, 1, 1)
     assert g[201]["comm"] == "sleep"
-    assert set(g[100]["latency"]) == {"runq_wakeup", "runq_preempt", "oncpu", "blocked_sleeping",
+    assert set(g[100]["latency"]) == {"runq_wakeup", "runq_preempted", "oncpu", "blocked_sleeping",
                                       "blocked_uninterruptible"}
     w = g[100]["latency"]["runq_wakeup"]
     assert (w["count"], w["max_ns"]) == (4, 500_000)
@@ -209,7 +212,7 @@ def test_count_needs_interval():
 def test_help_documents_json_keys_and_examples():
     res = run("--help")
     assert res.exit_code == 0
-    for word in ("Examples:", "max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempt",
+    for word in ("Examples:", "max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempted",
                  "--interval", "--hist", "--matrix", "dot"):
         assert word in res.stdout
 
@@ -359,13 +362,22 @@ time.sleep(float(sys.argv[4]))
 """
 
 
-def pipeline(stats_args, first=0.0, gap=0.0, last=0.0):
+def pipeline(stats_args, first=0.0, gap=0.0, last=0.0, watch=None):
+    """feed | stats; watch: a list that gets a descriptor of the pipe's read
+    end (the caller closes it), to see what is left unread."""
     feed = subprocess.Popen([sys.executable, "-c", FEED, str(DATA / BASIC), str(first), str(gap), str(last)],
                             stdout=subprocess.PIPE, start_new_session=True)
     stats = subprocess.Popen(pstate_cmd("stats", *stats_args), stdin=feed.stdout, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=clean_env(), start_new_session=True)
+    if watch is not None:
+        watch.append(os.dup(feed.stdout.fileno()))
     feed.stdout.close()
     return feed, stats
+
+
+def unread(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
 
 
 def test_live_intervals_fire_without_input():
@@ -394,7 +406,7 @@ def test_live_intervals_then_a_final_summary_at_eof():
 
 def test_first_ctrl_c_is_ignored_on_a_pipe():
     feed, stats = pipeline(["-f", "json"], first=1.5)
-    time.sleep(0.8)
+    wait_ready(stats)  # a Ctrl-C from here on, during start-up too, is the first one
     stats.send_signal(signal.SIGINT)
     out, err = stats.communicate(timeout=60)
     feed.wait()
@@ -404,10 +416,20 @@ def test_first_ctrl_c_is_ignored_on_a_pipe():
 
 
 def test_second_ctrl_c_prints_what_it_has():
-    feed, stats = pipeline(["-f", "json"], gap=1.0, last=10)
-    time.sleep(1.5)
+    pipe = []
+    feed, stats = pipeline(["-f", "json"], gap=1.0, last=10, watch=pipe)
+    try:
+        wait_ready(stats)
+        first = len(b"".join((DATA / BASIC).read_bytes().splitlines(keepends=True)[:10]))
+        deadline = time.monotonic() + 30  # the feed wrote its first lines, stats read them and waits for more
+        while not (io_counter(feed.pid, "wchar") >= first and unread(pipe[0]) == 0):
+            assert time.monotonic() < deadline and stats.poll() is None
+            time.sleep(0.002)
+        wait_reading_pipe(stats)
+    finally:
+        os.close(pipe[0])
     stats.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    wait_delivered(stats, signal.SIGINT)  # two pending at once would be one
     stats.send_signal(signal.SIGINT)
     out, err = stats.communicate(timeout=60)
     feed.kill()
@@ -417,6 +439,15 @@ def test_second_ctrl_c_prints_what_it_has():
     assert rep["input"]["interrupted"] is True and rep["input"]["complete"] is False
     assert 0 < rep["input"]["records"] < 36
     assert b"Traceback" not in err and b"interrupted" in err
+
+
+def io_counter(pid: int, name: str) -> int:
+    """A counter of /proc/PID/io (rchar, wchar, ...)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(name + ":"))
+    except (OSError, StopIteration):
+        return 0
 
 
 # --- snapshots are somebody else's analysis --------------------------------------

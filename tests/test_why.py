@@ -121,8 +121,8 @@ def test_antagonists_are_the_tasks_that_held_the_cpu():
     g = by_key(report("--antagonists"))
     hog = g[300]
     assert hog["runq_ns"] == 12 * MS and hog["runq_waits"] == 3
-    assert (hog["runq_preempt_ns"], hog["runq_wakeup_ns"]) == (12 * MS, 0)
-    assert (g[100]["runq_preempt_ns"], g[100]["runq_wakeup_ns"]) == (0, 80 * US)
+    assert (hog["runq_preempted_ns"], hog["runq_wakeup_ns"]) == (12 * MS, 0)
+    assert (g[100]["runq_preempted_ns"], g[100]["runq_wakeup_ns"]) == (0, 80 * US)
     assert [(a["tid"], a["ns"], a["pct"]) for a in hog["antagonists"]] == [(301, 12 * MS, 100.0)]
     # dd waits on an idle CPU (its prev_tid is 0): no task held it
     assert [(a["name"], a["ns"]) for a in g[100]["antagonists"]] == [(causes.NOT_SEEN, 80 * US)]

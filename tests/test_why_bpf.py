@@ -118,7 +118,7 @@ def test_two_hogs_on_one_cpu_are_each_other_s_antagonist(tmp_path):
     rep = report(tmp_path, recs, "--antagonists", "--top", "1000")
     for me, other in ((a.pid, b.pid), (b.pid, a.pid)):
         g = group(rep, me)
-        preempt = g["latency"]["runq_preempt"]
+        preempt = g["latency"]["runq_preempted"]
         assert preempt["count"] >= 20, preempt  # they took turns, many times
         held = {x["tid"]: x["ns"] for x in g["antagonists"]}
         # every wait is covered by the slices of the tasks that ran on CPU 1 (all of it the other
@@ -126,6 +126,6 @@ def test_two_hogs_on_one_cpu_are_each_other_s_antagonist(tmp_path):
         assert held.get(None, 0) <= 0.05 * g["runq_ns"], g["antagonists"]
         # ... and the other hog ran only while this one waited (both always runnable, from the
         # same start to the same end): its on-CPU time is the run-queue time it caused
-        assert g["runq_preempt_ns"] >= 0.9 * g["runq_ns"], g  # its waits: after preemption
+        assert g["runq_preempted_ns"] >= 0.9 * g["runq_ns"], g  # its waits: after preemption
         other_ran = group(rep, other)["latency"]["oncpu"]
         assert held[other] >= 0.85 * other_ran["count"] * other_ran["mean_ns"], (held, other_ran)

@@ -1,14 +1,13 @@
-"""Console entry point. Ctrl-C during start-up (imports take a moment) must
-end the program quietly, not with a KeyboardInterrupt traceback: until main()
-installs its own handling, SIGINT keeps its default action."""
-
-import signal
-import sys
-
+"""Console entry point (and `python -m pstate`). The signal helper is
+installed first, before the imports that take a moment: a signal from the
+first moment on ends pstate with its documented exit status, never a
+traceback or a death by the signal half-way through a file
+(pstate.lifecycle)."""
 
 def run() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from pstate import lifecycle
+
+    lifecycle.install()
     from pstate.main import main
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(main())
+    main()

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from pstate import __version__
+from pstate import __version__, lifecycle
 from pstate.exitcodes import ExitCode
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -92,27 +92,39 @@ def cli():
 
 
 def main() -> None:
+    """Run the command line and exit with its status. A signal no command
+    took (pstate.lifecycle) ends it with that signal's status."""
+    lifecycle.install()  # (entry.run did already, before the imports)
+    code = _run()
+    lifecycle.block()
+    left = lifecycle.exit_code()
+    sys.exit(code if code or left is None else left)
+
+
+def _run() -> int:
     try:
         try:
             rv = cli.main(prog_name="pstate", standalone_mode=False)
         except click.exceptions.Abort:
             click.echo("pstate: interrupted", err=True)
-            sys.exit(ExitCode.SIGINT)
+            return int(ExitCode.SIGINT)
         except click.ClickException as e:
             e.show()
-            sys.exit(e.exit_code)
+            return e.exit_code
         except KeyboardInterrupt:
-            sys.exit(ExitCode.SIGINT)
+            return int(ExitCode.SIGINT)
+        except lifecycle.Terminated as e:
+            return lifecycle.code_of(e.signum)
+        except SystemExit as e:
+            rv = e.code
         sys.stdout.flush()
-        if isinstance(rv, int):  # a command's ctx.exit(code) or return code
-            sys.exit(rv)
     except BrokenPipeError:
         # A closed output pipe (`pstate ... | head`) is a normal end, not an error.
         from pstate.stream.streamio import silence_stdout
 
         silence_stdout()
-        sys.exit(ExitCode.OK)
-    sys.exit(ExitCode.OK)
+        return int(ExitCode.OK)
+    return rv if isinstance(rv, int) else int(ExitCode.OK)
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 from pstate.analysis.ingest import feed_file
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import ALL, BLOCKED_PREFIX, RUNQ_PREEMPT, RUNQ_WAKEUP, Aggregator, latency_kind
-from pstate.stream import schema
+from pstate.analysis.timeinstate import ALL, RUNQ_PREEMPTED, RUNQ_WAKEUP, Aggregator, latency_kind
+from pstate.stream import schema, vocab
 from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats
 
@@ -53,6 +53,13 @@ UNKNOWN_WAKER = "[unknown]"
 NOT_SEEN = "[idle or unseen]"
 WHY_BY_KEYS = ("reason",)  # groupings of their own, besides timeinstate.BY_KEYS
 SLICES_PER_CPU = 1 << 16  # on-CPU slices kept per CPU for --antagonists
+
+
+def aggregation_key(by: str) -> str:
+    """The Aggregator's grouping for stats --by BY: BY itself, or for a
+    grouping of the Causes' own (--by reason: the groups are reasons) the
+    processes, whose sums give the report its window, input and accounting."""
+    return "pid" if by in WHY_BY_KEYS else by
 
 
 @dataclass
@@ -86,7 +93,7 @@ class GroupCauses:
     wakers: dict = field(default_factory=dict)  # waker key -> Waker
     runq_ns: int = 0  # run-queue time (after wake-up and preemption) with a known duration
     runq_waits: int = 0
-    runq_kind_ns: dict = field(default_factory=dict)  # RUNQ_WAKEUP / RUNQ_PREEMPT -> ns
+    runq_kind_ns: dict = field(default_factory=dict)  # RUNQ_WAKEUP / RUNQ_PREEMPTED -> ns
     antagonists: dict = field(default_factory=dict)  # tid or NOT_SEEN -> Antagonist
 
     def blocked_ns(self, states=None) -> int:
@@ -121,8 +128,7 @@ class GroupCauses:
 @functools.lru_cache(maxsize=512)
 def blocked_state(state: str) -> bool:
     """Whether time in a state is blocked time (S, D, T, ...), as stats counts it."""
-    kind = latency_kind(state, schema.RUNNABLE)
-    return kind is not None and kind.startswith(BLOCKED_PREFIX)
+    return vocab.is_blocked(state)
 
 
 class Causes:
@@ -218,7 +224,7 @@ class Causes:
                 self._slice(cpu, ts - d, ts, tid)
             elif to == schema.RUNNING:
                 kind = latency_kind(frm, to)
-                if kind in (RUNQ_WAKEUP, RUNQ_PREEMPT):
+                if kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
                     g.runq_kind_ns[kind] = g.runq_kind_ns.get(kind, 0) + d
                     self._wait(g, cpu, ts - d, ts, tid)
 
@@ -307,8 +313,7 @@ def _hist(table: dict, key) -> LogHist:
 def callers(frames: str, reason: str | None, n: int = 3) -> list[str]:
     """The function names of a stack from its reason's frame toward the
     root (at most n after the reason), e.g. for a table cell."""
-    names = [f.split("+", 1)[0].split(" ", 1)[0] for f in frames.split(";")]
-    names.reverse()  # leaf first
+    names = [vocab.frame_name(f) for f in vocab.leaf_first(frames)]
     if reason and reason in names:
         names = names[names.index(reason):]
     return names[:n + 1]

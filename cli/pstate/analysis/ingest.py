@@ -14,7 +14,7 @@ import stat as statmod
 
 import orjson
 
-from pstate import native
+from pstate import lifecycle, native
 from pstate.analysis.timeinstate import LIFECYCLE, Aggregator
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.reader import LineError, StreamReader
@@ -288,7 +288,7 @@ def _part_in_child(args) -> tuple[int, int]:
         code = 0
         try:
             os.close(rfd)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles ^C
+            lifecycle.worker()  # the parent handles ^C
             try:
                 res = digest_part(*args)
             except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it

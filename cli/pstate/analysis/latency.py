@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from pstate.stream.vocab import log2_floor, log2_floor_lower
+
 SUB_BITS = 5  # 32 sub-buckets per octave
 _SUB = 1 << SUB_BITS
 _LOW = _SUB << 1  # values below this are their own bucket (exact)
@@ -150,11 +152,11 @@ class LogHist:
             return []
         by_slot: dict[int, int] = {}
         for idx, n in self.buckets.items():
-            # slot k holds [2^(k-1), 2^k - 1]; slot 1 also holds 0.
-            slot = max(1, (min(max(bucket_mid(idx), self.min), self.max) // unit_ns).bit_length())
+            # slot k (stream.vocab's log2 floor convention) holds [2^(k-1), 2^k - 1]; slot 1 also holds 0.
+            slot = max(1, log2_floor(min(max(bucket_mid(idx), self.min), self.max) // unit_ns))
             by_slot[slot] = by_slot.get(slot, 0) + n
         first = min(by_slot)
-        return [(0 if k == 1 else 1 << (k - 1), (1 << k) - 1, by_slot.get(k, 0))
+        return [(0 if k == 1 else log2_floor_lower(k), log2_floor_lower(k + 1) - 1, by_slot.get(k, 0))
                 for k in range(first, max(by_slot) + 1)]
 
     def to_dict(self) -> dict:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import ONCPU, RUNQ_PREEMPT, RUNQ_WAKEUP, Group, _sort_key, state_order
+from pstate.analysis.timeinstate import ONCPU, RUNQ_PREEMPTED, RUNQ_WAKEUP, Group, _sort_key, state_order
 from pstate.stream import schema
 
 
@@ -29,7 +29,7 @@ SORT_KEYS.update({s: f"time {desc}" for s, (_l, _c, desc) in schema.STATES.items
 
 def _runq(g: Group, what: str) -> int:
     vals = []
-    for kind in (RUNQ_WAKEUP, RUNQ_PREEMPT):
+    for kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
         h = g.latency.get(kind)
         if h is not None and h.count:
             vals.append(h.max if what == "max" else h.percentile(99))

@@ -11,11 +11,8 @@ analysis/latency.py applied to the log2 buckets.
 
 from __future__ import annotations
 
-from typing import IO
-
 from pstate.analysis.latency import bounded_percentile
 from pstate.snapshots import histograms, snapdir
-from pstate.stream.durations import fmt_ns
 
 PERCENTILES = (50, 99)
 _NOT_GROUP = frozenset(("type", "ts", "by", "kind", "count", "sum_ns", *histograms.bucket_fields()))
@@ -65,10 +62,6 @@ def series(snaps: list[snapdir.Snapshot]) -> list[dict]:
     return res
 
 
-KIND_WORDS = {"runq_wakeup": "runq wake-up", "runq_preempted": "runq preempted", "sleeping": "sleeping (S)",
-              "uninterruptible": "disk (D)"}
-
-
 def top_of(entries: list[dict], top: int) -> list[dict]:
     """The first top entries of each kind (series() ranks them by count)."""
     shown: dict[str, int] = {}
@@ -78,32 +71,3 @@ def top_of(entries: list[dict], top: int) -> list[dict]:
         if shown[e["kind"]] <= top:
             out.append(e)
     return out
-
-
-def render_table(entries: list[dict], out: IO[str], top: int, spark) -> None:
-    """Per kind, the top groups by count: p50 and p99 of the first and the
-    last interval, and the p99 of each interval as a sparkline."""
-    out.write("Latency per interval, from the kernel's log2 buckets (each value: its bucket's middle)\n")
-    rows = []
-    for e in top_of(entries, top):
-        s = e["series"]
-        rows.append([e["group"][:30], KIND_WORDS[e["kind"]], e["count"],
-                     f"{fmt_ns(s[0]['p50_ns'])}>{fmt_ns(s[-1]['p50_ns'])}",
-                     f"{fmt_ns(s[0]['p99_ns'])}>{fmt_ns(s[-1]['p99_ns'])}",
-                     spark([p["p99_ns"] for p in s])])
-    by = entries[0]["by"]
-    cells = [[by.upper(), "WAIT", "COUNT", "P50 FIRST>LAST", "P99 FIRST>LAST", "P99 EACH"], *rows]
-    widths = [max(len(str(r[i])) for r in cells) for i in range(6)]
-    for r in cells:
-        out.write("  ".join(str(c).rjust(w) if i == 2 else str(c).ljust(w)
-                            for i, (c, w) in enumerate(zip(r, widths))).rstrip() + "\n")
-
-
-CSV_COLUMNS = ["by", "group", "kind", "interval", "end_ts", "wall_end_ns", "count", "sum_ns",
-               *(f"p{p}_ns" for p in PERCENTILES)]
-
-
-def csv_rows(entries: list[dict]):
-    for e in entries:
-        for p in e["series"]:
-            yield [e["by"], e["group"], e["kind"], *(p[c] for c in CSV_COLUMNS[3:])]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from pstate.analysis import services
 from pstate.analysis.latency import SUB_BITS, LogHist
-from pstate.stream import schema
+from pstate.stream import schema, vocab
 from pstate.stream.meta import TASK_FILTERS, TRANSITION_FILTERS, filters_in_force, stream_window
 from pstate.stream.reader import state_row
 from pstate.stream.streamio import ReadStats
@@ -46,32 +46,18 @@ BY_KEYS = ("pid", "tid", "comm", ALL) + services.BY_KEYS
 NAMED_BY = ("comm", ALL) + services.BY_KEYS
 LIFECYCLE = ("fork", "exec", "exit")
 
-RUNQ_WAKEUP = "runq_wakeup"
-RUNQ_PREEMPT = "runq_preempt"
-ONCPU = "oncpu"
-BLOCKED_PREFIX = "blocked_"
-# Kinds of latency distribution, in display order; blocked_<state> follow.
-LATENCY_KINDS = (RUNQ_WAKEUP, RUNQ_PREEMPT, ONCPU)
+# Kinds of latency distribution (stream.vocab's table), in display order;
+# blocked_<state> follow.
+RUNQ_WAKEUP = vocab.RUNQ_WAKEUP.name
+RUNQ_PREEMPTED = vocab.RUNQ_PREEMPTED.name
+ONCPU = vocab.ONCPU.name
+BLOCKED_PREFIX = vocab.BLOCKED_PREFIX
+LATENCY_KINDS = tuple(k.name for k in vocab.WAIT_KINDS if not k.name.startswith(BLOCKED_PREFIX))
 
-_NOT_BLOCKED = frozenset({schema.RUNNING, schema.RUNNABLE, schema.PREEMPTED, schema.NEW,
-                          schema.UNKNOWN, schema.REAPED, "zombie", "dead"})
 _INVOLUNTARY = frozenset({schema.PREEMPTED, schema.RUNNABLE})
 _GONE = schema.REAPED
 
-
-def latency_kind(frm: str, to: str) -> str | None:
-    """Which latency distribution a transition's dur_ns belongs to."""
-    if to == schema.RUNNING:
-        if frm == schema.RUNNABLE or frm == schema.NEW:
-            return RUNQ_WAKEUP
-        if frm == schema.PREEMPTED:
-            return RUNQ_PREEMPT
-        return None
-    if frm == schema.RUNNING:
-        return ONCPU
-    if frm not in _NOT_BLOCKED:
-        return BLOCKED_PREFIX + frm
-    return None
+latency_kind = vocab.wait_kind  # which latency distribution a transition's dur_ns belongs to
 
 
 def state_order(name: str) -> tuple:

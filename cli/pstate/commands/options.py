@@ -6,6 +6,7 @@ import functools
 
 import click
 
+from pstate.kernel import eventlayout
 from pstate.stream import schema
 from pstate.stream.durations import Duration
 from pstate.stream.filters import Filter
@@ -25,10 +26,8 @@ class Choice(click.Choice):
                 if (c.lower().startswith(low) if not self.case_sensitive else c.startswith(incomplete))]
 
 
-# kernel letter -> state name, for --state D and the like (R is running: the
-# runnable and preempted states share it)
-STATE_LETTERS = {letter: name for name, (letter, _c, _d) in schema.STATES.items()
-                 if name in STATE_NAMES and name not in (schema.RUNNABLE, schema.PREEMPTED)}
+# kernel letter -> state name, for --state D and the like
+STATE_LETTERS = schema.STATE_LETTERS
 
 
 class StateName(Choice):
@@ -82,7 +81,8 @@ def filter_options(fn, *, titles: bool = False):
                           "e.g. D, stopped, preempted). Repeatable."),
         click.option("--min-dur", type=Duration("s"), default=0, metavar="DURATION",
                      help="Only transitions whose left state lasted at least this long, e.g. 5ms."),
-        click.option("--cpu", "cpus", type=click.IntRange(0, 4095), multiple=True, metavar="CPU",
+        click.option("--cpu", "cpus", type=click.IntRange(0, eventlayout.DEFINES["FILTER_CPUS"] - 1), multiple=True,
+                     metavar="CPU",
                      help="Only events on this CPU. Repeatable."),
         click.option("--cgroup", "cgroups", multiple=True, metavar="PATH",
                      help="Only processes in this cgroup (v2 path, e.g. /system.slice/nginx.service) "
@@ -185,3 +185,69 @@ def _old_spelling(arg: str, renamed: dict[str, str]) -> str | None:
                 (not old.startswith("--") and len(old) == 2 and arg.startswith(old) and not arg.startswith("--")):
             return old
     return None
+
+
+def size_bytes(text: str) -> int:
+    """'256M' -> bytes (k/M/G suffixes: --buffer-size, --flight-memory).
+    ValueError or IndexError otherwise."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("b")
+    mult = units.get(t[-1:])
+    return int(float(t[:-1]) * mult if mult else float(t))
+
+
+class Size(click.ParamType):
+    """A size of at least 1M (k/M/G suffixes): --flight-memory."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            n = size_bytes(value)
+        except (ValueError, IndexError):
+            n = 0
+        if n < 1 << 20:
+            self.fail(f"{value!r} is not a size of at least 1M (e.g. 256M, 2G)", param, ctx)
+        return n
+
+
+def flight_options(fn):
+    """record's --flight options, as one argument `flight` (None without --flight)."""
+    opts = [
+        click.option("--flight", "flight_window", type=Duration(), metavar="DURATION",
+                     help="Flight recorder: keep the last DURATION of events in memory and write them to a "
+                          "new file in -o DIR when a --trigger fires or on SIGUSR1; nothing is written before."),
+        click.option("--flight-memory", type=Size(), default="256M", show_default=True, metavar="SIZE",
+                     help="Memory the --flight ring may use; the window shrinks to what fits (the trigger "
+                          "record says which window it covers)."),
+        click.option("--trigger", "triggers", multiple=True, metavar="COND",
+                     help="With --flight: write a file when COND holds: STATE>=DURATION (a task left STATE "
+                          "after at least DURATION, e.g. D>=100ms), runq>=DURATION (a run-queue wait), "
+                          "comm=NAME:STATE (NAME entered STATE). Repeatable."),
+        click.option("--after", "after_ns", type=Duration(), default="1s", show_default=True, metavar="DURATION",
+                     help="With --flight: keep recording this long past a trigger before writing the file."),
+        click.option("--max-dumps", type=click.IntRange(1), default=10, show_default=True, metavar="N",
+                     help="With --flight: write at most N files in a run."),
+        click.option("--hold-off", "hold_off_ns", type=Duration(), default="10s", show_default=True,
+                     metavar="DURATION", help="With --flight: ignore triggers this long after a file was written."),
+    ]
+
+    @functools.wraps(fn)  # keeps the options declared below this bundle
+    def wrapper(**kw):
+        window = kw.pop("flight_window")
+        given = {k: kw.pop(k) for k in ("flight_memory", "triggers", "after_ns", "max_dumps", "hold_off_ns")}
+        if window is None:
+            if given["triggers"]:
+                raise click.UsageError("--trigger needs --flight DURATION")
+            kw["flight"] = None
+        else:
+            kw["flight"] = dict(window_ns=window, memory=given["flight_memory"], triggers=given["triggers"],
+                                after_ns=given["after_ns"], max_dumps=given["max_dumps"],
+                                hold_off_ns=given["hold_off_ns"])
+        return fn(**kw)
+
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
 
 import click
 
-from pstate.snapshots import snapdir
-from pstate.exitcodes import ExitCode, PstateError
-from pstate.stream.filters import Filter
 from pstate.commands.options import input_options, output_options, read_filter_options
-from pstate.stream.replayer import Replayer
-from pstate.stream.streamio import LineWriter, ReadStats, silence_stdout
+from pstate.engines.replay import replay
+from pstate.stream.filters import Filter
 from pstate.stream.timewindow import TimePointType, Window, WindowError
-
-PROG = "pstate replay"
-SNAPSHOT_GLOB = "pstate-snap-*.jsonl"
 
 EPILOG = """\b
 Examples:
@@ -39,31 +30,6 @@ are not waited for. Bad input lines are skipped and counted on stderr
 (--strict: exit 65). Ctrl-C, SIGTERM and a closed pipe end the replay
 normally (exit 0); the first two still write the end trailer.
 """
-
-
-def resolve_sources(files: tuple[str, ...]) -> list[tuple[str, bool]]:
-    """(path, is_snapshot) for every input, checked before anything is written."""
-    sources: list[tuple[str, bool]] = []
-    for f in files or ("-",):
-        if f != "-" and os.path.isdir(f):
-            snaps = snapdir.list_dir(f)
-            if not snaps:
-                raise PstateError(f"{f} holds no snapshots ({SNAPSHOT_GLOB})", ExitCode.NOINPUT,
-                                  hint="give a recording file, or the --dir directory of pstate snap")
-            sources += [(p, True) for p in snaps]
-            continue
-        if f != "-" and not os.path.exists(f):
-            raise PstateError(f"cannot open {f}: No such file or directory", ExitCode.NOINPUT)
-        sources.append((f, False))
-    return sources
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
 
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -100,47 +66,5 @@ def cli(speed, no_wait, begin, end, filt: Filter, output, unbuffered, files, str
         raise click.UsageError(str(e)) from None
     if not files and sys.stdin.isatty():
         raise click.UsageError("no input: give a recording file or a snapshot directory, or pipe a stream in")
-    sources = resolve_sources(files)
-    if filt.active and any(snap for _p, snap in sources):
-        raise click.UsageError("filters select events of recordings; they do not apply to snapshot directories")
-    if output and output != "-" and any(_same_file(output, p) for p, _s in sources if p != "-"):
-        raise click.UsageError(f"the output {output} is also an input")
-
-    stats = ReadStats()
-    writer = LineWriter(output, unbuffered=unbuffered)
-    rep = Replayer(writer, speed=None if no_wait else (speed or 1.0), filt=filt, window=window,
-                   strict=strict, stats=stats)
-    old = _install_signals(rep)
-    try:
-        rep.run(sources)
-        writer.close(sync=bool(output and output != "-"))
-    except BrokenPipeError:
-        # `pstate replay rec.jsonl | head`: the reader has all it wanted.
-        if not writer.owned:
-            silence_stdout()
-        return
-    except OSError as e:
-        raise PstateError(f"writing {output or 'standard output'} failed: {e.strerror or e}",
-                          ExitCode.IOERR) from None
-    finally:
-        _restore_signals(old)
-    note = rep.window_note()
-    if note:
-        print(f"{PROG}: warning: {note}", file=sys.stderr)
-    code = stats.report(PROG, strict=strict, lost=False)  # its loss records are in the output
-    if code:
-        sys.exit(code)
-
-
-def _install_signals(rep: Replayer) -> dict:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    old = {}
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        old[s] = signal.signal(s, rep.on_signal)
-    return old
-
-
-def _restore_signals(old: dict) -> None:
-    for s, h in old.items():
-        signal.signal(s, h)
+    sys.exit(replay(files, speed=None if no_wait else (speed or 1.0), window=window, filt=filt, output=output,
+                    unbuffered=unbuffered, strict=strict))

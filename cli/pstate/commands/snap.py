@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import grp
-import os
 import sys
-import time
 
 import click
 
-from pstate.kernel import loader, probeplan
-from pstate.snapshots import collector as resident, snapdir
-from pstate.stream.durations import Duration
 from pstate.commands.options import RenamedCommand, probes_option
-from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel.kstates import KernelStates
-from pstate.stream.meta import meta_record
-from pstate.snapshots.taskmaps import BpfCollector, boottime_offset_ns, defines_for  # noqa: F401
-from pstate.snapshots.writer import Plan, SnapDir, Snapper, Stopper
+from pstate.engines.snap import snap
+from pstate.stream.durations import Duration
 
 EPILOG = """\b
 Examples:
@@ -91,14 +83,6 @@ that follows no symbolic link), --stop removes only pins the manifest
 proves pstate made, and --start starts no second one.
 """
 
-def make_collector(prog: loader.Program, ks: KernelStates, loaded_ts: int) -> BpfCollector:
-    return BpfCollector(prog, ks, loaded_ts)
-
-
-def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None,
-                 probes: str | None = None) -> loader.Program:
-    return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers, probes)
-
 
 def _gid(group: str | None) -> int | None:
     if group is None:
@@ -164,220 +148,28 @@ def cli(out_dir, interval, count, every, clear, fmt, prom_by, keep, max_age, max
     snapshot and exits: run it from cron, and analyse the directory later
     with `pstate stats DIR/` (trends, churn, leak suspects).
     """
-    if action is not None and not ebpf:
-        return _collector_command(action, max_tasks, kernel_headers, probes, quiet, resident.pin_root(pin_dir))
-    if out_dir is None and not ebpf:
+    if out_dir is None and not ebpf and action is None:
         raise click.UsageError("Missing option '--dir' (the directory for the snapshot files).")
     explicit = [o for o, v in (("--interval", interval), ("--count", count), ("--every", every), ("--clear", clear))
                 if v not in (None, False)]
-    if quiet and verbose:
-        raise click.UsageError("--quiet and --verbose contradict each other: give one")
-    if every is not None and interval is not None and every != interval:
-        raise click.UsageError("--every is the interval of a running snap: give --every or --interval, not both")
-    if every is not None:
-        interval = every
-        count = 0 if count is None else count
-    interval = interval if interval is not None else 5_000_000_000
-    count = 1 if count is None else count
-    if interval < 10_000_000:
-        raise click.BadParameter("must be at least 10ms", param_hint="--interval/--every")
-    if fmt == "prom" and clear:
-        raise click.UsageError("--format prom writes counters, which are cumulative: drop --clear")
-    if fmt == "prom" and (keep is not None or max_age is not None):
-        raise click.UsageError("--format prom keeps one file (pstate-snap.prom): --keep and --max-age do not apply")
-    gid = _gid(group)
-    ks = loader.kernel_states(ebpf)
-    if ebpf:
-        click.echo(loader.program_text("snap", defines_for(ks, max_tasks), probes))
-        return
-
-    def log(msg: str) -> None:
-        if verbose:
-            print(f"pstate snap: {msg}", file=sys.stderr, flush=True)
-
-    loader.check_privileges()  # before anything is created in DIR
-    found = running_collector(resident.pin_root(pin_dir))
-    if found is not None:
-        return _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explicit, quiet, log)
-    if not quiet and count == 1 and (verbose or sys.stderr.isatty()):  # cron mails nothing on success
-        print(f"pstate snap: no collector is running: this snapshot covers the next {interval / 1e9:g}s "
-              "(`pstate snap --start` keeps one counting in the kernel)", file=sys.stderr)
-    stopper = Stopper().install()
-    out = prog = collector = None
-    try:
-        out = SnapDir(out_dir, gid=gid)
-        _lock(out, quiet)
-        if stopper.stopped:
-            sys.exit(stopper.exit_code())
-        loaded_ts = time.monotonic_ns()
-        prog = load_program(ks, max_tasks, kernel_headers, probes=probes)
-        meta = meta_record("snap", ks)
-        meta.update({"max_tasks": max_tasks, "interval_ns": interval, "format": fmt, **prog.plan.meta()})
-        plan = Plan(fmt=fmt, interval_ns=interval, count=count, clear=clear, keep=keep, max_age_ns=max_age,
-                    prom_by=prom_by)
-        collector = make_collector(prog, ks, loaded_ts)
-        snapper = Snapper(out, collector, plan, meta, stopper, log)
-        log(f"collecting into {out_dir}, {'until stopped' if count == 0 else f'{count} snapshot(s)'}, "
-            f"every {interval / 1e9:g}s")
-        code = snapper.run()
-        if code:
-            _status_failed(out, f"interrupted by signal {stopper.signum} before the snapshot was written")
-    except PstateError as e:
-        if out is not None and out.lock_fd is not None:
-            _status_failed(out, e.message)
-        raise
-    finally:
-        if collector is not None and hasattr(collector, "close"):
-            collector.close()
-        if prog is not None:
-            prog.close()
-        if out is not None:
-            out.close()
-        stopper.restore()
-    if code:
-        sys.exit(code)
-
-
-def running_collector(root: str = resident.PIN_ROOT):
-    """The running collector's pins (checked to be of this pstate's layout), or None."""
-    found = resident.find(root)
-    if found is not None:
-        try:
-            resident.check_layout(found)
-        except PstateError:
-            found.close()
-            raise
-    return found
-
-
-def _collector_command(action: str, max_tasks: int, kernel_headers, probes, quiet: bool,
-                       root: str = resident.PIN_ROOT) -> None:
-    def say(msg: str) -> None:
-        if not quiet:
-            print(f"pstate snap: {msg}", file=sys.stderr)
-
-    def notes(sv: resident.Survey) -> None:
-        for s in sv.partial:
-            say(f"a start killed half-way left pins in {s.dir} (`pstate snap --stop` removes them)")
-        for s in sv.starting:
-            say(f"a start under way (pid {s.doc.get('pid', '?')}) is pinning in {s.dir}: left alone")
-        if sv.root_problem:
-            say(f"the pin directory {sv.root_problem}: `pstate snap --start` refuses it (another user could move "
-                f"or hide the collector there); fix: {resident.root_fix(root)}")
-
-    cut_hint = ("`bpftool map show name pstate_meta` lists the collectors' manifests the kernel holds; remove what "
-                "other users made in bpffs (as root), then run this again")
-    if action == "status":
-        sv = resident.survey(root)
-        try:
-            if not sv.running:
-                notes(sv)
-                if sv.cut:
-                    raise PstateError(f"no collector found, but the search of bpffs was cut short ({sv.cut}): one "
-                                      "pinned beyond it would not be seen", ExitCode.FAILURE, hint=cut_hint)
-                say("no collector is running (`pstate snap --start` starts one)")
-                sys.exit(int(ExitCode.FAILURE))
-            for found in sv.running:
-                for line in resident.status_lines(resident.describe(found)):
-                    click.echo(line)
-            if len(sv.running) > 1:
-                say(f"{len(sv.running)} collectors are running, each counting (and costing) on its own: "
-                    "`pstate snap --restart` leaves one")
-            notes(sv)
-            if sv.cut:
-                say(f"the search of bpffs was cut short ({sv.cut}): a collector pinned beyond it would not be seen")
-        finally:
-            sv.close()
-        return
-    if action in ("stop", "restart"):
-        doc, left, sv = resident.stop(root)
-        if left:
-            raise PstateError(f"the collector is stopped, but pins stay that pstate cannot prove it made, or that sit "
-                              f"where another user could swap them: {', '.join(left)}", ExitCode.FAILURE,
-                              hint="remove them by hand if they are not another tool's (bpftool map show / link show "
-                              "tell what they are)")
-        say("collector stopped: its programs, links and maps are gone" if doc else "no collector was running")
-        for s in sv.starting:
-            say(f"a start under way (pid {s.doc.get('pid', '?')}) is pinning in {s.dir}: left alone")
-        if sv.cut:
-            raise PstateError(f"the search of bpffs was cut short ({sv.cut}): a collector pinned beyond it, if any, "
-                              "is still running", ExitCode.FAILURE, hint=cut_hint)
-        if action == "stop":
-            if sv.root_problem:
-                say(f"the pin directory {sv.root_problem}: the next `pstate snap --start` refuses it; "
-                    f"fix: {resident.root_fix(root)}")
-            return
-    ks = loader.kernel_states()
-    doc, started, said = resident.start(ks, max_tasks, kernel_headers, probes, root)
-    for note in said:
-        say(note)
-    if started:
-        say(f"collector started on the {doc['probes']} path, pinned in {os.path.join(root, resident.PIN_NAME)}: "
-            "`pstate snap --dir DIR` writes a snapshot of it, `pstate snap --stop` removes it")
-    else:
-        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(doc["started_wall_ns"] // 1_000_000_000))
-        say(f"a collector is already running (since {since})")
-
-
-def _from_collector(found, ks, out_dir, gid, fmt, prom_by, keep, max_age, explicit, quiet, log) -> None:
-    """One snapshot of the running collector, at once."""
-    if explicit:
-        found.close()
-        raise click.UsageError(f"a collector is running: each snap run writes one snapshot of it at once, "
-                               f"so {', '.join(explicit)} {'does' if len(explicit) == 1 else 'do'} not apply "
-                               "(`pstate snap --stop` stops it)")
-    doc = found.doc
-    stopper = Stopper().install()
-    out = reader = None
-    code = 0
-    try:
-        prog = resident.PinnedProgram(found)
-        out = SnapDir(out_dir, gid=gid)
-        _lock(out, quiet)
-        state = resident.load_state(out, doc)
-        reader = resident.PinnedCollector(prog, ks, state)
-        meta = meta_record("snap", ks)
-        meta.update({"max_tasks": doc["max_tasks"], "interval_ns": 0, "format": fmt,
-                     **{k: doc[k] for k in probeplan.META_FIELDS if k in doc}, "collector_id": doc["id"],
-                     "prev_ts": state.get("ts")})
-        plan = Plan(fmt=fmt, interval_ns=0, count=1, keep=keep, max_age_ns=max_age, prom_by=prom_by)
-        snapper = Snapper(out, reader, plan, meta, stopper, log)
-        snapper.run_id = doc["id"]  # one collector, one run: its snapshots subtract
-        resident.restore(state, snapper)
-        code = snapper.run()
-        if code:
-            _status_failed(out, f"interrupted by signal {stopper.signum} before the snapshot was written")
-        else:
-            resident.save_state(out, doc, snapper, reader)
-            reader.commit(resident.reader_id(out))
-    except PstateError as e:
-        if out is not None and out.lock_fd is not None:
-            _status_failed(out, e.message)
-        raise
-    finally:
-        if reader is not None:
-            reader.close()
-        found.close()
-        if out is not None:
-            out.close()
-        stopper.restore()
-    if code:
-        sys.exit(code)
-
-
-def _lock(out: SnapDir, quiet: bool) -> None:
-    """Take DIR's lock, and remove the temp files killed runs left there."""
-    out.lock()
-    stale = out.clean_temps()
-    if stale and not quiet:
-        print(f"pstate snap: removed {stale} temp file{'s' if stale != 1 else ''} an interrupted run left "
-              f"in {out.path}", file=sys.stderr)
-
-
-def _status_failed(out: SnapDir, message: str) -> None:
-    try:
-        out.write_status({"ok": False, "ts": time.monotonic_ns(), "wall_ns": time.time_ns(), "file": None,
-                          "pid": os.getpid(), "error": message.split("\n", 1)[0]})
-    except PstateError:
-        print(f"pstate snap: could not record the failure in {out.where(snapdir.STATUS_NAME)} either",
-              file=sys.stderr)
+    if action is None or ebpf:
+        if quiet and verbose:
+            raise click.UsageError("--quiet and --verbose contradict each other: give one")
+        if every is not None and interval is not None and every != interval:
+            raise click.UsageError("--every is the interval of a running snap: give --every or --interval, not both")
+        if every is not None:
+            interval = every
+            count = 0 if count is None else count
+        interval = interval if interval is not None else 5_000_000_000
+        count = 1 if count is None else count
+        if interval < 10_000_000:
+            raise click.BadParameter("must be at least 10ms", param_hint="--interval/--every")
+        if fmt == "prom" and clear:
+            raise click.UsageError("--format prom writes counters, which are cumulative: drop --clear")
+        if fmt == "prom" and (keep is not None or max_age is not None):
+            raise click.UsageError("--format prom keeps one file (pstate-snap.prom): --keep and --max-age do not "
+                                   "apply")
+    sys.exit(snap(out_dir=out_dir, interval=interval, count=count, clear=clear, fmt=fmt, prom_by=prom_by, keep=keep,
+                  max_age=max_age, max_tasks=max_tasks, gid=_gid(group) if action is None or ebpf else None,
+                  kernel_headers=kernel_headers, verbose=verbose, quiet=quiet, action=action, pin_dir=pin_dir,
+                  probes=probes, ebpf=ebpf, explicit=explicit))

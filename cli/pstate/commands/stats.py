@@ -3,36 +3,20 @@
 from __future__ import annotations
 
 import os
-import select
-import signal
-import stat as statmod
 import sys
-import time
 
 import click
 
-from pstate.stream import schema
-from pstate.render import tables
-from pstate.analysis import timeinstate
-from pstate.analysis import ingest
-from pstate.analysis import selection
-from pstate.analysis import causes
-from pstate.render import whytables
-from pstate.stream.durations import Duration, parse_ns
+from pstate.analysis import selection, timeinstate
+from pstate.commands.options import StateName, read_filter_options
+from pstate.engines.stats import stats
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.commands.options import STATE_LETTERS, StateName, read_filter_options
-from pstate.stream.streamio import ReadStats, open_input
-from pstate.stream.reader import read_records
-from pstate.stream.meta import boot_id
-from pstate.snapshots import snapdir
+from pstate.render import tables, whytables
+from pstate.stream import schema
+from pstate.stream.durations import Duration, parse_ns
 
-PROG = "pstate stats"
 FORMATS = ("table", "json", "csv", "dot", "folded")
 BY_CHOICES = timeinstate.BY_KEYS + ("reason",)
-CHUNK = 1 << 20
-# Reads from files: the native loop writes its sums back once per chunk, so
-# bigger chunks mean fewer cold Python objects touched per event.
-FILE_CHUNK = 8 << 20
 
 EPILOG = """\b
 Examples:
@@ -107,31 +91,7 @@ which gets it too, can end the stream) and prints at end of input; a second
 Ctrl-C prints what it has at once.
 
 \b
---format json writes one JSON object (one per line, one per interval, with
---interval):
-  type "stats", schema 1, by, window {start_ts, end_ts, duration_ns},
-  interval {seq, start_ts, end_ts} (with --interval),
-  input {lines, records, events, skipped {reason: n}, skipped_total,
-    truncated_tail, lost {reason: n}, lost_total, lost_pct, complete,
-    interrupted},
-  accounting {tasks, groups, groups_shown, tasks_whole_window,
-    max_abs_deviation_ns, total_abs_deviation_ns, null_dur_transitions,
-    unobserved_ns, max_deviation_tid, max_deviation_comm,
-    impossible_transitions, oncpu_exceeds_cpus [keys]},
-  ledger {time_in_state (false: states {} and observed_ns null),
-    transition_filters, task_filters, read_filters (those stats applied), cut},
-  groups [{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
-    threads (by pid, comm), processes (by comm), comm, observed_ns,
-    unobserved_ns, oncpu_exceeds_cpus, states {STATE: {ns, pct}},
-    transitions, voluntary, involuntary, impossible, null_dur, forks, execs, exits,
-    latency {KIND: {count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
-      hist_unit, hist [[lo, hi, count]] (with --hist)}},
-    matrix (with --matrix)}],
-  matrix [{from, to, count, mean_ns, total_ns}] (with --matrix),
-  rest, total (when --top hides groups: the hidden groups summed up, and
-    all the groups chosen; shown + rest = total, figure by figure).
-KIND is runq_wakeup, runq_preempt, oncpu or blocked_STATE.
-\b
+""" + tables.REPORT_FIELDS + """\b
 Why (--stacks, --wakers, --antagonists, --by reason, --format folded): read
 the whole input as records (no --interval; csv has no columns for them).
 --stacks ranks, per group, the kernel stacks of the blocked intervals that
@@ -145,13 +105,7 @@ irq or softirq, or [unknown]. --antagonists: per group, the run-queue time
 (after a wake-up and after a preemption) and the tasks whose on-CPU slices
 on the CPU it then got fall within it; "[idle or unseen]" is the rest (the
 CPU idle, a task the recording left out). Rows per group: --top N, else 5.
-json adds to every group: blocked_ns, stacks [{state, reason, frames, count,
-total_ns, p50_ns, p99_ns, max_ns}], reasons [{state, reason, count, ...}]
-(--stacks); wakers [{kind (task, irq, softirq, unknown), tid, pid, comm,
-name, count, ended_ns}]; runq_ns (runq_wakeup_ns after a wake-up plus
-runq_preempt_ns after a preemption), runq_waits, antagonists [{tid, pid, comm,
-name, ns, pct, waits}]; and a "why" object says which were asked for.
-
+""" + whytables.WHY_FIELDS + """
 \b
 --format csv writes one row per group (fixed columns: STATE_ns for every
 state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row
@@ -248,29 +202,14 @@ def cli(ctx, files, by, top, sort_key, in_states, min_time, hist, with_matrix, s
     if sources == ["-"] and sys.stdin.isatty():
         raise PstateError("standard input is a terminal, not a stream", ExitCode.USAGE,
                           hint="pipe one in (pstate record | pstate stats) or give a file")
-    if _is_snapshot_input(sources):
-        ctx.exit(_snapshots(sources, fmt=fmt, top=top, by=by, strict=strict, interval=interval,
-                            ignored={"--hist": hist, "--matrix": with_matrix, "--sort": sort_key,
-                                     "--in-state": in_states, "--min-time": min_time, "--stacks": stack_states,
-                                     "--wakers": wakers, "--antagonists": antagonists,
-                                     "the event filters": filt.active}))
-    why = _why_options(by, stack_states, wakers, antagonists, fmt, interval)
     opts = dict(states=tuple(dict.fromkeys(in_states)), min_dur_ns=min_time, sort=sort_key, top=top,
                 hist=hist, with_matrix=with_matrix or (fmt == "dot" and not wakers), fmt=fmt,
-                timestamp=timestamp, why=why)
-    out = sys.stdout
-    stats = ReadStats()
-    agg = timeinstate.Aggregator(by if by in timeinstate.BY_KEYS else "pid")
-    with PipeInterruptGuard(sources):
-        if why:
-            code = _run_why(sources, agg, stats, out, strict=strict, opts=opts, by=by, reader=reader, filt=filt)
-        elif interval:
-            code = _run_intervals(sources, agg, stats, out, strict=strict, interval_ns=interval,
-                                  count=count, opts=opts, filt=filt)
-        else:
-            code = _run_once(sources, agg, stats, out, strict=strict, reader=reader, opts=opts,
-                             jobs=jobs or _cpus(), filt=filt)
-    ctx.exit(code)
+                timestamp=timestamp, why=None)
+    ignored = {"--hist": hist, "--matrix": with_matrix, "--sort": sort_key, "--in-state": in_states,
+               "--min-time": min_time, "--stacks": stack_states, "--wakers": wakers, "--antagonists": antagonists,
+               "the event filters": filt.active}
+    ctx.exit(stats(sources, by=by, interval=interval, count=count, strict=strict, reader=reader, jobs=jobs,
+                   filt=filt, opts=opts, why=(stack_states, wakers, antagonists), ignored=ignored))
 
 
 def interval_positionals(files: tuple, interval, count) -> tuple[tuple, int | None, int | None]:
@@ -299,385 +238,3 @@ def _number(text: str, first: bool) -> bool:
     except ValueError:
         return False
     return True
-
-
-# --- whole input ---------------------------------------------------------------
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _run_once(sources, agg, stats, out, *, strict, reader, opts, jobs=1, filt=None) -> int:
-    interrupted = False
-    try:
-        ingest.digest_files(sources, agg, stats, strict=strict, chunk=FILE_CHUNK, jobs=jobs,
-                            use_native=reader == "fast", filt=filt)
-    except KeyboardInterrupt:
-        interrupted = True
-    summary = agg.summarise(stats)
-    summary.interrupted = interrupted
-    _refuse_snapshot_stream(summary)
-    _emit(summary, out, opts)
-    code = stats.report(PROG, strict=strict)
-    if interrupted:
-        print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
-        return int(ExitCode.SIGINT)
-    return code
-
-
-# --- why: --stacks, --wakers, --antagonists, --by reason -------------------------
-
-
-def _why_options(by, stack_states, wakers, antagonists, fmt, interval) -> dict | None:
-    """What the why views need ({stacks, states, wakers, antagonists}), or
-    None when no such view is asked for."""
-    if fmt == "folded" or by == "reason":
-        stack_states = stack_states or "all"
-    if not (stack_states or wakers or antagonists):
-        return None
-    if interval:
-        raise click.UsageError("--stacks, --wakers, --antagonists, --by reason and --format folded "
-                               "summarise the whole input, not --interval")
-    if fmt == "csv":
-        raise click.UsageError("--format csv has no columns for stacks, wakers or antagonists: use json")
-    if fmt == "dot" and by == "reason" and not wakers:
-        raise click.UsageError("--by reason has no state graph: add --wakers for the wake-up graph")
-    return {"stacks": bool(stack_states), "states": _blocked_states(stack_states), "wakers": wakers,
-            "antagonists": antagonists}
-
-
-def _blocked_states(spec: str | None) -> frozenset | None:
-    """--stacks' states as stream state names (None: every state)."""
-    if not spec or spec == "all":
-        return None
-    out = set()
-    for part in (p.strip() for p in spec.split(",")):
-        name = STATE_LETTERS.get(part) or (part if part in schema.STATES else None)
-        if not name:
-            raise click.BadParameter(f"{part!r} is not a state (letters such as D or S, or names such as "
-                                     "uninterruptible)", param_hint="'--stacks'")
-        out.add(name)
-    return frozenset(out)
-
-
-def _run_why(sources, agg, stats, out, *, strict, opts, by, reader, filt) -> int:
-    """The whole input through the one reader: the Aggregator and the Causes
-    read the same rows and records (causes.digest)."""
-    why = opts["why"]
-    found = causes.Causes(by, stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"])
-    interrupted = False
-    try:
-        causes.digest(sources, agg, found, stats, strict=strict, use_native=reader == "fast", chunk=FILE_CHUNK,
-                      filt=filt)
-    except KeyboardInterrupt:
-        interrupted = True
-    summary = agg.summarise(stats)
-    summary.interrupted = interrupted
-    found.finish(summary.end_ts)
-    _refuse_snapshot_stream(summary)
-    _emit_why(summary, found, out, opts, by)
-    code = stats.report(PROG, strict=strict)
-    if interrupted:
-        print(f"{PROG}: interrupted; the summary covers the input read so far", file=sys.stderr)
-        return int(ExitCode.SIGINT)
-    return code
-
-
-def _emit_why(summary, found, out, opts, by) -> None:
-    why = opts["why"]
-    states = why["states"] if why["states"] is not None else found.stack_states()  # --stacks alone
-    kw = dict(top=opts["top"], stacks=why["stacks"], wakers=why["wakers"], antagonists=why["antagonists"],
-              states=states)
-    fmt = opts["fmt"]
-    if by in causes.WHY_BY_KEYS:
-        rep = tables.build_report(summary, [])
-        groups = whytables.reason_groups(found, **{**kw, "top": None})
-        rep["by"] = by
-        rep["accounting"]["groups"] = len(groups)
-        rep["groups"] = groups[:opts["top"]] if opts["top"] else groups
-        rep["accounting"]["groups_shown"] = len(rep["groups"])
-        rep["why"] = {"stacks": why["stacks"], "wakers": why["wakers"], "antagonists": why["antagonists"],
-                      "stack_records": found.has_stacks, "rows_per_group": None}
-    else:
-        groups = selection.select(summary.groups, states=opts["states"], min_dur_ns=opts["min_dur_ns"],
-                                  sort=opts["sort"], top=opts["top"])
-        rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"])
-        whytables.attach(rep, found, **kw)
-    if fmt == "json":
-        text = tables.render_json(rep)
-    elif fmt == "folded":
-        text = whytables.render_folded(found, [g["key"] for g in rep["groups"]], states)
-    elif fmt == "dot":
-        text = whytables.render_wake_dot(rep) if why["wakers"] else tables.render_dot(rep)
-    elif by in causes.WHY_BY_KEYS:
-        text = whytables.render_reason_table(rep)
-    else:
-        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
-        text += "\n".join(whytables.render_tables(rep)) + "\n"
-    out.write(text)
-    out.flush()
-
-
-def _refuse_snapshot_stream(summary) -> None:
-    """Snapshots replayed into a pipe (pstate replay DIR | pstate stats) hold
-    no transitions: say where their analysis is instead of "0 events"."""
-    if summary.events or not any(m.get("source") == "snap" for m in summary.stats.metas):
-        return
-    raise PstateError("the input holds snapshots (from pstate snap), not an event stream",
-                      ExitCode.DATAERR,
-                      hint="give the snapshot directory or files to stats itself: pstate stats DIR/")
-
-
-def _emit(summary, out, opts, banner: str | None = None) -> None:
-    groups, rest, total = selection.select_with_rest(summary.groups, states=opts["states"],
-                                                     min_dur_ns=opts["min_dur_ns"], sort=opts["sort"],
-                                                     top=opts["top"])
-    rep = tables.build_report(summary, groups, hist=opts["hist"], with_matrix=opts["with_matrix"],
-                              rest=rest, total=total)
-    fmt = opts["fmt"]
-    if fmt == "json":
-        text = tables.render_json(rep)
-    elif fmt == "csv":
-        seq = (summary.interval or {}).get("seq", 1)
-        text = tables.render_csv(rep, with_matrix=opts["with_matrix"], header=seq == 1)
-    elif fmt == "dot":
-        text = tables.render_dot(rep)
-    else:
-        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
-        if banner:
-            text = banner + "\n" + text
-    out.write(text)
-    out.flush()
-
-
-# --- --interval ----------------------------------------------------------------
-
-
-def _run_intervals(sources, agg, stats, out, *, strict, interval_ns, count, opts, filt=None) -> int:
-    """Per-interval summaries. Pipes and terminals tick on the wall clock
-    (the interval fires even when nothing arrives); regular files tick on
-    the recorded time."""
-    runner = IntervalRunner(agg, stats, out, interval_ns=interval_ns, count=count, opts=opts, filt=filt)
-    interrupted = False
-    try:
-        for src in sources:
-            if runner.done:
-                break
-            if _is_regular(src):
-                runner.file(src, strict=strict)
-            else:
-                runner.stream(src, strict=strict)
-        if not runner.done:
-            runner.finish()
-    except KeyboardInterrupt:
-        interrupted = True
-        if not runner.done:
-            runner.tick(final=True, interrupted=True)
-    code = stats.report(PROG, strict=strict)
-    return int(ExitCode.SIGINT) if interrupted else code
-
-
-class IntervalRunner:
-    def __init__(self, agg, stats, out, *, interval_ns, count, opts, filt=None):
-        self.agg = agg
-        self.filt = filt
-        self.stats = stats
-        self.out = out
-        self.interval_ns = interval_ns
-        self.count = count
-        self.opts = opts
-        self.seq = 0
-        self.done = False
-        self.live = False  # a pipe was read: intervals on the wall clock
-        self.t0: int | None = None  # data-time start of the current interval
-        self.mark = stats.mark()  # the input counts when the current interval began
-        self.next_wall = time.monotonic() + interval_ns / 1e9
-        self.dig = ingest.LineDigester(agg, stats, strict=False, filt=filt)
-
-    def window_start(self) -> int | None:
-        if self.t0 is not None:
-            return self.t0
-        if self.agg.clip_ts is not None:  # a cut stream's window_begin_ts
-            return self.agg.clip_ts
-        metas = [m.get("ts") for m in self.stats.metas if type(m.get("ts")) is int]
-        return min(metas) if metas else self.agg.first_ts()
-
-    def tick(self, end_ts: int | None = None, final: bool = False, interrupted: bool = False) -> None:
-        """Print the interval ending at end_ts (data time), start the next."""
-        self.agg.sync()
-        start = self.window_start()
-        if end_ts is None:
-            end_ts = self._now_ts(start)
-        if final and self.seq and not self.agg.events and (end_ts is None or end_ts == start):
-            return  # nothing since the last summary
-        self.seq += 1
-        summary = self.agg.summarise(self.stats.since(self.mark), start_ts=start, end_ts=end_ts)
-        self.mark = self.stats.mark()
-        summary.interval = {"seq": self.seq, "start_ts": start, "end_ts": end_ts}
-        summary.interrupted = interrupted
-        _emit(summary, self.out, self.opts, banner=self._banner(summary))
-        if end_ts is not None:
-            self.t0 = end_ts
-            self.agg.start_interval(end_ts)
-        if self.count and self.seq >= self.count:
-            self.done = True
-
-    def finish(self) -> None:
-        """The last summaries: for files (recorded time), every whole
-        interval up to the stream's end record, then the partial one; for a
-        live stream, the partial one."""
-        end = self.end_ts()
-        if end is not None and self.t0 is not None and not self.live:
-            while end > self.t0 + self.interval_ns and not self.done:
-                self.tick(end_ts=self.t0 + self.interval_ns)
-        if not self.done:
-            self.tick(end_ts=end, final=True)
-
-    def end_ts(self) -> int | None:
-        """Where the stream said it ended (its end records), if it did."""
-        ends = [e.get("ts") for e in self.stats.ends if type(e.get("ts")) is int]
-        if not ends:
-            return None
-        last = self.agg.last_ts()
-        return max(ends + ([last] if last is not None else []))
-
-    def _now_ts(self, start) -> int | None:
-        """The current time in the stream's clock: the live monotonic clock
-        when the stream comes from this boot, else the last event seen."""
-        last = self.agg.last_ts()
-        meta = self.stats.metas[-1] if self.stats.metas else None
-        if meta and not meta.get("replayed") and meta.get("boot_id") and meta.get("boot_id") == boot_id():
-            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            return max(now, last or 0, start or 0)
-        if last is None:
-            return start
-        return max(last, start or last)
-
-    def _banner(self, summary) -> str | None:
-        meta = self.stats.metas[0] if self.stats.metas else {}
-        wall = None
-        if type(meta.get("wall_ns")) is int and type(meta.get("ts")) is int and summary.end_ts is not None:
-            wall = meta["wall_ns"] + (summary.end_ts - meta["ts"])
-        elif self.opts.get("timestamp"):
-            wall = time.time_ns()
-        return tables.interval_banner(wall)
-
-    # A regular file: intervals of recorded time, exact at record granularity.
-    def file(self, src: str, *, strict: bool) -> None:
-        agg = self.agg
-        for rec in read_records([src], self.stats, strict=strict, filt=self.filt):
-            t = rec["type"]
-            if t == "meta":
-                agg.begin_window(rec)  # a cut stream: clipped to its window
-            if t in ("process", "cgroup"):
-                agg.add_record(rec)  # (--by title and the like)
-                continue
-            if t != "state" and t not in timeinstate.LIFECYCLE:
-                continue
-            ts = rec["ts"]
-            if self.t0 is None:
-                self.t0 = self.window_start() if self.stats.metas else ts
-            while ts >= self.t0 + self.interval_ns:
-                self.tick(end_ts=self.t0 + self.interval_ns)
-                if self.done:
-                    return
-            agg.add_record(rec)
-
-    # A pipe or a terminal: wall-clock intervals, select() so they fire with no input.
-    def stream(self, src: str, *, strict: bool) -> None:
-        self.live = True
-        fp = open_input(src, decompress=False)  # select() and os.read on its descriptor
-        fd = fp.fileno()
-        dig = self.dig
-        dig.strict = strict
-        dig.begin("<stdin>" if src == "-" else src)
-        try:
-            while not self.done:
-                timeout = max(0.0, self.next_wall - time.monotonic())
-                ready, _w, _x = select.select([fd], [], [], timeout)
-                if ready:
-                    data = os.read(fd, CHUNK)
-                    if not data:
-                        dig.end()
-                        return
-                    dig.feed(data)
-                if time.monotonic() >= self.next_wall:
-                    self.next_wall += self.interval_ns / 1e9
-                    if self.next_wall < time.monotonic():  # we fell behind: skip, don't burst
-                        self.next_wall = time.monotonic() + self.interval_ns / 1e9
-                    self.tick()
-        finally:
-            if fp is not sys.stdin.buffer:
-                fp.close()
-
-
-# --- inputs ---------------------------------------------------------------------
-
-
-def _is_regular(src: str) -> bool:
-    try:
-        st = os.fstat(sys.stdin.fileno()) if src == "-" else os.stat(src)
-    except (OSError, ValueError):
-        return False
-    return statmod.S_ISREG(st.st_mode)
-
-
-def _is_pipe(src: str) -> bool:
-    try:
-        st = os.fstat(sys.stdin.fileno()) if src == "-" else os.stat(src)
-    except (OSError, ValueError):
-        return False
-    return statmod.S_ISFIFO(st.st_mode) or statmod.S_ISSOCK(st.st_mode)
-
-
-class PipeInterruptGuard:
-    """While reading a pipe, the first SIGINT is ignored: Ctrl-C reaches the
-    whole pipeline, and `pstate record` answers it by writing its trailer and
-    closing the pipe, after which stats prints the summary. A second SIGINT
-    stops reading at once (KeyboardInterrupt, caught by the caller)."""
-
-    def __init__(self, sources):
-        self.active = any(_is_pipe(s) for s in sources)
-        self.hits = 0
-        self.old = None
-
-    def _handler(self, signum, frame):
-        self.hits += 1
-        if self.hits >= 2:
-            raise KeyboardInterrupt
-
-    def __enter__(self):
-        if self.active:
-            try:
-                self.old = signal.signal(signal.SIGINT, self._handler)
-            except ValueError:  # not the main thread
-                self.active = False
-        return self
-
-    def __exit__(self, *exc):
-        if self.active and self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-        return False
-
-
-def _is_snapshot_input(sources) -> bool:
-    flags = [snapdir.is_snapshot_source(s) for s in sources]
-    if any(flags) and not all(flags):
-        raise PstateError("cannot mix snapshots and event streams in one run", ExitCode.USAGE,
-                          hint="run pstate stats once on the snapshots and once on the streams")
-    return bool(flags) and all(flags)
-
-
-def _snapshots(paths, *, fmt, top, by, strict, interval, ignored) -> int:
-    if interval:
-        raise PstateError("--interval reads a stream; snapshots are already per interval", ExitCode.USAGE)
-    from pstate.analysis import snapseries
-
-    unused = [name for name, val in ignored.items() if val]
-    if unused:
-        print(f"{PROG}: warning: {', '.join(unused)} not used with snapshots", file=sys.stderr)
-    return snapseries.run(list(paths), fmt=fmt, top=top, by=by, out=sys.stdout, strict=strict)

@@ -12,6 +12,7 @@ fixed date, a fixed help width, nothing read from the machine.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 import sys
@@ -354,12 +355,18 @@ def examples_section(epilog: str | None) -> list[str]:
 # --- exit status ---------------------------------------------------------------
 
 def codes_in_source(module_name: str) -> set[ExitCode]:
-    """Exit codes a command's own module names (ExitCode.X)."""
+    """Exit codes a command's own module and its engine's (the module of the
+    one engine entry it imports) name (ExitCode.X)."""
     module = sys.modules.get(module_name)
     try:
         source = inspect.getsource(module) if module else ""
     except (OSError, TypeError):
         return set()
+    for engine in re.findall(r"^from (pstate\.engines\.\w+) import ", source, re.M):
+        try:
+            source += inspect.getsource(importlib.import_module(engine))
+        except (OSError, TypeError):
+            pass
     return {ExitCode[m] for m in re.findall(r"ExitCode\.([A-Z_]+)", source)
             if m in ExitCode.__members__}
 

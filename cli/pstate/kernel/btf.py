@@ -18,6 +18,8 @@ import hashlib
 import os
 import struct
 
+from pstate.stream.meta import boot_id
+
 VMLINUX = "/sys/kernel/btf/vmlinux"
 MAGIC = 0xEB9F
 
@@ -418,11 +420,12 @@ def boot_identity(path: str = VMLINUX) -> str | None:
     """Names the BTF of the running kernel for this boot (the boot id, the
     file's size and times), or None: the kernel's own BTF cannot change
     until the next boot, so what was read from it may be kept until then."""
+    boot = boot_id()
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
         st = os.stat(path)
     except OSError:
+        return None
+    if not boot:
         return None
     return f"{boot}:{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 

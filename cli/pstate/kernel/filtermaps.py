@@ -25,8 +25,9 @@ _D = eventlayout.DEFINES
 TF_CPU, TF_TID, TF_PID, TF_COMM = _D["TF_CPU"], _D["TF_TID"], _D["TF_PID"], _D["TF_COMM"]
 TF_FOLLOW, TF_CGROUP = _D["TF_FOLLOW"], _D["TF_CGROUP"]
 ALL_STATES = (1 << 64) - 1
-MAX_IDS, MAX_COMMS, MAX_CPUS = 1024, 256, 4096  # the sets' sizes in bpf/record.bpf.c
-MAX_CGROUPS, MAX_FOLLOWED = 1024, 16384  # cgroup_filter, and pid_filter / cgroup_pids
+# the sets' sizes (bpf/pstate.h FILTER_*)
+MAX_IDS, MAX_COMMS, MAX_CPUS = _D["FILTER_IDS"], _D["FILTER_COMMS"], _D["FILTER_CPUS"]
+MAX_CGROUPS, MAX_FOLLOWED = _D["FILTER_CGROUPS"], _D["FILTER_FOLLOWED"]
 
 
 @dataclass(frozen=True)

@@ -20,28 +20,9 @@ import time
 import orjson
 
 from pstate.stream.names import decode as decode_name
+from pstate.stream.vocab import frame_name, reason_of
 
 MAX_DEPTH = 127  # PERF_MAX_STACK_DEPTH: a stack map value holds this many u64 addresses
-
-# Scheduler plumbing: the frames a blocked task's stack has above the code
-# that made it wait. `reason` is the first frame, from the leaf, not in this
-# list (and not starting with one of PLUMBING_PREFIXES).
-PLUMBING = frozenset((
-    "__schedule", "schedule", "schedule_idle", "preempt_schedule", "preempt_schedule_common",
-    "io_schedule", "io_schedule_timeout", "schedule_timeout", "schedule_timeout_uninterruptible",
-    "schedule_timeout_interruptible", "schedule_timeout_killable", "schedule_hrtimeout", "schedule_hrtimeout_range",
-    "schedule_hrtimeout_range_clock", "schedule_preempt_disabled", "bit_wait", "bit_wait_io", "bit_wait_timeout",
-    "__wait_on_bit", "out_of_line_wait_on_bit", "__wait_on_bit_lock", "out_of_line_wait_on_bit_lock",
-    "wait_for_completion", "wait_for_completion_io", "wait_for_completion_timeout",
-    "wait_for_completion_io_timeout", "wait_for_completion_killable", "wait_for_completion_interruptible",
-    "__wait_for_common", "wait_for_common", "wait_for_common_io", "do_wait_for_common",
-    "rwsem_down_read_slowpath", "rwsem_down_write_slowpath", "__mutex_lock", "__mutex_lock_slowpath",
-    "mutex_lock", "down_read", "down_write", "__rt_mutex_slowlock", "rt_mutex_slowlock",
-    "folio_wait_bit_common", "__folio_lock", "__folio_lock_killable", "io_wait_event",
-    "__cond_resched", "_cond_resched",
-))
-PLUMBING_PREFIXES = ("schedule_", "__schedule", "wait_for_completion")
-
 
 # Frames of the tracing itself at the leaf of a stack a tp_btf program takes
 # (the program, and the kernel's call into it), above the __schedule every
@@ -52,23 +33,9 @@ TRACING_PREFIXES = ("bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"
 def task_frames(leaf_first: list[str]) -> list[str]:
     """leaf_first without the tracing frames at its leaf."""
     i = 0
-    while i < len(leaf_first) and symbol_name(leaf_first[i]).startswith(TRACING_PREFIXES):
+    while i < len(leaf_first) and frame_name(leaf_first[i]).startswith(TRACING_PREFIXES):
         i += 1
     return leaf_first[i:]
-
-
-def symbol_name(frame: str) -> str:
-    """The function of a frame: "name+0x1a [mod]" -> "name"."""
-    return frame.split("+", 1)[0].split(" ", 1)[0]
-
-
-def reason_of(leaf_first: list[str]) -> str:
-    """The first frame from the leaf that is not scheduler plumbing."""
-    for frame in leaf_first:
-        name = symbol_name(frame)
-        if name not in PLUMBING and not name.startswith(PLUMBING_PREFIXES):
-            return name
-    return symbol_name(leaf_first[-1]) if leaf_first else "unknown"
 
 
 KALLSYMS = "/proc/kallsyms"

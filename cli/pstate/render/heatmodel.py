@@ -23,9 +23,10 @@ Columns are absolute bucket numbers counted from an origin: column c covers
 from __future__ import annotations
 
 from array import array
+from collections import deque
 
 from pstate.analysis import services
-from pstate.stream import schema
+from pstate.stream import schema, vocab
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import MAX_INT
 
@@ -56,25 +57,24 @@ def state_index(name) -> int:
 # --- latency measures: which transitions give which durations ---------------
 
 # measure -> (title, states whose time (dur_ns of leaving them) is counted)
+_RUNQ, _PREEMPT = vocab.RUNQ_WAKEUP.frm, vocab.RUNQ_PREEMPTED.frm  # (stream.vocab's kinds of wait)
+_S, _D = vocab.SLEEPING.frm, vocab.UNINTERRUPTIBLE.frm
 MEASURES: dict[str, tuple[str, frozenset]] = {
-    "runq": ("run-queue wait (runnable -> running)", frozenset({"runnable", "new"})),
-    "preempt": ("wait after preemption (preempted -> running)", frozenset({"preempted"})),
-    "wait": ("time runnable, woken or preempted", frozenset({"runnable", "new", "preempted"})),
-    "blocked": ("time blocked (S or D)", frozenset({"sleeping", "uninterruptible"})),
-    "S": ("interruptible sleep (S)", frozenset({"sleeping"})),
-    "D": ("uninterruptible sleep (D)", frozenset({"uninterruptible"})),
-    "oncpu": ("on-CPU slices (running)", frozenset({"running"})),
+    "runq": ("run-queue wait (runnable -> running)", frozenset(_RUNQ)),
+    "preempt": ("wait after preemption (preempted -> running)", frozenset(_PREEMPT)),
+    "wait": ("time runnable, woken or preempted", frozenset(_RUNQ + _PREEMPT)),
+    "blocked": ("time blocked (S or D)", frozenset(_S + _D)),
+    "S": ("interruptible sleep (S)", frozenset(_S)),
+    "D": ("uninterruptible sleep (D)", frozenset(_D)),
+    "oncpu": ("on-CPU slices (running)", frozenset(vocab.ONCPU.frm)),
 }
 NLOG2 = 65  # dur.bit_length() for a 64-bit duration: 0..64
 
 
-def log2_bucket(dur_ns: int) -> int:
-    """Bucket b holds durations in [2**(b-1), 2**b); bucket 0 holds 0."""
-    return dur_ns.bit_length()
-
-
-def log2_lower(b: int) -> int:
-    return 0 if b == 0 else 1 << (b - 1)
+# A latency map's rows: stream.vocab's log2 floor convention, bucket b
+# holds durations in [2**(b-1), 2**b), bucket 0 holds 0.
+log2_bucket = vocab.log2_floor
+log2_lower = vocab.log2_floor_lower
 
 
 # --- bucket and window arithmetic --------------------------------------------
@@ -285,7 +285,7 @@ class Tracker:
         if self.measure_states:
             if start is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
                 self.n_samples += weight
-                self.sample(ts, dur.bit_length(), weight)
+                self.sample(ts, log2_bucket(dur), weight)
             return
         s = STATE_INDEX.get(frm, OTHER)
         prev = self.open.get(tid)
@@ -451,7 +451,7 @@ class Window(Tracker):
         ev[key] = ev.get(key, 0) + 1
         if dur is not None and STATE_INDEX.get(frm, OTHER) in self.measure_states:
             self.n_samples += weight
-            self.sample(ts, dur.bit_length(), weight)
+            self.sample(ts, log2_bucket(dur), weight)
 
     def states(self, rows, skip_idle: bool = False) -> None:
         """state() for every (ts, pid, tid, comm, from, to, dur_ns, cpu,
@@ -624,3 +624,38 @@ class Window(Tracker):
         for _s, _t, key in self.open.values():
             keys.add(key)
         return len(keys)
+
+
+REASON_STATE = "uninterruptible"  # heat --live's reason column: the reasons of D intervals
+
+
+class Reasons:
+    """heat --live's reason column: per row (the model's key), the reasons
+    of its D intervals that ended lately (the wake-ups of a recording made
+    with record --stacks carry them), and the one with the most D time in
+    the window shown."""
+
+    def __init__(self, keyf):
+        self.keyf = keyf
+        self.seen: dict = {}  # key -> deque of (ts, reason, dur_ns)
+
+    def note(self, rec: dict) -> None:
+        reason = rec.get("reason")
+        if not reason or rec["from"] != REASON_STATE or not isinstance(reason, str):
+            return
+        key = self.keyf(rec["pid"], rec["tid"], rec.get("comm") or "?", rec.get("cgroup"))
+        q = self.seen.get(key)
+        if q is None:
+            q = self.seen[key] = deque(maxlen=256)
+        q.append((rec["ts"], reason, rec.get("dur_ns") or 0))
+
+    def top(self, key, since: int) -> str:
+        q = self.seen.get(key)
+        if not q:
+            return ""
+        while q and q[0][0] < since:
+            q.popleft()
+        by: dict = {}
+        for _ts, reason, dur in q:
+            by[reason] = by.get(reason, 0) + dur
+        return min(by, key=lambda r: (-by[r], r)) if by else ""

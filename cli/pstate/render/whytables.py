@@ -12,14 +12,21 @@ from __future__ import annotations
 
 from pstate.analysis.causes import AT_END, NO_STACK, NOT_SEEN, GroupCauses, callers
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import RUNQ_PREEMPT, RUNQ_WAKEUP
-from pstate.kernel.stacks import reason_of
+from pstate.analysis.timeinstate import RUNQ_PREEMPTED, RUNQ_WAKEUP
 from pstate.render import tables
-from pstate.stream import schema
+from pstate.stream import schema, vocab
 from pstate.stream.durations import fmt_ns
 from pstate.stream.names import cell
 
 DEFAULT_ROWS = 5  # rows per group in the table and json, unless --top says
+# The fields the why views add to the json report, for stats' help and man page.
+WHY_FIELDS = f"""json adds to every group: blocked_ns, stacks [{{state, reason, frames, count,
+total_ns, p50_ns, p99_ns, max_ns}}], reasons [{{state, reason, count, ...}}]
+(--stacks); wakers [{{kind (task, irq, softirq, unknown), tid, pid, comm,
+name, count, ended_ns}}]; runq_ns ({RUNQ_WAKEUP}_ns after a wake-up plus
+{RUNQ_PREEMPTED}_ns after a preemption), runq_waits, antagonists [{{tid, pid, comm,
+name, ns, pct, waits}}]; and a "why" object says which were asked for.
+"""
 KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON"}
 _CELL = 30  # characters of a stack cell's line
 _REASON = 24  # characters of a reason
@@ -40,7 +47,7 @@ def _dist(h: LogHist, ended: bool = True) -> dict:
 def stack_reason(frames: str) -> str | None:
     if frames in (NO_STACK, AT_END):
         return None
-    return reason_of(list(reversed(frames.split(";"))))
+    return vocab.reason_of(vocab.leaf_first(frames))
 
 
 def _waker_name(w) -> str:
@@ -63,8 +70,8 @@ def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool,
                           "count": w.count, "ended_ns": w.ended_ns} for w in gc.waker_rows()[:rows]]
     if antagonists:
         out["runq_ns"] = gc.runq_ns
-        out["runq_wakeup_ns"] = gc.runq_kind_ns.get(RUNQ_WAKEUP, 0)
-        out["runq_preempt_ns"] = gc.runq_kind_ns.get(RUNQ_PREEMPT, 0)
+        for kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
+            out[f"{kind}_ns"] = gc.runq_kind_ns.get(kind, 0)
         out["runq_waits"] = gc.runq_waits
         out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
                                "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
@@ -86,6 +93,22 @@ def attach(rep: dict, causes, *, top: int | None, stacks: bool, wakers: bool, an
                             states=states))
     rep["why"] = {"stacks": stacks, "wakers": wakers, "antagonists": antagonists,
                   "stack_records": causes.has_stacks, "rows_per_group": rows}
+
+
+def reason_report(summary, causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool,
+                  states=None) -> dict:
+    """stats --by reason: the report of the summary's window, input and
+    accounting whose groups are the reasons (reason_groups), the first `top`
+    of them shown."""
+    rep = tables.build_report(summary, [])
+    groups = reason_groups(causes, top=None, stacks=stacks, wakers=wakers, antagonists=antagonists, states=states)
+    rep["by"] = "reason"
+    rep["accounting"]["groups"] = len(groups)
+    rep["groups"] = groups[:top] if top else groups
+    rep["accounting"]["groups_shown"] = len(rep["groups"])
+    rep["why"] = {"stacks": stacks, "wakers": wakers, "antagonists": antagonists,
+                  "stack_records": causes.has_stacks, "rows_per_group": None}
+    return rep
 
 
 def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antagonists: bool, states=None) -> list:
@@ -227,14 +250,6 @@ def render_reason_table(rep: dict) -> str:
 # --- folded -------------------------------------------------------------------
 
 
-def _frame_name(frame: str) -> str:
-    """"name+0x1a [mod]" -> "name [mod]": one frame per function, as
-    flame graphs merge them."""
-    name, _, rest = frame.partition("+")
-    mod = rest.partition(" ")[2]
-    return f"{name} {mod}" if mod else name
-
-
 def group_label(gc: GroupCauses, by: str) -> str:
     if by in ("pid", "tid"):
         return f"{gc.comm or '?'}-{gc.key}"
@@ -264,7 +279,7 @@ def render_folded(causes, keys, states=None) -> str:
             continue
         acc: dict = {}
         for s, frames, h in gc.stack_rows(states):
-            path = frames if frames in (NO_STACK, AT_END) else ";".join(_frame_name(f) for f in frames.split(";"))
+            path = frames if frames in (NO_STACK, AT_END) else ";".join(vocab.frame_function(f) for f in frames.split(";"))
             k = _one_line(f"{group_label(gc, by).replace(';', ':')};{s};{path}")
             acc[k] = acc.get(k, 0) + h.total
         for k, ns in sorted(acc.items(), key=lambda kv: (-kv[1], kv[0])):

@@ -16,8 +16,8 @@ pinned in a directory another user made, and that user moved, is still
 seen by --status and doctor, removed by --stop, and keeps --start from
 starting a second one. The manifest (pins.PinSet) carries the
 layout, when counting began, the settings, and each map's key/leaf types,
-so a reader needs no compiler: it opens the pins and reads the maps through
-snapshots.taskmaps, as a run with its own program does.
+so a reader needs no compiler: it opens the pins and reads the maps
+(PinnedReader, a taskmaps.MapReader), as a run with its own program does.
 
 The layout is a hash of the program's source: a pstate whose snap program
 differs refuses to read the maps (their rows would be misread) and says to
@@ -46,7 +46,8 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import bpfsys, features, loader, pins, pinsearch, probeplan
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
-from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, BpfCollector, TidArray, defines_for, read_hash
+from pstate.stream import meta
+from pstate.snapshots.taskmaps import COUNTERS, F_SEEDED, MapReader, TidArray, defines_for, load_program, read_hash
 
 LAYOUT = 2  # the version of what the manifest holds; with the source's hash, the layout
 PIN_ROOT = os.path.join(pins.BPFFS, "pstate")  # the pin directory (--pin-dir names another)
@@ -279,31 +280,28 @@ def start(ks: KernelStates, max_tasks: int, kernel_headers: str | None, probes: 
         _clear_empty_partials(root_fd)
         defines = defines_for(ks, max_tasks)
         features.require(*link_features(loader.probe_plan("snap", defines, probes)))
-        return _start(ks, max_tasks, kernel_headers, probes, defines, root, root_fd), True, notes
+        return _start(ks, max_tasks, kernel_headers, probes, root, root_fd), True, notes
     finally:
         os.close(root_fd)
 
 
-def _start(ks, max_tasks, kernel_headers, probes, defines, root: str, root_fd: int) -> dict:
+def _start(ks, max_tasks, kernel_headers, probes, root: str, root_fd: int) -> dict:
     loaded_ts = time.monotonic_ns()
-    prog = loader.Program("snap", defines, kernel_headers, probes)
+    prog = load_program(ks, max_tasks, kernel_headers, probes)
     links: dict[str, int] = {}
-    collector = None
+    reader = None
     try:
         links = prog.take_links()
         maps = prog.maps()
-        collector = BpfCollector(prog, ks, loaded_ts)
-        run_start = collector.start()
-        boot_id = ""
-        with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
-            boot_id = f.read().strip()
+        reader = MapReader(prog, ks, loaded_ts)
+        run_start = reader.start()
         doc = {
             "what": WHAT, "pid": os.getpid(), "pid_start": _starttime(os.getpid()), "pin_dir": root,
-            "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": boot_id,
-            "loaded_ts": loaded_ts, "run_start_ts": run_start, "seed_ts": collector.seed_ts,
+            "layout": layout_id(), "id": os.urandom(8).hex(), "boot_id": meta.boot_id(),
+            "loaded_ts": loaded_ts, "run_start_ts": run_start, "seed_ts": reader.seed_ts,
             "started_wall_ns": time.time_ns() - (time.monotonic_ns() - run_start),
             "max_tasks": max_tasks, **prog.plan.meta(),
-            "seed_failed": collector.seed_failed,
+            "seed_failed": reader.seed_failed,
             "maps": {n: {k: v for k, v in m.items() if k != "fd"} for n, m in maps.items()},
             "links": sorted(t for t in links if t != "readers"),
         }
@@ -325,8 +323,8 @@ def _start(ks, max_tasks, kernel_headers, probes, defines, root: str, root_fd: i
         for fd in links.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if collector is not None:
-            collector.close()
+        if reader is not None:
+            reader.close()
         prog.close()
 
 
@@ -406,8 +404,9 @@ class PinnedProgram:
         self.found.close()
 
 
-class PinnedCollector(BpfCollector):
-    """Reads a running collector: rows are totals since it began counting.
+class PinnedReader(MapReader):
+    """Reads the maps of the running collector (PinnedProgram): rows are
+    totals since it began counting.
 
     Final rows of freed threads stay in `gone` until every registered reader
     has published a snapshot holding them. Each reader (a snapshot
@@ -529,7 +528,7 @@ def _hist_totals(snapper) -> histograms.HistTotals:
     return snapper.prom.hist if snapper.prom is not None else snapper.hists
 
 
-def save_state(out, doc: dict, snapper, reader: PinnedCollector) -> None:
+def save_state(out, doc: dict, snapper, reader: PinnedReader) -> None:
     """Write DIR's cursor file (atomically) after a snapshot was published."""
     # each thread's counters and histograms (its next row's growth is taken
     # from them), and each group's histogram totals (they never go down)

@@ -18,26 +18,20 @@ everything longer, so le bounds are exact and the same on every host.
 from __future__ import annotations
 
 from pstate.kernel import eventlayout, identity
+from pstate.stream import vocab
 
 _D = eventlayout.DEFINES
 SHIFT, NBUCKETS, NKINDS = _D["HIST_SHIFT"], _D["HIST_BUCKETS"], _D["HIST_KINDS"]
-# kind names, in the kernel's order (HK_*)
-KINDS = tuple(name for name, _v in sorted(eventlayout.with_prefix("HK_").items(), key=lambda kv: kv[1]))
+# the kinds the kernel keeps (stream.vocab's table), in its order (HK_*)
+_KERNEL_KINDS = sorted((k for k in vocab.WAIT_KINDS if k.kernel), key=lambda k: _D[k.kernel])
+KINDS = tuple(k.hist_name for k in _KERNEL_KINDS)  # as hist rows name them
 assert len(KINDS) == NKINDS
 # upper bound (le) of each bucket, ns; None for the last (+Inf)
-UPPER_NS = tuple(1 << (SHIFT + b) for b in range(NBUCKETS - 1)) + (None,)
+UPPER_NS = tuple(vocab.log2_ceil_upper(b, SHIFT) for b in range(NBUCKETS - 1)) + (None,)
 U32 = 1 << 32
 
-# what each kind is, and the Prometheus family that carries it
-FAMILIES = {
-    "runq_wakeup": ("pstate_runqueue_wait_seconds", {"after": "wakeup"},
-                    "Time on the run queue before running, after a wake-up or a preemption."),
-    "runq_preempted": ("pstate_runqueue_wait_seconds", {"after": "preemption"}, None),
-    "sleeping": ("pstate_blocked_seconds", {"state": "S"},
-                 "Time blocked before a wake-up, in S (sleeping) or D (uninterruptible)."),
-    "uninterruptible": ("pstate_blocked_seconds", {"state": "D"}, None),
-}
-assert set(FAMILIES) == set(KINDS)
+# the Prometheus family that carries each kind: (family, its labels, the family's HELP)
+FAMILIES = {k.hist_name: (k.prom[0], dict(k.prom[1]), k.prom[2]) for k in _KERNEL_KINDS}
 
 # --prom-by: the labels of a group (PromExport's series, hist rows)
 LABELS = {"unit": ("unit",), "cgroup": ("cgroup",), "title": ("title",), "comm": ("comm",),
@@ -74,8 +68,9 @@ def group_keys(by: str, rows: list[dict]) -> list[tuple]:
 
 
 def bucket_of(d_ns: int) -> int:
-    """The bucket of a duration (d >= 1 ns): bpf/snaphist.h's hist_bucket(d - 1)."""
-    return min(((d_ns - 1) >> SHIFT).bit_length(), NBUCKETS - 1)
+    """The bucket of a duration (d >= 1 ns): bpf/snaphist.h's hist_bucket(d - 1),
+    stream.vocab's log2 ceiling convention."""
+    return min(vocab.log2_ceil(d_ns, SHIFT), NBUCKETS - 1)
 
 
 def from_row(h) -> tuple:
@@ -204,8 +199,8 @@ HIST_RECORD = (
         "by": ("string", "what groups the rows: snap --prom-by (unit, cgroup, title, comm, pid or thread)"),
         "unit, cgroup, title, comm, pid, tid": ("string|int", "the group: the fields --prom-by names (as the "
                                                 "labels of --format prom)"),
-        "kind": ("string", "runq_wakeup (run-queue wait after a wake-up), runq_preempted (after a "
-                           "preemption), sleeping (blocked in S until a wake-up) or uninterruptible (in D)"),
+        "kind": ("string", f"{KINDS[0]} (run-queue wait after a wake-up), {KINDS[1]} (after a "
+                           f"preemption), {KINDS[2]} (blocked in S until a wake-up) or {KINDS[3]} (in D)"),
         "count": ("int", "durations counted (le_inf)"),
         "sum_ns": ("int", "their sum, ns"),
         "le_<N>": ("int", "durations of at most N ns (cumulative, as Prometheus buckets); N = 2^10, 2^11, ... "

@@ -1,7 +1,8 @@
-"""snap's BPF maps (bpf/snap.bpf.c) read into snapshot rows: the settings
-the program is built with, seeding every live thread from /proc, and the
-reading of the live and freed threads' rows, whether the maps belong to a
-program loaded by this run or to a collector pinned in bpffs."""
+"""snap's BPF program (bpf/snap.bpf.c) and its maps read into snapshot rows:
+the settings the program is built with and the one place it is loaded,
+seeding every live thread from /proc, and the reading of the live and freed
+threads' rows (MapReader), whether the maps belong to a program loaded by
+this run or to a collector pinned in bpffs (collector.PinnedReader)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 import time
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, eventlayout, loader
+from pstate.kernel import bpfsys, eventlayout, loader, taskrows
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
@@ -34,32 +35,29 @@ MAX_FOLDS = 4096  # groups of folded final rows at most (fewer for a small --max
 
 
 def defines_for(ks: KernelStates, max_tasks: int) -> dict:
+    """snap's -D settings."""
     d = {
         "REPORT_MASK": f"0x{ks.report_mask:x}",
         "NR_KBITS": max(1, ks.report_mask.bit_length()),
         "MAX_TASKS": max_tasks,
         "MAX_FOLDS": max_folds(max_tasks),
     }
-    limit = loader.pid_max()
-    if limit <= max_tasks and _kernel_at_least(5, 5):
-        # every tid fits: an array indexed by tid, whose lookup costs no call
-        # (5.5 made arrays mappable, which is how user space reads it)
+    if taskrows.tasks_by_tid(max_tasks, mapped=True):  # (MapReader reads the array through a mapping)
         d["TASKS_BY_TID"] = True
-        d["TID_SLOTS"] = limit
+        d["TID_SLOTS"] = loader.pid_max()
     return d
+
+
+def load_program(ks: KernelStates, max_tasks: int, kernel_headers: str | None,
+                 probes: str | None = None) -> loader.Program:
+    """snap's program, loaded and attached: the one place it is built (a
+    run's own, and the collector's, snapshots.collector)."""
+    return loader.Program("snap", defines_for(ks, max_tasks), kernel_headers, probes)
 
 
 def max_folds(max_tasks: int) -> int:
     """Size of the map of folded groups (one per cgroup and process name)."""
     return max(64, min(MAX_FOLDS, max_tasks // 4))
-
-
-def _kernel_at_least(major: int, minor: int) -> bool:
-    try:
-        have = tuple(int(x) for x in os.uname().release.split("-", 1)[0].split(".")[:2])
-    except ValueError:
-        return False
-    return have >= (major, minor)
 
 
 def slot_names(ks: KernelStates) -> list[str]:
@@ -130,8 +128,9 @@ def read_hash(table, delete: bool = False) -> list:
     return bpfsys.Table.over(table).read_all(delete)
 
 
-class BpfCollector:
-    """Reads bpf/snap.bpf.c's maps into snapshot rows.
+class MapReader:
+    """Reads the maps of bpf/snap.bpf.c loaded by this run into snapshot
+    rows (a collector's pinned maps: collector.PinnedReader).
 
     The live rows are in `tasks`: a hash keyed by tid, or (TASKS_BY_TID) an
     array indexed by tid plus the `seeds` hash of seed rows no event has

@@ -1,8 +1,9 @@
 """Writing snapshots: the output directory, atomic publishing, the lock,
 retention, the status marker, the file formats and the snapshot loop.
 
-Nothing here touches BPF: the loop takes a collector (commands/snap.py has
-the BPF one), so every rule below is testable with a fake.
+Nothing here touches BPF: the loop takes a source of samples (engines/snap.py
+gives it the reader of snap's maps), so every rule below is testable with a
+fake; it stops as pstate.lifecycle's Stopper says.
 
 Directory rules (a root job from cron writes here):
 - --dir must be a real directory (not a symlink), owned by root or the
@@ -51,17 +52,14 @@ import errno
 import fcntl
 import os
 import secrets
-import select
-import signal
 import stat
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import orjson
 
-from pstate import trust
+from pstate import lifecycle, trust
 from pstate.kernel import identity
 from pstate.snapshots import folds as foldrows, histograms, snapdir
 from pstate.snapshots.promexport import PER_PROCESS, PromExport, procfs_hidepid
@@ -498,75 +496,12 @@ def render_csv(meta: dict, rows: list[dict], end: dict) -> bytes:
     return b"".join(lines)
 
 
-# --- signals -----------------------------------------------------------------
-
-
-class Stopper:
-    """SIGINT/SIGTERM/SIGHUP set a flag and wake any wait at once. Nothing is
-    interrupted half-way: a snapshot being written is finished or removed."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._r = self._w = None
-        self._old = {}
-
-    def install(self) -> "Stopper":
-        self._r, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        for s in self.SIGNALS:
-            self._old[s] = signal.signal(s, self._handler)
-        self._old_wakeup = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
-        return self
-
-    def _handler(self, signum, _frame):
-        if self.signum is None:
-            self.signum = signum
-
-    @property
-    def stopped(self) -> bool:
-        return self.signum is not None
-
-    def exit_code(self) -> int:
-        if self.signum == signal.SIGINT:
-            return int(ExitCode.SIGINT)
-        if self.signum == signal.SIGTERM:
-            return int(ExitCode.SIGTERM)
-        return 128 + int(self.signum or 0)
-
-    def wait_until(self, deadline_ns: int) -> bool:
-        """Sleep until the monotonic deadline; True if a signal came first."""
-        while not self.stopped:
-            left = deadline_ns - time.monotonic_ns()
-            if left <= 0:
-                return False
-            if self._r is None:
-                time.sleep(min(left / 1e9, 0.05))
-                continue
-            ready, _, _ = select.select([self._r], [], [], left / 1e9)
-            if ready:
-                with contextlib.suppress(OSError):
-                    while os.read(self._r, 64):
-                        pass
-        return True
-
-    def restore(self) -> None:
-        if self._r is None:
-            return
-        signal.set_wakeup_fd(self._old_wakeup)
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        os.close(self._r)
-        os.close(self._w)
-        self._r = self._w = None
-
-
 # --- the loop ----------------------------------------------------------------
 
 
 @dataclass
 class Sample:
-    """What a collector read: cumulative rows, exact at ts."""
+    """What a SampleSource read: cumulative rows, exact at ts."""
 
     ts: int  # CLOCK_MONOTONIC ns
     rows: list  # dicts with the task fields except type and ts; freed threads appear once
@@ -576,7 +511,10 @@ class Sample:
     counts: dict = field(default_factory=dict)  # the kernel's counters by name (taskmaps.COUNTERS)
 
 
-class Collector(Protocol):
+class SampleSource(Protocol):
+    """What the loop reads: taskmaps.MapReader (a program of this run),
+    collector.PinnedReader (the running collector), or a test's fake."""
+
     def start(self) -> int:
         """Begin counting; return the monotonic ns counting starts at."""
 
@@ -598,10 +536,10 @@ class Plan:
 class Snapper:
     """Take snapshots on a drift-free schedule and publish each one."""
 
-    def __init__(self, out: SnapDir, collector: Collector, plan: Plan, meta_base: dict, stopper: Stopper,
+    def __init__(self, out: SnapDir, source: SampleSource, plan: Plan, meta_base: dict, stopper: lifecycle.Stopper,
                  log: Callable[[str], None] = lambda msg: None):
         self.out = out
-        self.collector = collector
+        self.source = source
         self.plan = plan
         self.meta_base = meta_base
         self.stopper = stopper
@@ -643,7 +581,7 @@ class Snapper:
         before the interval in progress was published."""
         if self.stopper.stopped:
             return self.stopper.exit_code()
-        run_start = self.collector.start()
+        run_start = self.source.start()
         mono, wall = clock_anchor()
         start_ts, wall_start = run_start, wall + (run_start - mono)
         k = 0
@@ -651,7 +589,7 @@ class Snapper:
             k += 1
             if self.stopper.wait_until(run_start + k * self.plan.interval_ns):
                 return self.stopper.exit_code()
-            sample = self.collector.collect()
+            sample = self.source.collect()
             mono, wall = clock_anchor()
             wall_end = wall + (sample.ts - mono)
             name = self._publish(sample, run_start, start_ts, wall_start, wall_end)

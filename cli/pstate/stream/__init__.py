@@ -1,1 +1,1 @@
-"""The event format: schema, the one reader, writers, meta records, filters, durations, time windows, replay."""
+"""The event format: schema, its vocabulary, the one reader, writers, meta records, filters, durations, time windows, replay."""

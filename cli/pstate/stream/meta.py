@@ -12,6 +12,8 @@ from pstate.stream import schema
 
 
 def boot_id() -> str:
+    """The running kernel's boot id ("" when it cannot be read): the one
+    reader of it (meta records, the collector's manifest, the BTF cache)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()

@@ -179,7 +179,8 @@ class Replayer:
             print(f"pstate replay: note: {self.name} jumps {fmt_ns(gap_ns)} ahead at ts {ts}; waiting "
                   f"{fmt_ns(MAX_GAP_NS)} of recorded time instead (longer gaps are shortened)", file=sys.stderr)
 
-    def on_signal(self, signum, frame) -> None:
+    def on_signal(self, signum, frame=None) -> None:
+        """A signal (pstate.lifecycle.handled calls it): end at the next safe point."""
         self.stop_reason = "signal"
         if self.interruptible:  # sleeping or waiting for input: end now
             self.interruptible = False

@@ -55,6 +55,12 @@ LETTER_NAMES: dict[str, str] = {
 # Older kernels report these too.
 LETTER_NAMES.update({"W": "waking", "K": "wakekill", "N": "noload", "x": "dead"})
 
+# Letter -> state name for options that take a state by its letter (--state D,
+# --stacks D): every named state but unknown; R is running (the runnable and
+# preempted states share it).
+STATE_LETTERS: dict[str, str] = {letter: name for name, (letter, _c, _d) in STATES.items()
+                                 if name not in (UNKNOWN, RUNNABLE, PREEMPTED)}
+
 WAIT_STATES = frozenset({RUNNABLE, PREEMPTED, NEW})
 BLOCKED_CATEGORIES = frozenset({"blocked", "stopped"})
 
@@ -179,7 +185,7 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                          "with (the state in from); absent when not taken"),
             "reason": ("string?", "wakeup, with stack_id: the first function of that stack, from the leaf, that "
                        "is not scheduler plumbing (schedule, io_schedule, schedule_timeout, bit_wait_io, "
-                       "wait_for_completion, ...: pstate.kernel.stacks.PLUMBING), e.g. __iomap_dio_rw"),
+                       "wait_for_completion, ...: pstate.stream.vocab.PLUMBING), e.g. __iomap_dio_rw"),
         },
     ),
     "stack": (

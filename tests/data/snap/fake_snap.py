@@ -68,9 +68,9 @@ class FakeProgram:
 
 
 def install(collector_factory=None, setter=setattr) -> None:
-    """Replace the BPF parts of pstate.commands.snap with the fakes
+    """Replace the BPF parts of pstate.engines.snap with the fakes
     (pass pytest's monkeypatch.setattr as setter to undo it after a test)."""
-    from pstate.commands import snap
+    from pstate.engines import snap
 
     factory = collector_factory or (lambda: FakeCollector(int(os.environ.get("FAKE_SNAP_ROWS", "50")),
                                                           int(os.environ.get("FAKE_SNAP_PAD", "0")),
@@ -78,7 +78,7 @@ def install(collector_factory=None, setter=setattr) -> None:
     setter(snap.loader, "check_privileges", lambda: None)
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers, probes=None: FakeProgram())
-    setter(snap, "make_collector", lambda prog, ks, loaded_ts: factory())
+    setter(snap, "make_reader", lambda prog, ks, loaded_ts: factory())
     setter(snap, "running_collector", lambda root=None: None)  # whatever runs on this machine
     # who the fake processes are: three services, one title each
     from pstate.kernel import identity

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import os
 import re
 import secrets
@@ -25,15 +24,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import click
 import orjson
 
-from pstate import native
+from pstate import lifecycle, native
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.kernel import eventcodec, eventlayout
 from pstate.kernel.loader import RingReader
-from pstate.stream import names, schema
-from pstate.stream.durations import Duration, fmt_ns, parse_ns
+from pstate.stream import names, schema, vocab
+from pstate.stream.durations import fmt_ns, parse_ns
 from pstate.stream.meta import rfc3339, wall_time_at
 from pstate.stream.outfiles import invoking_user
 from pstate.snapshots.writer import SnapDir, _rename_noreplace
@@ -46,7 +44,8 @@ ENCODE_CHUNK = 8192  # slots encoded per write while a dump is written
 
 OFF = {name: HDR + eventlayout.offset_of(name) for name, _code in eventlayout.EVENT_FIELDS}  # within a slot
 assert STRIDE % 8 == 0 and OFF["dur"] % 8 == 0 and OFF["ts"] % 8 == 0 and OFF["from"] % 2 == 0
-WAIT_CODES = frozenset(eventcodec.CODES[s] for s in (schema.RUNNABLE, schema.PREEMPTED, schema.NEW))
+# runq>=DUR: the waits a switch-in ends (stream.vocab's run-queue kinds)
+WAIT_CODES = frozenset(eventcodec.CODES[s] for k in vocab.RUNQ_KINDS for s in k.frm)
 _COND = re.compile(r"^(?:comm=(?P<comm>[^:]{1,15}):)?(?P<state>[A-Za-z_+-]+)(?:>=(?P<dur>.+))?$")
 
 
@@ -285,8 +284,8 @@ class FlightRecorder:
         rec["dur_ns"] = None if dur == eventcodec.NO_DUR else dur
         self.fire(rec)
 
-    def manual(self, _signum=None, _frame=None) -> None:
-        self.manual_asked = True  # a signal handler: the main loop fires it
+    def manual(self) -> None:
+        self.manual_asked = True  # SIGUSR1: tick() fires it
 
     def fire(self, rec: dict) -> None:
         """A trigger: start a dump, extend the pending one, or count it as held off."""
@@ -441,69 +440,6 @@ def _write_error(path: str, e: OSError) -> PstateError:
                        hint="free space there, or lower --max-dumps or --flight-memory")
 
 
-def size_bytes(text: str) -> int:
-    """'256M' -> bytes (k/M/G suffixes; record's --buffer-size too). ValueError or IndexError otherwise."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b")
-    mult = units.get(t[-1:])
-    return int(float(t[:-1]) * mult if mult else float(t))
-
-
-class Size(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            n = size_bytes(value)
-        except (ValueError, IndexError):
-            n = 0
-        if n < 1 << 20:
-            self.fail(f"{value!r} is not a size of at least 1M (e.g. 256M, 2G)", param, ctx)
-        return n
-
-
-def flight_options(fn):
-    """record's --flight options, as one argument `flight` (None without --flight)."""
-    opts = [
-        click.option("--flight", "flight_window", type=Duration(), metavar="DURATION",
-                     help="Flight recorder: keep the last DURATION of events in memory and write them to a "
-                          "new file in -o DIR when a --trigger fires or on SIGUSR1; nothing is written before."),
-        click.option("--flight-memory", type=Size(), default="256M", show_default=True, metavar="SIZE",
-                     help="Memory the --flight ring may use; the window shrinks to what fits (the trigger "
-                          "record says which window it covers)."),
-        click.option("--trigger", "triggers", multiple=True, metavar="COND",
-                     help="With --flight: write a file when COND holds: STATE>=DURATION (a task left STATE "
-                          "after at least DURATION, e.g. D>=100ms), runq>=DURATION (a run-queue wait), "
-                          "comm=NAME:STATE (NAME entered STATE). Repeatable."),
-        click.option("--after", "after_ns", type=Duration(), default="1s", show_default=True, metavar="DURATION",
-                     help="With --flight: keep recording this long past a trigger before writing the file."),
-        click.option("--max-dumps", type=click.IntRange(1), default=10, show_default=True, metavar="N",
-                     help="With --flight: write at most N files in a run."),
-        click.option("--hold-off", "hold_off_ns", type=Duration(), default="10s", show_default=True,
-                     metavar="DURATION", help="With --flight: ignore triggers this long after a file was written."),
-    ]
-
-    @functools.wraps(fn)  # keeps the options declared below this bundle
-    def wrapper(**kw):
-        window = kw.pop("flight_window")
-        given = {k: kw.pop(k) for k in ("flight_memory", "triggers", "after_ns", "max_dumps", "hold_off_ns")}
-        if window is None:
-            if given["triggers"]:
-                raise click.UsageError("--trigger needs --flight DURATION")
-            kw["flight"] = None
-        else:
-            kw["flight"] = dict(window_ns=window, memory=given["flight_memory"], triggers=given["triggers"],
-                                after_ns=given["after_ns"], max_dumps=given["max_dumps"],
-                                hold_off_ns=given["hold_off_ns"])
-        return fn(**kw)
-
-    for opt in reversed(opts):
-        wrapper = opt(wrapper)
-    return wrapper
-
-
 def prepare(flight: dict, ks, output: str | None) -> dict:
     """Check record's --flight settings before anything is loaded: the
     triggers parsed, the directory opened (created 0700 if missing)."""
@@ -518,7 +454,8 @@ def prepare(flight: dict, ks, output: str | None) -> dict:
 
 
 def start(prepared: dict, enc, new_meta, start_ts: int, quiet: bool, lost_counts=None) -> FlightRecorder:
-    """The FlightRecorder for prepare()'s settings; SIGUSR1 fires it."""
+    """The FlightRecorder for prepare()'s settings; SIGUSR1 fires it (record's
+    loop takes the signal: FlightRecorder.manual)."""
     rec = FlightRecorder(enc, **prepared, new_meta=new_meta, start_ts=start_ts, quiet=quiet, lost_counts=lost_counts)
-    signal.signal(signal.SIGUSR1, rec.manual)
+    lifecycle.watch(signal.SIGUSR1)
     return rec

@@ -1,0 +1,1 @@
+"""What each command does, composed from the layers below: one entry per command, which its command module calls."""
