@@ -120,3 +120,21 @@ def test_background_symbols_fail_at_once_for_a_missing_file(tmp_path):
 
 def test_no_symbols_gives_addresses():
     assert stacks.Kallsyms(None).frame(0xFFFFFFFF81100010) == "0xffffffff81100010"
+
+
+def test_a_function_is_named_not_the_section_bound_at_its_address(tmp_path):
+    """Linux 6.1 lists __sched_text_start at __schedule's address (before or
+    after it): a frame there is __schedule's, and its reason is not the bound."""
+    for order in ((0, 1), (1, 0)):
+        lines = [b"ffffffff81100000 T __sched_text_start", b"ffffffff81100000 T __schedule"]
+        p = tmp_path / "kallsyms"
+        p.write_bytes(b"\n".join([lines[order[0]], lines[order[1]],
+                                  b"ffffffff81100400 T schedule",
+                                  b"ffffffff81200000 t __iomap_dio_rw",
+                                  b"ffffffff81200000 T __sched_text_end"]) + b"\n")
+        ks = stacks.Kallsyms(str(p))
+        assert ks.frame(0xFFFFFFFF81100010) == "__schedule+0x10"
+        assert ks.frame(0xFFFFFFFF81200683) == "__iomap_dio_rw+0x683"
+        m = FakeMap()
+        m.slots[0] = [0xFFFFFFFF81100010, 0xFFFFFFFF81200683]
+        assert '"reason":"__iomap_dio_rw"' in stacks.StackTable(3, m, ks).tail(0)

@@ -5,69 +5,36 @@ A plan is what a program's meta record says of how it attached: probes (the
 summary path), probe_paths (tracepoint event -> tp_btf, raw_tracepoint or
 tracepoint) and wakeups_at. expected/<id>.json holds, per program, the
 fields to compare: {"record": {"probe_paths": {...}, "wakeups_at": ...},
-"snap": {...}}. `matrix.py --write-expected` writes them from each kernel's
-BTF by the rule in expected_plan(); they are then edited by hand where the
-planner decides otherwise.
+"snap": {"probe_paths": {...}}}. `matrix.py --write-expected` writes them
+from each kernel's committed BTF through the planner itself
+(expected_plan()); a change of plan is then a reviewed change of these
+files, and tests/test_kernel_plans.py holds the planner to them offline.
 """
 
 from __future__ import annotations
 
-import struct
-
-# The tracepoints each program attaches to (bpf/record.bpf.c, bpf/snap.bpf.c);
-# record's wake-up is sched_wakeup (with csd_queue_cpu for the wake list's
-# wakers) where the kernel has csd_queue_cpu, else sched_waking.
-LIFECYCLE = ("task_newtask", "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
-RECORD_EVENTS = ("sched_switch", "sched_wakeup_new") + LIFECYCLE
-SNAP_EVENTS = ("sched_switch", "sched_wakeup", "sched_wakeup_new", "task_newtask", "sched_process_exec",
-               "sched_process_exit", "sched_process_free")
 PLAN_FIELDS = ("probes", "probe_paths", "wakeups_at", "probes_reason")
-
-# --- BTF: the btf_trace_<event> typedefs ----------------------------------------------
-
-# bytes that follow a btf_type of each kind: (fixed, per vlen)
-_KIND_EXTRA = {1: (4, 0), 2: (0, 0), 3: (12, 0), 4: (0, 12), 5: (0, 12), 6: (0, 8), 7: (0, 0), 8: (0, 0),
-               9: (0, 0), 10: (0, 0), 11: (0, 0), 12: (0, 0), 13: (0, 8), 14: (4, 0), 15: (0, 12), 16: (0, 0),
-               17: (4, 0), 18: (0, 0), 19: (0, 12)}
-KIND_TYPEDEF = 8
+PROGRAMS = ("record", "snap")
+# the states every kernel of the list reports in sched_switch's print_fmt
+# (S D T t X Z P I): what the plan needs of them does not vary across the list
+REPORT_MASK = 0xFF
 
 
-def btf_typedefs(raw: bytes, prefix: str = "btf_trace_") -> set[str]:
-    """The names of raw BTF's typedefs that start with prefix."""
-    magic, _version, _flags, hdr_len = struct.unpack_from("<HBBI", raw, 0)
-    if magic != 0xEB9F:
-        raise ValueError("not raw BTF (little-endian)")
-    type_off, type_len, str_off, str_len = struct.unpack_from("<IIII", raw, 8)
-    types, strings = hdr_len + type_off, hdr_len + str_off
-    names, at, end = set(), types, types + type_len
-    while at < end:
-        name_off, info, _ = struct.unpack_from("<III", raw, at)
-        kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
-        fixed, per = _KIND_EXTRA[kind]
-        if kind == KIND_TYPEDEF:
-            stop = raw.index(b"\0", strings + name_off)
-            name = raw[strings + name_off:stop].decode()
-            if name.startswith(prefix):
-                names.add(name)
-        at += 12 + fixed + per * vlen
-    return names
+def expected_plan(raw: bytes) -> dict:
+    """The plan record's and snap's own planner (pstate.kernel.probeplan)
+    makes from a kernel's raw BTF, in the meta record's terms: probe_paths
+    for both, and record's wakeups_at (snap's run-queue wait always starts
+    at sched_wakeup and its meta record does not say so)."""
+    from pstate.kernel import btf, loader, probeplan, tpbtf
 
-
-def expected_plan(typedefs: set[str]) -> dict:
-    """The plan a kernel's BTF allows: tp_btf for every tracepoint it has a
-    btf_trace_ typedef of (the classic tracepoint for any other); record's
-    wake-ups at sched_wakeup where csd_queue_cpu exists, else sched_waking;
-    snap's at sched_wakeup (its only wake-up program)."""
-    def path(event):
-        return "tp_btf" if f"btf_trace_{event}" in typedefs else "tracepoint"
-
-    wake_list = "btf_trace_csd_queue_cpu" in typedefs
-    record = list(RECORD_EVENTS) + (["sched_wakeup", "csd_queue_cpu"] if wake_list else ["sched_waking"])
-    return {
-        "record": {"probe_paths": {e: path(e) for e in sorted(record)},
-                   "wakeups_at": "sched_wakeup" if wake_list else "sched_waking"},
-        "snap": {"probe_paths": {e: path(e) for e in sorted(SNAP_EVENTS)}, "wakeups_at": "sched_wakeup"},
-    }
+    kernel = probeplan.Kernel.from_btf_facts(btf.facts(btf.Btf(raw)))
+    plans = {}
+    for name in PROGRAMS:
+        p = probeplan.plan(tpbtf.events_of(loader.source(name)), "auto", kernel, REPORT_MASK)
+        plans[name] = {"probe_paths": dict(sorted(p.paths.items()))}
+        if name == "record":
+            plans[name]["wakeups_at"] = "sched_wakeup" if p.wake_list else "sched_waking"
+    return plans
 
 
 # --- comparison -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import re
 import threading
 import time
 
@@ -39,6 +40,9 @@ def task_frames(leaf_first: list[str]) -> list[str]:
 
 
 KALLSYMS = "/proc/kallsyms"
+# the linker's bounds of a text section, listed at the address of the
+# section's first function (or just past its last)
+SECTION_MARK = re.compile(r"_stext$|_etext$|_sinittext$|_einittext$|__start_|__stop_|__\w+_text_(start|end)$")
 
 
 class Kallsyms:
@@ -62,9 +66,13 @@ class Kallsyms:
                     name += " " + decode_name(parts[3])
                 addrs.append(int(parts[0], 16))
                 names.append(name)
-        order = sorted(range(len(addrs)), key=addrs.__getitem__)
-        self.addrs = [addrs[i] for i in order]
-        self.names = [names[i] for i in order]
+        # one name per address: a function rather than a section's bounds
+        # (Linux 6.1 lists __sched_text_start at __schedule's address)
+        order = sorted(range(len(addrs)), key=lambda i: (addrs[i], bool(SECTION_MARK.match(names[i]))))
+        for i in order:
+            if not self.addrs or self.addrs[-1] != addrs[i]:
+                self.addrs.append(addrs[i])
+                self.names.append(names[i])
 
     def frame(self, ip: int) -> str:
         i = bisect.bisect_right(self.addrs, ip) - 1
