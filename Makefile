@@ -78,9 +78,11 @@ bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Regenerate man/ and completions/ from the click commands and schema.py.
+# Regenerate man/ and completions/ from the click commands and schema.py, and
+# docs/kernels.md from tests/kernels/.
 artifacts:
 	$(PY) -m pstate.docs.docgen
+	$(PY) tests/kernels/kdoc.py
 
 # A private venv (system site packages: bcc comes from apt) under
 # $(PREFIX)/lib/pstate, pstate linked into $(PREFIX)/bin, man pages and

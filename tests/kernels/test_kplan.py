@@ -67,3 +67,29 @@ def test_the_table_has_a_row_per_check_and_a_column_per_kernel():
         "wall    28s        -",
     ]
     assert kplan.failed(["host", "deb61"], ["record", "snap"], results) == [("deb61", "record")]
+
+
+def test_docs_kernels_md_is_generated_from_the_matrix_files():
+    """docs/kernels.md is kdoc.render() of kernels.json, btf/ and last/: run
+    tests/kernels/kdoc.py after changing them (or the planner)."""
+    import kdoc
+
+    with open(kdoc.DOC) as f:
+        assert f.read() == kdoc.render(), "docs/kernels.md is stale: run tests/kernels/kdoc.py"
+
+
+def test_a_matrix_run_is_kept_per_kernel(tmp_path, monkeypatch):
+    import kdoc
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({
+        "kernels": {"host": {"kernel": "6.18", "accel": "host"}, "deb61": {"kernel": "6.1.0-57-amd64", "accel": "tcg"}},
+        "results": [{"name": "boot", "ok": True, "kernel": "deb61"}, {"name": "snap", "ok": False, "kernel": "deb61"},
+                    {"name": "record", "ok": True, "kernel": "host"}],
+        "plan_differences": {"deb61": [], "host": []}}))
+    monkeypatch.setattr(kdoc, "LAST", str(tmp_path / "last"))
+    assert kdoc.keep_run(str(run)) == ["deb61"]
+    entry = kdoc.last_run("deb61")
+    assert entry["checks"] == {"boot": "ok", "snap": "FAIL"} and entry["plan"] == "as expected"
+    assert kdoc._result(entry).startswith("1/2 ok (failed: snap), plan as expected, ")
