@@ -78,6 +78,10 @@ def _paths(plan) -> str:
     return " + ".join(paths) if paths else "-"
 
 
+def _check(entry: dict | None, name: str) -> str:
+    return (entry or {}).get("checks", {}).get(name, "-")
+
+
 def _result(entry: dict | None) -> str:
     if entry is None:
         return "not run yet"
@@ -126,10 +130,12 @@ def render() -> str:
         "linux-image package, fetched with the machine's apt sources) and runs",
         "doctor, record, stats, record --stacks, snap and the collector in it, with",
         "exact counts checked against the kernel's own (tests/kernels/guest_checks.py);",
-        "`KERNELS=deb61` picks some. CI boots Debian 12's 6.1.",
+        "`KERNELS=deb61` picks some. CI boots Debian 12's 6.1. The guests run this",
+        "machine's user space (Debian 12: bcc 0.26, Python 3.11) on the kernel under",
+        "test; older user spaces are not claimed.",
         "",
-        "| id | kernel | record | snap | last matrix run |",
-        "|---|---|---|---|---|",
+        "| id | kernel | record | snap | wake-ups at | stacks | collector | last matrix run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     notes: dict[str, list[str]] = {}
     for k in kernels():
@@ -139,7 +145,9 @@ def render() -> str:
         plans = _plans(kid)
         entry = last_run(kid)
         release = entry["kernel"] if entry else "-"
+        wake = "sched_wakeup" if plans["record"].wake_list else "sched_waking"
         out.append(f"| {kid} | {k['what']} ({release}) | {_paths(plans['record'])} | {_paths(plans['snap'])} "
+                   f"| {wake} | {_check(entry, 'record-stacks')} | {_check(entry, 'snap-collector')} "
                    f"| {_result(entry)} |")
         for name, plan in plans.items():
             for note in plan.notes:
