@@ -14,7 +14,9 @@ README = (ROOT / "README.md").read_text()
 
 
 def listed() -> list[tuple[str, str]]:
-    section = README[README.index("## Layout"):README.index("## The pipeline")]
+    start = README.index("## Layout")
+    end = README.find("\n## ", start)
+    section = README[start:end if end > 0 else None]
     return re.findall(r"^- `(\w+)/`: (.+)$", section, re.M)
 
 

@@ -156,7 +156,7 @@ def sleeps(recs: list[dict], tid: int, n: int, lo: float, hi: float) -> tuple[li
 
     On this VM, as far as seen, nothing is traced on a CPU while one of its
     agent's threads (PID 1's) is current there, the switch away from it
-    included (README, Reliability). A task woken then is seen next either
+    included (docs/reliability.md). A task woken then is seen next either
     switching in straight from sleeping (its wake-up untraced) or, switched
     in after the agent's thread as well, switching out from running with no
     duration. About one run in 75 of ten
@@ -189,7 +189,7 @@ def unfreed(rows: list[dict], pids: set[int]) -> set[int]:
     The kernel frees a reaped task in an RCU callback, 11 to 65 ms after its
     exit here (sched_process_free). On this VM, as far as seen, nothing is
     traced on a CPU while one of its agent's threads (PID 1's) runs there
-    (README, Reliability): a batch of frees that ran then is not seen, and
+    (docs/reliability.md): a batch of frees that ran then is not seen, and
     those tasks stay in their final state, rightly, in record and snap."""
     stuck = [r for r in rows if r["pid"] in pids and r["state"] != "reaped"]
     assert all(r["state"] in ("zombie", "dead") and r["exited"] for r in stuck), stuck

@@ -6,8 +6,10 @@
 
 SYNOPSIS, OPTIONS, DESCRIPTION and EXAMPLES come from the click commands (their
 params, help text and epilog); pstate-events(5) comes from schema.py; the prose
-that click has no place for lives in manprose.py. Output is byte-stable: a
-fixed date, a fixed help width, nothing read from the machine.
+that click has no place for lives in manprose.py; measured figures come from
+bench/results/latest.json (figures.py), which also fills the generated regions
+of README.md and docs/performance.md. Output is byte-stable: a fixed date, a
+fixed help width, nothing read from the machine.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from click.formatting import join_options
 from click.shell_completion import get_completion_class
 
 from pstate import __version__
-from pstate.docs import flagtable, formatprose, manprose
+from pstate.docs import figures, flagtable, formatprose, manprose
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode, PstateError
 
@@ -388,7 +390,7 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
     if prose.get("fields"):
         out["FIELDS"] = [section("FIELDS"), *definitions(prose["fields"])]
     if prose.get("overhead"):
-        text = prose["overhead"].format(**manprose.OVERHEAD_FIGURES)
+        text = prose["overhead"].format(**overhead_figures())
         out["OVERHEAD"] = [section("OVERHEAD"), *blocks(text)]
     if prose.get("environment"):
         out["ENVIRONMENT"] = [section("ENVIRONMENT"), *definitions(prose["environment"])]
@@ -397,6 +399,16 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
     if prose.get("requirements"):
         out["REQUIREMENTS"] = [section("REQUIREMENTS"), *blocks(prose["requirements"])]
     return out
+
+
+_FIGURES: dict[str, str] = {}
+
+
+def overhead_figures() -> dict[str, str]:
+    """The OVERHEAD sections' figures, from the bench results of the checkout."""
+    if not _FIGURES:
+        _FIGURES.update(figures.overhead_figures(figures.load(checkout_root())))
+    return _FIGURES
 
 
 def subcommand_page(parent: click.Context, name: str, summary: str) -> str:
@@ -624,14 +636,17 @@ def main(check: bool, out: Path | None) -> None:
     """Regenerate man pages and shell completions from the click commands."""
     root = out or checkout_root()
     files = render_all()
+    # README.md and docs/performance.md are edited in the checkout: their
+    # generated regions are filled from the checkout's text and checked there.
+    documents = figures.render_documents(checkout_root())
     if check:
-        stale = stale_files(root, files)
+        stale = stale_files(root, files) + [p for p in stale_files(checkout_root(), documents) if p in documents]
         if stale:
             click.echo(f"man pages/completions are stale: run `{REFRESH_COMMAND}` "
                        f"(python -m pstate.docs.docgen)\n  " + "\n  ".join(stale), err=True)
             sys.exit(1)
         return
-    for path in write_all(root, files):
+    for path in write_all(root, {**files, **documents}):
         click.echo(f"wrote {path}", err=True)
     leftovers = [p for p in stale_files(root, files) if p not in files]
     for path in leftovers:

@@ -4,37 +4,14 @@ docgen.py takes SYNOPSIS, OPTIONS, DESCRIPTION and EXAMPLES from the click
 commands; this module adds the rest. Text is light markup: paragraphs split
 by blank lines, `code` in bold, indented blocks shown verbatim, "- " items as
 bullets. FIELDS and FILES are lists of (term, description) pairs or
-paragraphs. OVERHEAD text may use {names} from OVERHEAD_FIGURES.
+paragraphs. OVERHEAD text may use {names} of
+pstate.docs.figures.overhead_figures(), read from bench/results/latest.json.
 """
 
 from __future__ import annotations
 
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode
-
-# Figures quoted in the OVERHEAD sections. PLACEHOLDERS until measured: set
-# each from the bench/ scripts named in the text on the reference machine,
-# then run `make artifacts`. Every value is plain text inserted as is.
-OVERHEAD_FIGURES = {
-    "machine": "a 2-CPU AMD EPYC virtual machine with Linux 6.18, shared with other work "
-               "(measured 2026-11-30)",
-    "record_ratio": "0.78",  # storm throughput traced/untraced, per CPU second, median of 8 pairs
-    "record_ratio_wall": "0.78",
-    "perf_ratio": "0.55",  # perf sched record, same run
-    "record_kernel_ns": "460 to 640 ns",  # BPF run time per context switch (bpf_stats_enabled)
-    "record_user_us": "0.34 us",  # record's CPU per event written beyond start-up (bench/run.py)
-    "record_max_rate": "2,500,000",  # events/s one free CPU can write
-    "record_zero_loss": "757,000 transitions a second (a context-switch storm on each CPU, record "
-                        "sharing a CPU with one of them), the most the benchmark produced",
-    "startup_cold_rss": "150 MB",  # bench/bench_startup.py
-    "startup_warm": "0.19 s",
-    "startup_warm_rss": "55 MB",
-    "snap_ratio": "0.82 to 0.85",
-    "snap_ns_per_event": "290 ns",
-    "stats_events_per_s": "1,640,000",  # bench/readers.py, stats -j 1, per CPU second
-    "replay_events_per_s": "1,610,000",  # bench/readers.py, --no-wait
-    "heat_live_events_per_s": "470,000",  # bench/bench_heat.py, one core, no sampling
-}
 
 # Generic meaning of every exit code; pages add per-command notes.
 EXIT_CODES = {
@@ -212,7 +189,7 @@ PAGES: dict[str, dict] = {
             its cost. The readers run on one CPU each: on {machine}, stats
             digested {stats_events_per_s} events per second, replay
             `--no-wait` wrote {replay_events_per_s}, and heat `--live` kept up
-            with {heat_live_events_per_s} (the scripts in bench/).
+            with a paced {heat_live_events_per_s} without sampling (bench/run.py).
             """,
         "files": [
             ("PREFIX/lib/pstate", "The Python environment `make install` creates for pstate; it sees "
@@ -333,7 +310,7 @@ PAGES: dict[str, dict] = {
             context-switch storm pinned to one CPU (perf bench sched pipe),
             with record writing everything to a file from the other CPU, kept
             {record_ratio} of its untraced throughput per CPU second
-            ({record_ratio_wall} wall-clock; median of 8 interleaved A/B
+            ({record_ratio_wall} wall-clock; median of {rounds} interleaved A/B
             pairs; perf sched record kept {perf_ratio} in the same run). The
             kernel side costs about {record_kernel_ns} per context switch.
 
@@ -343,15 +320,18 @@ PAGES: dict[str, dict] = {
             second on a free CPU. Above what it can write, the ring buffer
             fills and the kernel drops events; every drop is counted in loss
             records and the end trailer, never silent. In the benchmark it
-            kept up without loss at {record_zero_loss}. Kernel-side filters
+            kept up without loss at {record_zero_loss} transitions a second,
+            the most the benchmark produced. Kernel-side filters
             (`-p`, `--state`, `--min-dur`, ...) cut the rate; `--max-rate`
             samples above a budget and says so in rate records;
             `--buffer-size` absorbs bursts.
 
             The first run of a program compiles it with bcc (about a second
-            of CPU and {startup_cold_rss} of memory); later runs load it from
-            the program cache (see FILES) and see their first event after
-            {startup_warm} with a peak of {startup_warm_rss}.
+            of CPU, and more memory than any later run); later runs load it
+            from the program cache (see FILES) and see their first event
+            after {startup_warm} with a peak of {startup_warm_rss}.
+            docs/performance.md has the method and the history of these
+            measurements.
 
             Test with a short `--duration` first on a busy production machine,
             and use `--max-rate` to cap the output rate.
@@ -582,8 +562,8 @@ PAGES: dict[str, dict] = {
             heat reads its input once; the live dashboard redraws at
             `--refresh` frames a second and, when the stream is faster than it
             can parse, samples the common transitions (the status line says
-            so) instead of falling behind. On {machine} it kept up with
-            {heat_live_events_per_s} events per second without sampling
+            so) instead of falling behind. On {machine} it kept up with a
+            paced {heat_live_events_per_s} events per second without sampling
             (bench/bench_heat.py).
             """,
         "exit_status": {
