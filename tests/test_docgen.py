@@ -95,7 +95,7 @@ def test_fake_page_sections_and_escapes(fake_page):
     assert "pstate\\-fake \\- fake things for tests" in lines
     # synopsis from the params, hidden ones left out
     assert "[\\fB\\-n\\fR\\ \\fIINTEGER\\fR]" in lines
-    assert "[\\fB\\-\\-format\\fR\\ {\\fItext\\fR|\\fIjson\\fR}]" in lines
+    assert "[\\fB\\-\\-format\\fR\\ {\\fItext\\fR|\\:\\fIjson\\fR}]" in lines  # \\: a break point
     assert "[\\fB\\-\\-color\\fR|\\fB\\-\\-no\\-color\\fR]" in lines
     assert "[\\fB\\-v\\fR]..." in lines
     assert "[\\fB\\-\\-state\\fR\\ \\fISTATE\\fR]..." in lines

@@ -209,12 +209,18 @@ def test_count_needs_interval():
     assert res.exit_code == 2 and "--count needs --interval" in res.stderr
 
 
-def test_help_documents_json_keys_and_examples():
+def test_help_has_examples_and_the_json_keys_are_documented():
+    """--help shows usage, options and examples; the report's keys are in
+    pstate-events(5), generated from pstate.stream.reports."""
+    from pstate.stream import reports
+
     res = run("--help")
     assert res.exit_code == 0
-    for word in ("Examples:", "max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempted",
-                 "--interval", "--hist", "--matrix", "dot"):
+    for word in ("Examples:", "--interval", "--hist", "--matrix", "dot", "pstate-events"):
         assert word in res.stdout
+    fields = " ".join(reports.REPORTS["stats"][1])
+    for word in ("max_abs_deviation_ns", "lost_pct", "p99_ns", "runq_preempted"):
+        assert word in fields
 
 
 # --- the fast path equals the reference path ---------------------------------

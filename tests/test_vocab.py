@@ -15,7 +15,7 @@ from pstate.engines import flight
 from pstate.kernel import btf, eventcodec, eventlayout, filtermaps, recordprog, stacks
 from pstate.render import heatmodel, snaptables, tables, whytables
 from pstate.snapshots import histograms
-from pstate.stream import meta, schema, vocab
+from pstate.stream import meta, reports, schema, vocab
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "cli" / "pstate"
@@ -69,8 +69,9 @@ def test_stats_kinds_labels_and_columns_are_the_tables():
     for state in vocab.BLOCKED_STATES:  # the rule for the blocked kinds, the table's among them
         assert tables.kind_label(vocab.blocked_kind(state)) == f"{state} ({schema.STATES[state][0]})"
     assert tables.CSV_KINDS == timeinstate.LATENCY_KINDS + tuple(map(vocab.blocked_kind, vocab.BLOCKED_STATES))
-    assert f"KIND is {', '.join(timeinstate.LATENCY_KINDS)} or blocked_STATE." in tables.REPORT_FIELDS
-    assert f"{vocab.RUNQ_PREEMPTED.name}_ns after a preemption" in whytables.WHY_FIELDS
+    kinds = reports.STATS_FIELDS["groups[].latency.KIND.count"][1]
+    assert kinds.endswith(f"{', '.join(timeinstate.LATENCY_KINDS)} or blocked_STATE")
+    assert f"groups[].{vocab.RUNQ_PREEMPTED.name}_ns" in reports.STATS_FIELDS
 
 
 def test_the_kernels_histograms_are_the_tables():

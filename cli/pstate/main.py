@@ -11,7 +11,7 @@ import click
 from pstate import __version__, lifecycle
 from pstate.exitcodes import ExitCode
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 80}
 
 # name -> (module under pstate.commands, one-line summary shown by `pstate -h`)
 COMMANDS = {
@@ -65,14 +65,14 @@ class LazyGroup(click.Group):
 
 EPILOG = """\b
 Examples:
-  sudo pstate record -d 10 -o rec.jsonl     record 10 s of transitions to a file
-  sudo pstate record | pstate stats         summarise live, Ctrl-C to end
-  sudo pstate record -p 1234 --state D      one process, only uninterruptible sleeps
-  pstate stats rec.jsonl --by tid --hist    per-thread times and latency histograms
+  sudo pstate record -d 10 -o rec.jsonl   10 s of transitions to a file
+  sudo pstate record | pstate stats       summarise live, Ctrl-C to end
+  sudo pstate record -p 1234 --state D    one process, only D sleeps
+  pstate stats rec.jsonl --by tid --hist  per-thread times and histograms
   pstate replay rec.jsonl --speed 10 | pstate heat --live
-  pstate export rec.jsonl -o rec.pftrace    open it in ui.perfetto.dev
-  sudo pstate snap --dir /var/lib/pstate    one snapshot, e.g. from cron
-  pstate doctor                             check bcc, headers, tracefs, privileges
+  pstate export rec.jsonl -o rec.pftrace  open it in ui.perfetto.dev
+  sudo pstate snap --dir /var/lib/pstate  one snapshot, e.g. from cron
+  pstate doctor                           check bcc, headers, tracefs
 
 Every command has its own --help and man page (man pstate-record).
 """

@@ -10,14 +10,15 @@ from pstate.engines.doctor import doctor
 
 EPILOG = """\b
 Examples:
-  sudo pstate doctor                     check everything, including a live test
-  sudo pstate doctor --no-live           skip compiling and running BPF
+  sudo pstate doctor              check everything, including a live test
+  sudo pstate doctor --no-live    skip compiling and running BPF
   sudo pstate doctor --kernel-headers /usr/src/linux-headers-6.1.0-57-amd64
 
 \b
 Privileges: pstate record and snap need root, or the capabilities CAP_BPF
-and CAP_PERFMON plus read access to tracefs (and CAP_SYS_ADMIN to mount it).
-Never make pstate or python setuid. stats, heat and replay need no privilege.
+and CAP_PERFMON plus read access to tracefs (and CAP_SYS_ADMIN to mount
+it). Never make pstate or python setuid. stats, heat and replay need no
+privilege.
 """
 
 @click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

@@ -17,28 +17,21 @@ from pstate.stream.durations import Duration
 
 EPILOG = """\b
 Examples:
-  pstate heat rec.jsonl                      dominant state per thread over the recording
-  pstate heat rec.jsonl --by pid --top 10    the 10 busiest processes
-  pstate heat rec.jsonl --shade D            share of each bucket in D, per thread
-  pstate heat rec.jsonl --latency            run-queue latency heat map (log2 rows)
-  pstate heat rec.jsonl --latency=D          how long uninterruptible sleeps lasted, when
-  pstate heat rec.jsonl --bucket 100ms       fixed buckets (long maps wrap into bands)
-  pstate heat /var/lib/pstate --shade D      processes x snapshots, time in D
-  sudo pstate record | pstate heat --live    live dashboard, Ctrl-C or q to quit
+  pstate heat rec.jsonl                    dominant state per thread
+  pstate heat rec.jsonl --by pid --top 10  the 10 busiest processes
+  pstate heat rec.jsonl --shade D          share of each bucket in D
+  pstate heat rec.jsonl --latency          run-queue latency (log2 rows)
+  pstate heat rec.jsonl --latency=D        how long D sleeps lasted, when
+  pstate heat rec.jsonl --bucket 100ms     fixed buckets, wrapped in bands
+  pstate heat /var/lib/pstate --shade D    processes x snapshots, time in D
+  sudo pstate record | pstate heat --live  live dashboard, Ctrl-C or q quits
   pstate replay rec.jsonl --speed 10 | pstate heat --live --window 30s
-  pstate heat rec.jsonl --no-color | less    plain ASCII glyphs
+  pstate heat rec.jsonl --no-color | less  plain ASCII glyphs
 
 \b
-Glyphs without colour: # running  + runnable  ! preempted  . sleeping
-  D uninterruptible  T stopped  t traced  Z zombie  X dead  P parked  I idle
-  n new  ? unknown  ' ' not seen; intensity ramp " .:-=+*#%@" (low to high).
---live on a terminal redraws in place (alternate screen) and leaves the last
-frame on the screen when it ends; with stdout not a terminal it prints one
-frame after another, separated by a blank line. A stream faster than it can
-draw is sampled (the status line says "sampling 1/k").
-
-Exit status: 0 (also Ctrl-C or q in --live), 2 usage, 65 bad input with
---strict or a newer event format, 66 unreadable input, 143 SIGTERM in --live.
+Glyphs: # running  + runnable  ! preempted  . sleeping  D uninterruptible
+  T stopped  t traced  Z zombie  X dead  P parked  I idle  n new  ? unknown
+  ' ' not seen; intensity ramp " .:-=+*#%@" (low to high).
 """
 
 
@@ -57,7 +50,7 @@ class MeasureChoice(Choice):
             raise
 
 
-@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]},
                cls=RenamedCommand, renamed={"-n": "--top"})
 @click.argument("inputs", nargs=-1, type=click.Path(allow_dash=True), metavar="[FILE|DIR]...")
 @click.option("--latency", type=MeasureChoice(list(hm.MEASURES), case_sensitive=False), is_flag=False,

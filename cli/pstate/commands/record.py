@@ -14,43 +14,21 @@ from pstate.stream.filters import Filter
 
 EPILOG = """\b
 Examples:
-  sudo pstate record -d 10 -o rec.jsonl       10 seconds, everything, to a file
-  sudo pstate record | pstate stats           live summary; Ctrl-C ends both
-  sudo pstate record -p 1234                  one process and all its threads
-  sudo pstate record -c nginx --state D       nginx tasks entering or leaving D
-  sudo pstate record --min-dur 5ms            only states that lasted >= 5 ms
-  sudo pstate record --max-rate 200000        sample when the rate gets higher
-  sudo pstate record --flight 30s --trigger 'D>=100ms' -o /var/tmp/flight
-                                              the last 30 s, written when a task
-                                              was in D for 100 ms (or on SIGUSR1)
-  sudo pstate record | jq -c 'select(.to=="uninterruptible")'
-  sudo pstate record -o rec.jsonl -- make -j4 a command and every process it starts
-  sudo pstate record -p 1234 --children       a process and its descendants
+  sudo pstate record -d 10 -o rec.jsonl   10 s of everything, to a file
+  sudo pstate record | pstate stats       live summary; Ctrl-C ends both
+  sudo pstate record -p 1234              one process and all its threads
+  sudo pstate record -c nginx --state D   nginx tasks entering or leaving D
+  sudo pstate record --min-dur 5ms        only states that lasted >= 5 ms
+  sudo pstate record --max-rate 200000    sample above 200,000 events/s
+  sudo pstate record -p 1234 --children   a process and its descendants
+  sudo pstate record --stacks -o rec.jsonl  kernel stacks of D states
+  # a command and every process it starts; exits as the command does
+  sudo pstate record -o rec.jsonl -- make -j4
+  # the processes of a cgroup and below
   sudo pstate record --cgroup /system.slice/nginx.service
-                                              the processes of a cgroup and below
-
-\b
-The first line is a meta header, the last an end trailer with totals;
-loss records appear in-band when events are dropped (man pstate-events).
-Ctrl-C, SIGTERM and --duration end the run normally (exit 0) after writing
-the trailer; a closed output pipe ends it quietly. With -o FILE, SIGHUP
-starts FILE anew (for logrotate: rename FILE, then send SIGHUP): the old
-file gets its end trailer, the new one a meta header whose window_begin_ts
-says where it starts; on standard output SIGHUP ends the run. A regular
-output file is fsync'd every few seconds.
-
-\b
-With -- CMD ARGS..., record starts CMD once the kernel side is ready and
-records it and every process it forks, and theirs (the kernel follows
-forks: nothing else is recorded); it stops when CMD exits and exits with
-CMD's status (128 + N when a signal N ended it; 3 when CMD exited 0, --strict
-is given and events were lost). When the stream goes to standard output,
-CMD's standard output goes to standard error, so that the two do not mix.
--p PID --children follows the descendants of PID the same way, those living
-now and those forked from now on. --cgroup PATH follows the processes of
-the cgroup and of those below it: those in them when recording starts, those
-seen switching out in them later, and what they fork. A process moved out
-stays followed.
+  # the last 30 s, written when a task was in D for 100 ms (or on SIGUSR1)
+  sudo pstate record --flight 30s --trigger 'D>=100ms' -o /var/tmp/flight
+  sudo pstate record | jq -c 'select(.to=="uninterruptible")'
 """
 
 

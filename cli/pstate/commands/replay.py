@@ -13,26 +13,17 @@ from pstate.stream.timewindow import TimePointType, Window, WindowError
 
 EPILOG = """\b
 Examples:
-  pstate replay rec.jsonl | pstate heat --live      at the recorded pace
+  pstate replay rec.jsonl | pstate heat --live       at the recorded pace
   pstate replay rec.jsonl --speed 10 | pstate heat --live
   pstate replay rec.jsonl -b +30s -e +45s | pstate stats
   pstate replay rec.jsonl -b 12:00:05 -e 12:01 --no-wait > noon.jsonl
   pstate replay rec.jsonl --no-wait -p 1234 --state D
-  pstate replay /var/lib/pstate --speed 60          snapshots, 1 min per s
-  sudo pstate record | pstate replay -c nginx       filter a live stream
-
-\b
-TIME is +30s or +1m30s (after the start of the recording), 12:00:05 (that
-time of day, local, on the day the recording started), 2026-11-30T12:00:00
-(local time unless it ends in Z or +hh:mm) or @1764500000 (epoch seconds).
---begin is inclusive, --end exclusive. Gaps between concatenated recordings
-are not waited for. Bad input lines are skipped and counted on stderr
-(--strict: exit 65). Ctrl-C, SIGTERM and a closed pipe end the replay
-normally (exit 0); the first two still write the end trailer.
+  pstate replay /var/lib/pstate --speed 60           snapshots, 1 min per s
+  sudo pstate record | pstate replay -c nginx        filter a live stream
 """
 
 
-@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--speed", type=click.FloatRange(min=0, min_open=True), metavar="N",
               help="Play N times faster than recorded (0.5: half speed). Default: 1, the original pace.")
 @click.option("--no-wait", is_flag=True, help="Write everything as fast as possible, without pauses.")

@@ -13,74 +13,21 @@ from pstate.stream.durations import Duration
 
 EPILOG = """\b
 Examples:
-  sudo pstate snap --start                        a collector that counts in the kernel
-  sudo pstate snap --dir /var/lib/pstate          one snapshot of it at once (from cron)
-  sudo pstate snap --status                       since when, cost, memory, fill
-  sudo pstate snap --stop                         remove it
-  sudo pstate snap --dir /var/lib/pstate          without one: one 5 s snapshot
-  sudo pstate snap --dir /var/lib/pstate -k 1440  ... keeping the newest 1440
-  sudo pstate snap --dir DIR --every 10s --max-age 24h    a daemon
-  sudo pstate snap --dir DIR --every 1m --clear   each file covers its minute
+  sudo pstate snap --start                 a collector counting in the kernel
+  sudo pstate snap --dir /var/lib/pstate   one snapshot of it at once (cron)
+  sudo pstate snap --status                since when, cost, memory, fill
+  sudo pstate snap --stop                  remove it
+  sudo pstate snap --dir /var/lib/pstate   without one: one 5 s snapshot
+  sudo pstate snap --dir DIR -k 1440       ... keeping the newest 1440
+  sudo pstate snap --dir DIR --every 10s --max-age 24h
+                                           a daemon, a day of snapshots
+  sudo pstate snap --dir DIR --every 1m --clear
+                                           each file covers its minute
   # for Prometheus, into the directory Debian's node_exporter reads
-  sudo pstate snap --dir /var/lib/prometheus/node-exporter --format prom --every 15s
-  pstate stats DIR/                               trends, churn, leak suspects
+  sudo pstate snap --format prom --every 15s \\
+      --dir /var/lib/prometheus/node-exporter
+  pstate stats DIR/                        trends, churn, leak suspects
   jq -c 'select(.type=="task" and .uninterruptible_ns > 0)' DIR/pstate-snap-*
-
-\b
-Files: pstate-snap-<UTC time>-<seq>.jsonl (or .csv) in DIR, mode 0600
-(0640 with --group), published atomically: a meta header, one task row per
-thread, an end trailer (man pstate-events). CSV has the same columns, with
-the meta and end records as JSON in '#' comment lines. --format prom keeps
-one file, pstate-snap.prom, replaced at each snapshot, for node_exporter's
-textfile collector, which runs as its own user: mode 0644 (0640 with
---group), in a DIR it can list; series are per systemd unit by default
-(--prom-by), and carry process titles only with --prom-by title (man
-pstate-snap: who may read what).
-Rows carry their process's title and cgroup (title, cgroup, cgroup_path),
-read from /proc at each snapshot.
-
-\b
---prom-by unit is the default because a Prometheus operator aggregates by
-service, and series per pid grow with every process started (their
-cardinality follows churn, not the services): per unit, cgroup or title
-the number of series is bounded by the services running and they never
-disappear; per comm too; per pid or thread they come and go with the
-processes (--prom-by process is the old name of pid).
-DIR/.pstate-last.json tells the outcome of the latest snapshot.
-
-\b
-Values are cumulative since the run began (the state a thread was in when
-the run began counts from then on); --clear makes each file a delta over its
-own interval. Threads that exited stay in the next snapshot, then go.
-A missing DIR is created (mode 0700) when its parent exists. DIR must not be
-a symlink, nor group- or world-writable (exit 77). One snap per DIR: another
-one exits 75. A full disk exits 73 and leaves earlier snapshots intact.
-SIGINT/SIGTERM remove the snapshot in progress and exit 130/143, unless the
-interval's snapshot was already out (exit 0).
-
-\b
-The collector (--start): snap's BPF programs and maps stay in the kernel,
-pinned in /sys/fs/bpf/pstate/snap (bpffs is mounted there when it is not),
-attached by BPF links, and count with no process running, in kernel memory
-bounded by --max-tasks. Each `snap --dir DIR` then writes one snapshot of it
-at once and exits: totals since the collector started, every thread that
-exited since the last snapshot included, with the previous snapshot's time
-(prev_ts) in the meta record; --interval, --count, --every and --clear do
-not apply. --start is idempotent; --stop removes every program, link, map
-and pin it made; --restart replaces it (a pstate of another layout refuses
-to read it, exit 65). Without a collector, snap collects for one interval
-(and says so on a terminal).
-
-\b
-The pin directory (/sys/fs/bpf/pstate, or --pin-dir DIR on bpffs) is
-created 0700. bpffs is writable by every user, so one that is not a real
-directory, not root's, or writable by group or others is refused (exit 77):
-another user could move or hide the collector there. Remove it as root
-(rm -r DIR: bpffs holds only pins) or choose another with --pin-dir;
-doctor names its owner. --status, --stop, doctor and each snapshot find a
-collector by its manifest wherever it was moved in bpffs (a bounded walk
-that follows no symbolic link), --stop removes only pins the manifest
-proves pstate made, and --start starts no second one.
 """
 
 

@@ -11,7 +11,6 @@ from pstate.analysis import selection, timeinstate
 from pstate.commands.options import StateName, read_filter_options
 from pstate.engines.stats import stats
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.render import tables, whytables
 from pstate.stream import schema
 from pstate.stream.durations import Duration, parse_ns
 
@@ -20,98 +19,27 @@ BY_CHOICES = timeinstate.BY_KEYS + ("reason",)
 
 EPILOG = """\b
 Examples:
-  sudo pstate record | pstate stats           summary at Ctrl-C (record ends, stats prints)
-  pstate stats rec.jsonl                      per process: time in each state, latencies
-  pstate stats rec.jsonl --by tid --hist      per thread, with log2 latency histograms
-  pstate stats rec.jsonl --by all --hist      system-wide histograms, as runqlat prints
-  pstate stats rec.jsonl --in-state D --top 5 the 5 processes most in uninterruptible sleep
-  pstate stats rec.jsonl --sort runq-p99      worst run-queue waits first
-  pstate stats rec.jsonl -c nginx --by tid    only the nginx threads, per thread
-  pstate stats rec.jsonl --matrix             transition counts and mean durations
+  sudo pstate record | pstate stats          summary when record ends
+  pstate stats rec.jsonl                     per process: time in states
+  pstate stats rec.jsonl --by tid --hist     per thread, log2 histograms
+  pstate stats rec.jsonl --by all --hist     system-wide, as runqlat prints
+  pstate stats rec.jsonl --in-state D --top 5
+                                             the 5 processes most in D
+  pstate stats rec.jsonl --sort runq-p99     worst run-queue waits first
+  pstate stats rec.jsonl -c nginx --by tid   the nginx threads, per thread
+  pstate stats rec.jsonl --matrix            transition counts, mean times
   pstate stats rec.jsonl --top 1 --format dot | dot -Tsvg > states.svg
   sudo pstate record | pstate stats --interval 1 --count 10
-  pstate stats /var/lib/pstate/               snapshots (from pstate snap)
+  pstate stats /var/lib/pstate/              snapshots (from pstate snap)
   sudo pstate record --stacks -d 10 -o rec.jsonl
-  pstate stats rec.jsonl --stacks=D --top 3   the 3 stacks most time in D, per process
-  pstate stats rec.jsonl --by reason          blocked time of every task, by reason
+  pstate stats rec.jsonl --stacks=D --top 3  the 3 stacks most time in D
+  pstate stats rec.jsonl --by reason         blocked time by reason
   pstate stats rec.jsonl -f folded | flamegraph.pl > offcpu.svg
   pstate stats rec.jsonl --wakers -f dot | dot -Tsvg > wakeups.svg
-  pstate stats rec.jsonl --by tid --antagonists   who held the CPU while each waited
+  pstate stats rec.jsonl --by tid --antagonists
+                                             who held the CPU meanwhile
 
-\b
-Time in state: dur_ns summed by the state left; the time from a task's last
-transition to the end of the window counts for the state it is in, so a task
-seen through the whole window sums to the window (the headline reports the
-largest deviation). When the start of a task's first state was not seen
-(dur_ns null), the time before it is "unobserved", not guessed. Percentages
-are of the time observed. Latencies: run-queue wait after a wake-up
-(runnable -> running) and after preemption (preempted -> running), on-CPU
-slice (running -> anything), blocked time per sleeping state (sleeping,
-uninterruptible, stopped, ... -> runnable): count, p50, p90, p99 and max.
-Percentiles come from log-linear histograms (within 1.6%; exact for one or
-two samples); max is exact.
-A stream cut to a window (replay --begin/--end; a file record started anew
-on SIGHUP) says so in its meta record (window_begin_ts, window_end_ts): every
-duration is clipped to that window, as to an interval with --interval.
-A recording made with --state, --cpu or --min-dur holds only some
-transitions of each task: stats then shows no time in state (no percentage
-it cannot support), only the counts and latency distributions of the
-transitions kept, and says so. -p/-t/-c keep every transition of the tasks
-they keep: their time in state stays. The same filters given to stats (as
-record takes them: -p, -t, -c, --cpu, --state, --min-dur) are applied as it
-reads, with the same effect on time in state; --in-state and --min-time
-select groups instead.
-Sanity: a switch-in of a task already running (running -> running, as the
-threads of some VM agents show) is counted apart as impossible, not as a
-switch; a group on a CPU longer than its threads and the CPUs allow is
-flagged; the headline names the task of the largest deviation.
-A transition counts under the pid and comm of its own record (a thread that
-execs moves to its new name). --by cgroup, unit, container, title and ppid
-group processes by what the recording's process and cgroup records (written
-by record) said of them at that point of the stream: a process whose title
-changes moves to its new title; one the stream says nothing of is in "?".
-By cgroup, unit and container a state record that carries its task's own
-cgroup counts under that cgroup, one without (null: the tracepoint path's
-switch-ins and wake-ups; older recordings) under its process's: a thread
-moved to another cgroup has each interval counted under the cgroup of the
-record that ends it (where the task was at that transition), and the time
-after its last record under that record's. --cgroup keeps records by the same rule.
-Units and containers come from the cgroup path (system.slice/x.service,
-docker-ID.scope, kubepods/.../podUID/ID). When --top hides groups, a row
-"(N more)" sums them up and a row "(total)" all the groups chosen. Memory grows with the number of tasks and
-latency buckets, not of events.
-
-\b
-Input with loss records, skipped lines or a truncated end (or a run cut short
-by Ctrl-C) is summarised but flagged INCOMPLETE (json: input.complete false, input.lost_total,
-input.lost_pct, input.skipped_total; with --interval, of that interval).
-Bad lines are skipped and reported on stderr; --strict makes them exit 65. A newer event format exits 65.
-While its input is a pipe, stats ignores the first Ctrl-C (so that `record`,
-which gets it too, can end the stream) and prints at end of input; a second
-Ctrl-C prints what it has at once.
-
-\b
-""" + tables.REPORT_FIELDS + """\b
-Why (--stacks, --wakers, --antagonists, --by reason, --format folded): read
-the whole input as records (no --interval; csv has no columns for them).
---stacks ranks, per group, the kernel stacks of the blocked intervals that
-ended (the stack_id of the wake-up, from record --stacks), by total time,
-with count, p50, p99 and max; "[no stack]" for blocked time without one,
-"[blocked at the end]" for tasks still blocked when the window ends (so a
-state's stacks sum to its blocked time). --format folded writes every stack
-of the shown groups as "GROUP;STATE;root;...;leaf MICROSECONDS" lines.
---wakers: per group, who woke it from a blocked state: a task (comm tid),
-irq or softirq, or [unknown]. --antagonists: per group, the run-queue time
-(after a wake-up and after a preemption) and the tasks whose on-CPU slices
-on the CPU it then got fall within it; "[idle or unseen]" is the rest (the
-CPU idle, a task the recording left out). Rows per group: --top N, else 5.
-""" + whytables.WHY_FIELDS + """
-\b
---format csv writes one row per group (fixed columns: STATE_ns for every
-state, KIND_count/_p50_ns/_p90_ns/_p99_ns/_max_ns); with --matrix, one row
-per group and transition instead; with --interval, a first column "interval"
-and one header. --format dot writes the state-transition graph of the groups
-shown (Graphviz).
+More in man pstate-stats; the JSON report's fields in man 5 pstate-events.
 """
 
 

@@ -25,8 +25,8 @@ from click.formatting import join_options
 from click.shell_completion import get_completion_class
 
 from pstate import __version__
-from pstate.docs import figures, flagtable, formatprose, manprose
-from pstate.stream import schema
+from pstate.docs import commandprose, figures, flagtable, formatprose, manprose
+from pstate.stream import reports, schema
 from pstate.exitcodes import ExitCode, PstateError
 
 # Release date of each version: the date in the pages' title lines, so
@@ -235,9 +235,11 @@ def _metavar(param: click.Parameter, ctx: click.Context) -> str:
 
 def _italic_words(text: str) -> str:
     """Italicise the names in a metavar like "[FILES]..." but not its
-    brackets; a space inside a metavar does not break the line."""
+    brackets; a space inside a metavar does not break the line, a choice's
+    "|" may."""
     parts = re.split(r"([\[\]{}|]|\.\.\.)", text)
-    return "".join(esc(p) if i % 2 else italic(p).replace(" ", "\\ ")
+    # a line may break after a choice's "|" (\: is an invisible break point)
+    return "".join((esc(p) + ("\\:" if p == "|" else "")) if i % 2 else italic(p).replace(" ", "\\ ")
                    for i, p in enumerate(parts) if p)
 
 
@@ -318,7 +320,7 @@ def parse_examples(epilog: str) -> list[tuple[str, list]]:
                 pending_comment = (pending_comment + " " + line.lstrip("# ")).strip()
             elif indent > base and examples:
                 cmd, desc = examples[-1]
-                if cmd.endswith("\\") and not desc:
+                if cmd.endswith("\\"):  # a command continued on the next line
                     examples[-1][0] = cmd + "\n" + line
                 else:
                     examples[-1][1] = (desc + " " + line).strip()
@@ -433,6 +435,8 @@ def command_page(parent: click.Context, name: str, cmd: click.Command, summary: 
              section("DESCRIPTION"), *blocks(help_text(cmd))]
     if prose.get("description"):
         lines += blocks(prose["description"])
+    if commandprose.NOTES.get(name):
+        lines += blocks(commandprose.NOTES[name])
     lines += [section("OPTIONS"), *options_section(ctx, prose.get("arguments", {}))]
     extra = prose_sections(prose)
     lines += extra.get("FIELDS", []) + extra.get("OVERHEAD", [])
@@ -535,9 +539,22 @@ def events_page() -> str:
               ".SS \"Hist rows\"", *blocks(prose["snapshot_hist"]), *definitions(snapshot_hist_fields()),
               ".SS \"Fold rows\"", *blocks(prose["snapshot_fold"]), *definitions(snapshot_fold_fields()),
               ".SS \"End record\"", *definitions(prose["snapshot_end"])]
+    lines += [section("REPORTS"), *blocks(prose["reports"])]
+    for name, (desc, fields) in reports.REPORTS.items():
+        lines += [f".SS {name}", *fill(desc + ".")]
+        lines += report_fields(fields)
     lines += [section("EXAMPLES"), *blocks(prose["examples"])]
     lines += see_also([f"{PROG}(1)", *prose["see_also"]])
     return "\n".join(lines) + "\n"
+
+
+def report_fields(fields: dict[str, tuple[str, str]]) -> list[str]:
+    """A report's fields by path; a path standing for several keys has no type."""
+    out = []
+    for path, (typ, desc) in fields.items():
+        term = f"{bold(path)} ({italic(field_type(typ))})" if typ else bold(path)
+        out += [".TP", term, *fill(desc)]
+    return out
 
 
 def snapshot_hist_fields() -> list[tuple[str, str]]:

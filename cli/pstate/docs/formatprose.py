@@ -264,6 +264,17 @@ EVENTS = {
         ("folded, fold_lost", "As in the meta record."),
         ("reason", "Why the snapshot was written: interval."),
     ],
+    "reports": """
+        Besides the stream, the readers write reports: JSON objects of a
+        shape of their own, with a "type" of their own, declared in
+        pstate.stream.reports. A field is named by its path: a.b is key b of
+        object a, a[].b key b of each object of list a; an upper-case part
+        stands for several keys: STATE, KIND and REASON for each key of that
+        kind, FIELD and LABEL for the keys its description lists. A field
+        may be added in a later pstate; the stats report's schema number
+        grows when one is renamed or changes its meaning. `pstate replay`
+        writes the stream format itself, its meta record marked replayed.
+        """,
     "examples": """
         A thread that sleeps, is woken, waits for a CPU, then runs:
 

@@ -126,7 +126,8 @@ def _stats_table_fields() -> list:
                  "on-cpu slice (running until it left), or a blocked state until woken."),
         ("COUNT, " + ", ".join(f"P{p}" for p in PERCENTILES) + ", MAX",
          "Number of such waits, percentiles and the maximum."),
-        "`--format json` and `--format csv` hold the same figures; EXAMPLES lists their fields.",
+        "`--format json` and `--format csv` hold the same figures; REPORTS in pstate-events(5) lists "
+        "the JSON report's fields.",
     ]
 
 

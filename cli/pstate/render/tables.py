@@ -1,7 +1,7 @@
 """Renderers for `pstate stats`: table (80 columns), json, csv and dot.
 
 build_report() turns a Summary and the groups chosen for output into the
-JSON model (documented in pstate.commands.stats); the table, csv and dot
+JSON model (its fields: pstate.stream.reports); the table, csv and dot
 renderers read that same model, so every format says the same thing.
 """
 
@@ -15,7 +15,7 @@ import time
 import orjson
 import tabulate as _tabulate_mod
 
-from pstate.stream import schema, vocab
+from pstate.stream import reports, schema, vocab
 from pstate.stream.durations import fmt_ns
 from pstate.stream.names import cell
 from pstate.analysis.latency import PERCENTILES, pick_unit, render_log2_rows
@@ -23,42 +23,7 @@ from pstate.analysis.timeinstate import (BLOCKED_PREFIX, LATENCY_KINDS, NAMED_BY
                                          state_order)
 from pstate.analysis.selection import matrix
 
-# The report's version (its "schema" field): it grows when a field is
-# renamed or changes its meaning, not when one is added. 2: the wait after
-# a preemption has the name snapshot hist rows give it (stream.vocab's
-# FORMER_NAMES: pstate 0.1.0 wrote schema 1).
-REPORT_SCHEMA = 2
-_KINDS = ", ".join(k.name for k in vocab.WAIT_KINDS if not k.name.startswith(vocab.BLOCKED_PREFIX)) \
-    + " or " + vocab.blocked_kind("STATE")
-_FORMER = textwrap.fill(" ".join(f"Schema {REPORT_SCHEMA}: {new} was {old} in schema 1 (pstate 0.1.0), in "
-                                 f"every field named after it." for old, new in vocab.FORMER_NAMES.items()), 78)
-# The fields of the json report, for stats' help and man page.
-REPORT_FIELDS = f"""--format json writes one JSON object (one per line, one per interval, with
---interval):
-  type "stats", schema {REPORT_SCHEMA}, by, window {{start_ts, end_ts, duration_ns}},
-  interval {{seq, start_ts, end_ts}} (with --interval),
-  input {{lines, records, events, skipped {{reason: n}}, skipped_total,
-    truncated_tail, lost {{reason: n}}, lost_total, lost_pct, complete,
-    interrupted}},
-  accounting {{tasks, groups, groups_shown, tasks_whole_window,
-    max_abs_deviation_ns, total_abs_deviation_ns, null_dur_transitions,
-    unobserved_ns, max_deviation_tid, max_deviation_comm,
-    impossible_transitions, oncpu_exceeds_cpus [keys]}},
-  ledger {{time_in_state (false: states {{}} and observed_ns null),
-    transition_filters, task_filters, read_filters (those stats applied), cut}},
-  groups [{{key (the pid, tid or comm), pid (by pid, tid), tid (by tid),
-    threads (by pid, comm), processes (by comm), comm, observed_ns,
-    unobserved_ns, oncpu_exceeds_cpus, states {{STATE: {{ns, pct}}}},
-    transitions, voluntary, involuntary, impossible, null_dur, forks, execs, exits,
-    latency {{KIND: {{count, p50_ns, p90_ns, p99_ns, max_ns, mean_ns,
-      hist_unit, hist [[lo, hi, count]] (with --hist)}}}},
-    matrix (with --matrix)}}],
-  matrix [{{from, to, count, mean_ns, total_ns}}] (with --matrix),
-  rest, total (when --top hides groups: the hidden groups summed up, and
-    all the groups chosen; shown + rest = total, figure by figure).
-KIND is {_KINDS}.
-{_FORMER}
-"""
+REPORT_SCHEMA = reports.STATS_SCHEMA  # the report's fields: pstate.stream.reports
 
 # Kinds always present as csv columns (others are appended when seen).
 CSV_KINDS = LATENCY_KINDS + tuple(vocab.blocked_kind(s) for s in vocab.BLOCKED_STATES)

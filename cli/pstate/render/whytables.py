@@ -19,14 +19,6 @@ from pstate.stream.durations import fmt_ns
 from pstate.stream.names import cell
 
 DEFAULT_ROWS = 5  # rows per group in the table and json, unless --top says
-# The fields the why views add to the json report, for stats' help and man page.
-WHY_FIELDS = f"""json adds to every group: blocked_ns, stacks [{{state, reason, frames, count,
-total_ns, p50_ns, p99_ns, max_ns}}], reasons [{{state, reason, count, ...}}]
-(--stacks); wakers [{{kind (task, irq, softirq, unknown), tid, pid, comm,
-name, count, ended_ns}}]; runq_ns ({RUNQ_WAKEUP}_ns after a wake-up plus
-{RUNQ_PREEMPTED}_ns after a preemption), runq_waits, antagonists [{{tid, pid, comm,
-name, ns, pct, waits}}]; and a "why" object says which were asked for.
-"""
 KEY_HEADER = {**tables.BY_HEADER, "reason": "REASON"}
 _CELL = 30  # characters of a stack cell's line
 _REASON = 24  # characters of a reason
