@@ -35,7 +35,7 @@
 //                  MEMBERS, probeplan); else at sched_waking
 //
 // Filters are map values, written by user space before the first event
-// (pstate/filtermaps.py), so one compiled program serves every filter: the
+// (cli/pstate/kernel/filtermaps.py), so one compiled program serves every filter: the
 // `settings` row (state mask, minimum duration, idle, which sets to consult)
 // and the sets pid_filter, tid_filter, comm_filter and cpu_filter. The
 // cheapest tests come first: the state mask and minimum duration, then the
@@ -115,8 +115,8 @@ BPF_RINGBUF_OUTPUT(events, RB_PAGES);
 // record (user space writes every header once: the length, never busy), so
 // user space decodes both alike; it reads each CPU's run between tail and
 // head and merges the runs and the ring buffer by time
-// (pstate/kernel/slotrings.py). A run holds what --buffer-size holds per
-// CPU, 1024 to 8192 slots (pstate/commands/record.py slots_per_cpu); what
+// (cli/pstate/kernel/slotrings.py). A run holds what --buffer-size holds per
+// CPU, 1024 to 8192 slots (cli/pstate/kernel/recordprog.py slots_per_cpu); what
 // it cannot hold between two reads of user space goes to the ring buffer,
 // which takes bursts.
 //

@@ -12,7 +12,7 @@
 // Keep it so: no struct from a header, no kernel memory read but at offsets
 // from the BTF.
 //
-// Compile-time settings (-D cflags, set by pstate/commands/snap.py):
+// Compile-time settings (-D cflags, set by cli/pstate/snapshots/taskmaps.py):
 //   REPORT_MASK   prev_state bits that name a blocked state (from print_fmt)
 //   NR_KBITS      number of those bits that get a counter (highest bit + 1)
 //   MAX_TASKS     size of the live-thread hash, and of the map of freed threads
@@ -44,7 +44,7 @@
 // row before its seed was written, or died first) by deleting it, and the
 // program uses a seed only if its own delete succeeds.
 
-#include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with pstate/commands/snap.py
+#include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with cli/pstate/snapshots/taskmaps.py
 #include "tpargs.h" // PSTATE_PROBE, SW_*, WK_*: the arguments on either path
 #include "snaphist.h" // struct snap_hist, hist_*: latency histograms in the rows
 
