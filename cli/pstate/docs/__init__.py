@@ -1,1 +1,1 @@
-"""Generation of the man pages and shell completions from the commands and the schema."""
+"""Generation of the man pages, shell completions and measured figures from the commands, the schema and the bench results."""

@@ -123,7 +123,7 @@ def _spread(s: dict | None) -> str:
 
 def overhead_table(results: dict) -> list[str]:
     """The README's table: one row per contender of the storm."""
-    rows = ["| tool | storm kept, per CPU s | hackbench kept | BPF ns per switch "
+    rows = ["| tool | storm kept, per CPU s | hackbench kept, per CPU s | BPF ns per switch "
             "| events/s written | first event | peak RSS |",
             "|---|---|---|---|---|---|---|"]
     for key, label in CONTENDERS.items():
