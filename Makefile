@@ -78,8 +78,9 @@ bench: setup
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Regenerate man/ and completions/ from the click commands and schema.py, and
-# docs/kernels.md from tests/kernels/.
+# Regenerate man/ and completions/ from the click commands and schema.py, the
+# figures in README.md and docs/performance.md from bench/results/latest.json,
+# and docs/kernels.md from tests/kernels/.
 artifacts:
 	$(PY) -m pstate.docs.docgen
 	$(PY) tests/kernels/kdoc.py
