@@ -400,6 +400,8 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
         out["FILES"] = [section("FILES"), *definitions(prose["files"])]
     if prose.get("requirements"):
         out["REQUIREMENTS"] = [section("REQUIREMENTS"), *blocks(prose["requirements"])]
+    if prose.get("security"):
+        out["SECURITY"] = [section("SECURITY"), *blocks(prose["security"])]
     return out
 
 
@@ -439,7 +441,7 @@ def command_page(parent: click.Context, name: str, cmd: click.Command, summary: 
         lines += blocks(commandprose.NOTES[name])
     lines += [section("OPTIONS"), *options_section(ctx, prose.get("arguments", {}))]
     extra = prose_sections(prose)
-    lines += extra.get("FIELDS", []) + extra.get("OVERHEAD", [])
+    lines += extra.get("FIELDS", []) + extra.get("OVERHEAD", []) + extra.get("SECURITY", [])
     if cmd.epilog:
         lines += [section("EXAMPLES"), *examples_section(cmd.epilog)]
     found = codes_in_source(module_name) if module_name else set()
@@ -469,7 +471,7 @@ def overview_page(ctx: click.Context) -> str:
     lines += [section("OPTIONS"), *options_section(ctx, {})]
     lines += flag_table_section()
     extra = prose_sections(prose)
-    lines += extra.get("REQUIREMENTS", []) + extra.get("OVERHEAD", [])
+    lines += extra.get("REQUIREMENTS", []) + extra.get("OVERHEAD", []) + extra.get("SECURITY", [])
     if cli.epilog:
         lines += [section("EXAMPLES"), *examples_section(cli.epilog)]
     lines += exit_status_section({}, set(ExitCode))

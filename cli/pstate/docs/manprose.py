@@ -192,6 +192,26 @@ PAGES: dict[str, dict] = {
             `--no-wait` wrote {replay_events_per_s}, and heat `--live` kept up
             with a paced {heat_live_events_per_s} without sampling (bench/run.py).
             """,
+        "security": """
+            record, snap and doctor run as root and load code into the kernel.
+            They read code (kernel headers, cached programs) only from files
+            and directories owned by root and writable by no one else, every
+            directory above them and every link on the way included. Every
+            path they write below is walked one directory at a time by
+            descriptor (openat with O_NOFOLLOW), and a link or directory
+            another user could change is refused (exit 77). Files are created
+            0600 whatever the umask (the invoking user's under sudo; the
+            Prometheus file of pstate-snap(1) is 0644 for node_exporter's
+            user), and pstate deletes only what it can prove it wrote. The
+            collector's bpffs pin directory must be root's and writable by no
+            one else; a collector is found by the object ids of its manifest
+            wherever it is moved. Compressed input is decompressed in bounded
+            memory, and names from the system (thread names, titles, cgroup
+            paths) are shown with their control characters escaped on a
+            terminal and in tables, kept exact in JSON, CSV and folded
+            output. Do not make pstate or Python setuid. The source's
+            docs/security.md states each rule and the tests that hold it.
+            """,
         "files": [
             ("PREFIX/lib/pstate", "The Python environment `make install` creates for pstate; it sees "
                                   "the system's packages, where bcc comes from (python3-bpfcc)."),
