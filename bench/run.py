@@ -80,6 +80,7 @@ def machine() -> dict:
         "host": socket.gethostname(), "kernel": platform.release(), "cpu_model": cpu,
         "ncpu": os.cpu_count(), "python": platform.python_version(), "pstate": pver,
         "perf": _first(["perf", "--version"]), "bpftrace": _first(["bpftrace", "--version"]),
+        "virt": _first(["systemd-detect-virt"]),  # "none" on bare metal; the pages say which
         "loadavg_start": storm.loadavg(),
     }
 

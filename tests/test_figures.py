@@ -71,3 +71,10 @@ def test_readme_is_short_and_undated():
     assert len(text.splitlines()) <= 250
     dates = re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
     assert not dates, f"dated measurements belong in docs/performance.md: {dates}"
+
+
+def test_machine_says_whether_it_was_virtual():
+    m = {"ncpu": 8, "cpu_model": "Xeon", "kernel": "6.1.0-9-amd64"}
+    assert figures.machine({"machine": {**m, "virt": "none"}}) == "an 8-CPU Xeon machine with Linux 6.1"
+    assert figures.machine({"machine": {**m, "virt": "kvm"}}) == "an 8-CPU Xeon virtual machine with Linux 6.1"
+    assert figures.machine({"machine": m}).endswith("virtual machine with Linux 6.1")
