@@ -22,6 +22,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,9 +38,14 @@ STEPS = {
     "stacks": ["record-stacks"],
     "snap": ["snap"],
     "collector": ["snap-collector"],
+    "peers": ["peers-offcpu", "peers-runqlat"],
 }
+# steps run only when named (CHECKS=peers): BCC's tools beside pstate's, a
+# comparison for bench/results rather than a check of pstate alone
+OPT_IN = ("peers",)
+DEFAULT_STEPS = [s for s in STEPS if s not in OPT_IN]
 # s per step: under TCG a first compile of record takes 1.5 min on 6.1, 8 on 5.10
-LIMITS = {"doctor": 1200, "record": 1500, "stacks": 1200, "snap": 1200, "collector": 1200}
+LIMITS = {"doctor": 1200, "record": 1500, "stacks": 1200, "snap": 1200, "collector": 1200, "peers": 1800}
 CHECKS = ["boot"] + [c for cs in STEPS.values() for c in cs]
 
 SLEEPS, SLEEP_S = 20, 0.02  # the sleeper thread's sleeps
@@ -51,10 +57,16 @@ WRITES, BLOCKED = 20_000, 60
 FORKS = 5
 THREADS = 8
 SNAP_SLEEPS = 10
+# peers: the writer's blocked writes, the hogs' seconds, and how far the two
+# tools may differ: the top stack's share of D time (points of 1), and the
+# total variation distance of the run-queue histograms' shapes
+PEER_BLOCKED, HOG_S = 200, 3
+PEER_SHARE_GAP, PEER_SHAPE_GAP = 0.10, 0.10
 SNAP_INTERVAL = "8s"
 PROGRAM_CACHE = "/var/cache/pstate/programs"
 
 PSTATE = os.path.join(os.path.dirname(sys.executable), "pstate")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # --- the workloads: each waits for a byte on stdin, then does its work and
 # prints what it did as one JSON line ------------------------------------------------
@@ -136,6 +148,25 @@ for t in threads:
 ready.wait()
 print(json.dumps(dict(pid=os.getpid(), tids=[os.getpid()] + [t.native_id for t in threads])), flush=True)
 os._exit(0)  # exit_group: every thread exits, the last one with group_dead
+"""
+
+HOG = """
+import json, os, sys, time
+secs = float(sys.argv[1])
+def switches():
+    with open("/proc/self/status") as f:
+        d = dict(x.split(":", 1) for x in f if ":" in x)
+    return int(d["voluntary_ctxt_switches"]), int(d["nonvoluntary_ctxt_switches"])
+os.read(0, 1)
+v0, n0 = switches()
+t0 = time.monotonic_ns()
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    pass
+v1, n1 = switches()
+t1 = time.monotonic_ns()
+print(json.dumps(dict(pid=os.getpid(), t0=t0, t1=t1, secs=secs, nvcsw=v1 - v0, nivcsw=n1 - n0,
+                      cpus=sorted(os.sched_getaffinity(0)))))
 """
 
 SNAP_SLEEPER = """
@@ -677,6 +708,210 @@ class Checks:
         report("snap-collector", not problems, detail)
 
 
+    # peers: BCC's own tools beside pstate -----------------------------------------------
+
+    def step_peers(self, r, report):
+        """offcputime (D, kernel stacks) and runqlat -P beside record --stacks
+        on an O_DIRECT writer and two hogs pinned to one CPU, all at once; the
+        comparison (peers.py) goes to OUT/peers.json."""
+        import peers
+
+        tools = {t: shutil.which(f"{t}-bpfcc", path=SYSTEM_PATH) for t in ("offcputime", "runqlat")}
+        if None in tools.values():
+            pkg = subprocess.run(["dpkg-query", "-W", "-f", "${Status} ${Version}", "bpfcc-tools"],
+                                 capture_output=True, text=True)
+            raise RuntimeError(f"BCC's tools are missing ({', '.join(t + '-bpfcc' for t, p in tools.items() if not p)} "
+                               f"not found; bpfcc-tools: {pkg.stdout.strip() or 'not installed'}): nothing to compare with")
+        cpus = sorted(os.sched_getaffinity(0))
+        wcpu, hcpu = cpus[0], cpus[-1]
+        writer = r.spawn(DIRECT_WRITER, self.scratch_file("peers.bin"), WRITES, PEER_BLOCKED, what="direct-io")
+        hogs = [r.spawn(HOG, HOG_S, what=f"hog{i}") for i in range(2)]
+        os.sched_setaffinity(writer.pid, {wcpu})
+        for h in hogs:
+            os.sched_setaffinity(h.pid, {hcpu})
+        path = os.path.join(self.out, "data", "record-peers.jsonl")
+        rec = Recording(r, path, "--stacks", "D")
+        env, headers = dict(os.environ), "BCC's own lookup (/lib/modules/<release>/build)"
+        off_args = ["-K", "--state", "2", "-f", "-p", str(writer.pid)]
+        rq_args = ["-P"]
+        off = Peer(r, tools["offcputime"], off_args, env)
+        rq = Peer(r, tools["runqlat"], rq_args, env)
+        ready, failed = {}, {}
+        for name, peer in (("offcputime", off), ("runqlat", rq)):
+            why = peer.wait_ready(r, r.left() - 400)
+            if why and peer.headers_missing():
+                # BCC did not find a header tree it can compile with: the one
+                # pstate compiles with, as BCC_KERNEL_SOURCE
+                from pstate.kernel import headers as kheaders
+                tree = kheaders.find()
+                env = dict(os.environ, BCC_KERNEL_SOURCE=tree.path)
+                headers = f"BCC_KERNEL_SOURCE={tree.path} (pstate's tree, {tree.origin}): BCC's own lookup failed"
+                peer = Peer(r, peer.exe, peer.args, env)
+                if name == "offcputime":
+                    off = peer
+                else:
+                    rq = peer
+                why = peer.wait_ready(r, r.left() - 400)
+            if why:
+                failed[name] = f"{name}-bpfcc {' '.join(peer.args)}: {why}"
+                continue
+            ready[name] = round(peer.ready_s, 1)
+        if len(failed) == 2:
+            raise RuntimeError("; ".join(failed.values()))
+        why = rec.wait_ready(r, r.left() - 400)
+        if why:
+            raise RuntimeError(why)
+        time.sleep(1)
+        go(writer, *hogs)
+        wf = r.facts(writer, "direct-io")
+        hf = [r.facts(h, f"hog{i}") for i, h in enumerate(hogs)]
+        time.sleep(1)
+        off_out = off.stop(r) if "offcputime" not in failed else (None, "", failed["offcputime"])
+        rq_out = rq.stop(r) if "runqlat" not in failed else (None, "", failed["runqlat"])
+        rc = rec.stop(r)
+        recs = read_jsonl(path)
+        self.save_plan("record", next((x for x in recs if x.get("type") == "meta"), None))
+        if rc != 0:
+            raise RuntimeError(f"record exited {rc}: {tail(rec.stderr())}")
+        ds = [x for x in states(recs, wf["tid"], wf["t0"], wf["t1"])
+              if x["from"] == "uninterruptible" and x["dur_ns"] is not None]
+        pkg = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "bpfcc-tools"], capture_output=True, text=True)
+        doc = {"kernel": os.uname().release, "accel": self.args.accel,
+               "tools": {**tools, "bcc_version": pkg.stdout.strip() or "?", "bcc_headers": headers,
+                         "ready_s": ready, "record_ready_s": round(rec.ready_s, 1)}}
+
+        # the writer's D time by stack
+        stacks = r.run(["stats", "--stacks", "D", "-f", "json", "--by", "all", "--top", "50", "-p", str(wf["pid"]),
+                        path], "stats-stacks", cap=600)
+        r.run(["stats", "-f", "folded", "--stacks", "D", "-p", str(wf["pid"]), path], "stats-folded", cap=600)
+        off_doc = {"writer": wf, "cpu": wcpu, "offcputime_cmd": f"offcputime-bpfcc {' '.join(off_args[:-1])} PID",
+                   "pstate_d_count_in_window": len(ds)}
+        if stacks.returncode != 0 or off_out[0] != 0:
+            off_doc["error"] = (f"stats exited {stacks.returncode}: {tail(stacks.stderr)}" if stacks.returncode
+                                else failed.get("offcputime") or f"offcputime exited {off_out[0]}: {tail(off_out[2])}")
+        else:
+            st = json.loads(stacks.stdout)
+            g = (st.get("groups") or [{}])[0]
+            lat = g.get("latency", {})
+            off_doc["pstate_d_count"] = lat.get("blocked_uninterruptible", {}).get("count", 0)
+            runq_w = lat.get("runq_wakeup", {})
+            off_doc["pstate_runq_after_wakeup_us"] = round(runq_w.get("count", 0) * runq_w.get("mean_ns", 0) / 1000)
+            off_doc["compare"] = peers.compare_stacks(peers.offcputime_rows(off_out[1]), peers.pstate_rows(st))
+        doc["offcpu"] = off_doc
+
+        # the hogs' run-queue latency
+        pids = [f["pid"] for f in hf]
+        hist = r.run(["stats", "--by", "all", "--hist", "-f", "json", *[a for p in pids for a in ("-p", str(p))], path],
+                     "stats-hist", cap=600)
+        rq_doc = {"hogs": hf, "cpu": hcpu, "seconds": HOG_S, "runqlat_cmd": "runqlat-bpfcc " + " ".join(rq_args),
+                  "truth_waits": sum(f["nvcsw"] + f["nivcsw"] for f in hf),
+                  "pstate_switch_outs_in_window": sum(
+                      1 for f in hf for x in states(recs, f["pid"], f["t0"], f["t1"]) if x["cause"] == "switch_out"),
+                  "pstate_waits_in_window": sum(
+                      1 for f in hf for x in states(recs, f["pid"], f["t0"], f["t1"])
+                      if x["from"] in ("runnable", "preempted") and x["dur_ns"] is not None)}
+        if hist.returncode != 0 or rq_out[0] != 0:
+            rq_doc["error"] = (f"stats exited {hist.returncode}: {tail(hist.stderr)}" if hist.returncode
+                               else failed.get("runqlat") or f"runqlat exited {rq_out[0]}: {tail(rq_out[2])}")
+        else:
+            sections = peers.parse_log2_hist(rq_out[1])
+            found = [p for p in pids if p in sections]
+            rq_doc["runqlat_sections"] = len(sections)
+            rq_doc["runqlat_hogs_found"] = found
+            rq_doc["runqlat_units"] = sorted({sections[p]["unit"] for p in found})
+            rq_doc["compare"] = peers.compare_hists(peers.merge_hists([sections[p]["hist"] for p in found]),
+                                                    peers.pstate_runq_hist(json.loads(hist.stdout)))
+        doc["runq"] = rq_doc
+        with open(os.path.join(self.out, "peers.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+
+        # the checks: each tool ran, saw what the workload did, and the two agree
+        if "error" in off_doc:
+            report("peers-offcpu", False, off_doc["error"])
+        else:
+            c = off_doc["compare"]
+            top = c["stacks"][0] if c["stacks"] else {}
+            gap = abs(top.get("offcputime_share", 0) - top.get("pstate_share", 0))
+            ok = (len(ds) == wf["nvcsw"] > 0 and c["top_agrees"] and gap <= PEER_SHARE_GAP)
+            detail = (f"{wf['nvcsw']} writes blocked, {len(ds)} D intervals in pstate's window; D total "
+                      f"offcputime {c['offcputime_total_us'] / 1000:.1f} ms, pstate {c['pstate_total_us'] / 1000:.1f} ms "
+                      f"(+{off_doc['pstate_runq_after_wakeup_us'] / 1000:.1f} ms run queue after the wake-ups); top "
+                      f"stack {'the same' if c['top_agrees'] else 'NOT the same'}: {top.get('reason')} "
+                      f"{100 * top.get('offcputime_share', 0):.1f}% / {100 * top.get('pstate_share', 0):.1f}%")
+            report("peers-offcpu", ok, detail)
+        if "error" in rq_doc:
+            report("peers-runqlat", False, rq_doc["error"])
+        else:
+            h = rq_doc["compare"]
+            a, b = h["counts"]
+            ok = (rq_doc["pstate_switch_outs_in_window"] == rq_doc["truth_waits"]
+                  and len(rq_doc["runqlat_hogs_found"]) == len(pids) and rq_doc["runqlat_units"] == ["usecs"]
+                  and abs(a - b) <= max(4, 0.02 * b) and h["shape_distance"] is not None
+                  and h["shape_distance"] <= PEER_SHAPE_GAP)
+            detail = (f"hogs' run-queue waits: runqlat {a}, pstate {b}; in the hogs' window the kernel counted "
+                      f"{rq_doc['truth_waits']} switches, pstate {rq_doc['pstate_switch_outs_in_window']} switch-outs "
+                      f"and {rq_doc['pstate_waits_in_window']} waits ended; "
+                      f"fullest bucket {h['modes'][0]} / {h['modes'][1]} us; shape distance {h['shape_distance']}; "
+                      f"runqlat sections for {len(rq_doc['runqlat_hogs_found'])} of {len(pids)} hogs")
+            report("peers-runqlat", ok, detail)
+
+
+class Peer:
+    """One of BCC's tools running until SIGINT, its output in OUT/logs/;
+    attached once it holds a perf event or BPF link (offcputime -f says
+    nothing until it ends)."""
+
+    def __init__(self, r: Runner, exe: str, args: list[str], env: dict):
+        self.exe, self.args = exe, args
+        self.out, self.err = r.log(os.path.basename(exe))
+        self.proc = subprocess.Popen([exe, *args], stdout=open(self.out, "w"), stderr=open(self.err, "w"),
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        r.procs.append(self.proc)
+        self.t0 = time.monotonic()
+
+    def attached(self) -> bool:
+        fd_dir = f"/proc/{self.proc.pid}/fd"
+        try:
+            links = [os.readlink(os.path.join(fd_dir, n)) for n in os.listdir(fd_dir)]
+        except OSError:
+            return False
+        return any("perf_event" in x or "bpf_link" in x or "bpf-link" in x for x in links)
+
+    def wait_ready(self, r: Runner, cap: float) -> str | None:
+        limit = time.monotonic() + r.left(cap)
+        while not self.attached():
+            if self.proc.poll() is not None:
+                return f"exited {self.proc.returncode} before it attached: {tail(self.stderr())}"
+            if time.monotonic() > limit:
+                kill(self.proc, "timeout")
+                return f"not attached within {cap:.0f} s: {tail(self.stderr())}"
+            time.sleep(0.5)
+        time.sleep(0.5)  # the rest of its probes
+        self.ready_s = time.monotonic() - self.t0
+        return None
+
+    def headers_missing(self) -> bool:
+        text = self.stderr()
+        return any(x in text for x in ("kernel headers", "kheaders", "file not found", "/build)"))
+
+    def stop(self, r: Runner) -> tuple[int | None, str, str]:
+        """SIGINT (as Ctrl-C): it prints what it gathered and exits."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            rc = self.proc.wait(timeout=r.left(600))
+        except subprocess.TimeoutExpired:
+            kill(self.proc, "timeout")
+            raise StepTimeout(f"{os.path.basename(self.exe)} did not end within 600 s of SIGINT") from None
+        with open(self.out, errors="replace") as f:
+            return rc, f.read(), self.stderr()
+
+    def stderr(self) -> str:
+        with open(self.err, errors="replace") as f:
+            return f.read()
+
+
 # --- the guest's set-up --------------------------------------------------------------
 
 def sh(*cmd, check=True) -> str:
@@ -766,7 +1001,7 @@ def main():
     ap.add_argument("--accel", default="host", help="how the guest runs (tcg, kvm) or host")
     ap.add_argument("--kernel-root", help="guest: the kernel's unpacked packages")
     ap.add_argument("--scratch", help="a directory on a block device (O_DIRECT); guest: where to mount its disk")
-    ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--steps", default=",".join(DEFAULT_STEPS))
     args = ap.parse_args()
     os.umask(0o022)
     os.environ["PYTHONFAULTHANDLER"] = "1"  # see kill()

@@ -5,6 +5,7 @@ kernels users run, one table of checks per kernel.
     make test-kernels                                  every kernel of kernels.json
     make test-kernels KERNELS="deb61 deb510"           some of them (host: this machine's kernel)
     make test-kernels KERNELS=deb61 CHECKS="record snap"   some steps: doctor record stacks snap collector
+    make test-kernels KERNELS=deb61 CHECKS=peers       BCC's offcputime and runqlat beside pstate (opt-in)
     tests/kernels/matrix.py --write-expected           expected/<id>.json from each kernel's BTF
 
 Needs root, the project's venv (`make setup`), apt access to a Debian mirror
@@ -92,9 +93,10 @@ def load_kernels() -> list[dict]:
 
 
 def select_steps(spec: str) -> list[str]:
-    """Steps named, or the steps of the checks named (CHECKS=record-stacks)."""
+    """Steps named, or the steps of the checks named (CHECKS=record-stacks);
+    none named: every step but the opt-in ones (peers)."""
     if not spec.strip():
-        return list(guest_checks.STEPS)
+        return list(guest_checks.DEFAULT_STEPS)
     steps = []
     for word in spec.replace(",", " ").split():
         step = word if word in guest_checks.STEPS else next(
@@ -405,7 +407,8 @@ def main() -> int:
     ap.add_argument("--kernels", default=os.environ.get("KERNELS", ""),
                     help="kernel ids of kernels.json, space- or comma-separated (default: all)")
     ap.add_argument("--checks", default=os.environ.get("CHECKS", ""),
-                    help=f"steps to run: {', '.join(guest_checks.STEPS)} (default: all)")
+                    help=f"steps to run: {', '.join(guest_checks.STEPS)} (default: all but "
+                         f"{', '.join(guest_checks.OPT_IN)})")
     ap.add_argument("--refresh", action="store_true", help="fetch a kernel again when the archive has a newer one")
     ap.add_argument("--write-expected", action="store_true",
                     help="write expected/<id>.json from each kernel's committed BTF, and stop")
