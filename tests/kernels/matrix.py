@@ -456,6 +456,9 @@ def main() -> int:
             diffs[kid] = ["not run"]
             continue
         diffs[kid] = collect(out, checks, kid, info[kid], results, steps)
+        if os.path.exists(os.path.join(out, "peers.json")):
+            say(f"  {kid}: BCC's tools beside pstate in {out}/peers.json; tests/kernels/peers.py --from-run {out} "
+                f"copies it to bench/results/peers_{kid}.json with a summary")
 
     ids = [k["id"] for k in kernels]
     extra = [
