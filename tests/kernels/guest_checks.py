@@ -819,8 +819,17 @@ class Checks:
             rq_doc["runqlat_sections"] = len(sections)
             rq_doc["runqlat_hogs_found"] = found
             rq_doc["runqlat_units"] = sorted({sections[p]["unit"] for p in found})
-            rq_doc["compare"] = peers.compare_hists(peers.merge_hists([sections[p]["hist"] for p in found]),
-                                                    peers.pstate_runq_hist(json.loads(hist.stdout)))
+            bcc = peers.merge_hists([sections[p]["hist"] for p in found])
+            # and the same from the recording's own records, exact to the ns
+            # (stats' histograms are exact to 1/64 of a bucket)
+            rq_doc["compare_records"] = peers.compare_hists(bcc, peers.log2_hist_us(
+                [x["dur_ns"] for p in pids for x in states(recs, p)
+                 if x["from"] in ("runnable", "preempted") and x["dur_ns"] is not None]))
+            try:
+                rq_doc["compare"] = peers.compare_hists(bcc, peers.pstate_runq_hist(json.loads(hist.stdout)))
+            except ValueError as e:  # stats chose msecs rows: the records' rows stand in
+                rq_doc["compare_note"] = f"stats: {e}; the histogram of the records instead"
+                rq_doc["compare"] = rq_doc["compare_records"]
         doc["runq"] = rq_doc
         with open(os.path.join(self.out, "peers.json"), "w") as f:
             json.dump(doc, f, indent=1)

@@ -204,6 +204,16 @@ def pstate_runq_hist(stats: dict) -> list[list[int]]:
     return merge_hists(hists)
 
 
+def log2_hist_us(durations_ns: list[int]) -> list[list[int]]:
+    """Durations (ns) in runqlat's usecs rows, exactly: slot k holds
+    [2^(k-1), 2^k - 1] us, slot 1 also 0 (bcc's bpf_log2l of delta / 1000)."""
+    acc: dict[int, int] = {}
+    for d in durations_ns:
+        k = max(1, (d // 1000).bit_length())
+        acc[k] = acc.get(k, 0) + 1
+    return [[0 if k == 1 else 1 << (k - 1), (1 << k) - 1, n] for k, n in sorted(acc.items())]
+
+
 def compare_hists(a: list[list[int]], b: list[list[int]]) -> dict:
     """Two log2 histograms side by side: rows [lo, hi, a, b] over every
     bucket either has, the counts, each one's fullest bucket, and the total
@@ -297,9 +307,21 @@ def markdown(doc: dict) -> str:
                 f"- waits: runqlat {h['counts'][0]}, pstate {h['counts'][1]}",
                 f"- fullest bucket: runqlat {h['modes'][0]}, pstate {h['modes'][1]} usecs",
                 f"- shape distance (total variation, 0 = the same shape): {h['shape_distance']}",
-                "", "| usecs | runqlat | pstate |", "|---|---:|---:|"]
-        for lo, hi, a, b in h["buckets"]:
-            out.append(f"| {lo} -> {hi} | {a} | {b} |")
+                ""]
+        exact = rq.get("compare_records")
+        if rq.get("compare_note"):
+            out += [f"- {rq['compare_note']}"]
+        if exact:
+            out += [f"- pstate's own records (exact to the ns, whereas stats' rows are to 1/64 of a bucket): "
+                    f"{exact['counts'][1]} waits, shape distance {exact['shape_distance']}", ""]
+            rows = {(lo, hi): n for lo, hi, _, n in exact["buckets"]}
+            out += ["| usecs | runqlat | pstate stats | pstate records |", "|---|---:|---:|---:|"]
+            for lo, hi, a, b in h["buckets"]:
+                out.append(f"| {lo} -> {hi} | {a} | {b} | {rows.get((lo, hi), 0)} |")
+        else:
+            out += ["| usecs | runqlat | pstate |", "|---|---:|---:|"]
+            for lo, hi, a, b in h["buckets"]:
+                out.append(f"| {lo} -> {hi} | {a} | {b} |")
     out.append("")
     return "\n".join(out)
 

@@ -189,3 +189,9 @@ def test_peers_runs_only_when_named():
     assert matrix.select_steps("peers") == ["peers"]
     assert matrix.select_steps("record peers-runqlat") == ["record", "peers"]
     assert "peers" not in guest_checks.DEFAULT_STEPS
+
+
+def test_durations_in_runqlat_rows():
+    # 0 and 1 us share runqlat's first row; 999 ns is 0 us
+    ns = [0, 999, 1_000, 1_999, 2_000, 3_999, 4_000, 1_000_000, 1_048_575_999]
+    assert peers.log2_hist_us(ns) == [[0, 1, 4], [2, 3, 2], [4, 7, 1], [512, 1023, 1], [524288, 1048575, 1]]
