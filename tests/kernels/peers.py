@@ -18,8 +18,8 @@ puts the two side by side:
   scheduler frames below the reason differ, the path above it does not.
   offcputime's time runs until the task is on CPU again (D plus the
   run-queue wait after the wake-up), pstate's D time until the wake-up.
-- the hogs' run-queue latency: runqlat -P's log2 histograms (usecs) of the
-  hogs' processes, summed, against pstate stats --by all --hist's run-queue
+- the hogs' run-queue latency: runqlat -p's log2 histograms (usecs), one
+  runqlat per hog, summed, against pstate stats --by all --hist's run-queue
   histograms (after a wake-up and after a preemption) of the same
   processes, bucket by bucket.
 
@@ -45,6 +45,11 @@ RESULTS = os.path.join(REPO, "bench", "results")
 TOP = 5  # stacks per tool in the comparison
 # offcputime's kprobe: the frames it adds at the leaf of every stack
 BCC_LEAF = re.compile(r"^finish_task_switch(\.\w+)*$")
+# A section's bound that kallsyms lists at the address of the section's first
+# function, and which BCC's ksym may name instead of it: on Linux 6.1 the
+# first function of .sched.text (scheduler code, io_schedule there) comes
+# out as __sched_text_start. Such a frame is never a stack's reason.
+SECTION_BOUND = re.compile(r"^__\w+_text_(start|end)$")
 
 
 def _vocab():
@@ -84,9 +89,14 @@ def stack_key(frames_root_first: list[str]) -> tuple[str, str]:
     if not names:
         return "unknown", ""
     leaf_first = names[::-1]
-    reason = vocab.reason_of(leaf_first)
+    reason = vocab.reason_of([n for n in leaf_first if not SECTION_BOUND.match(n)] or leaf_first)
     cut = len(names) - leaf_first.index(reason) if reason in leaf_first else len(names)
     return reason, ";".join(names[:cut])
+
+
+def section_bounds(text: str) -> list[str]:
+    """The section bounds offcputime's stacks name as frames (SECTION_BOUND)."""
+    return sorted({f for _, frames, _ in parse_folded(text) for f in frames if SECTION_BOUND.match(f)})
 
 
 def ranked(rows: list[tuple[str, str, float]], total: float | None = None, top: int = TOP) -> list[dict]:
@@ -282,6 +292,9 @@ def markdown(doc: dict) -> str:
                 f"in the run queue after the wake-ups "
                 f"(D + run queue: {(cmp_['pstate_total_us'] + off.get('pstate_runq_after_wakeup_us', 0)) / 1000:.1f} ms)",
                 f"- the top stack is the same in both: {'yes' if cmp_['top_agrees'] else 'no'}",
+                *([f"- offcputime names section bounds as frames: {', '.join(off['offcputime_section_bounds'])} "
+                   "(BCC's ksym gives the bound kallsyms lists at the address of the section's first function; "
+                   "such a frame is not taken for a reason)"] if off.get("offcputime_section_bounds") else []),
                 "", "| reason | path (root … reason) | offcputime | share | pstate | share |",
                 "|---|---|---:|---:|---:|---:|"]
         for s in cmp_["stacks"]:
@@ -298,7 +311,8 @@ def markdown(doc: dict) -> str:
                 f"{len(hogs)} processes spinning {rq.get('seconds')} s each, both pinned to CPU {rq.get('cpu')}; "
                 f"in their spinning window the kernel counted {rq.get('truth_waits')} switches of theirs "
                 f"(voluntary + involuntary: each a wait in the run queue), pstate "
-                f"{rq.get('pstate_switch_outs_in_window')} switch-outs and {rq.get('pstate_waits_in_window')} "
+                f"{rq.get('pstate_switch_outs_in_window')} switch-outs (+{rq.get('pstate_switch_outs_at_edges')} "
+                f"while the hogs read their counts) and {rq.get('pstate_waits_in_window')} "
                 f"run-queue waits that ended; the counts below are of their whole "
                 f"lives, start-up and exit included. `{rq.get('runqlat_cmd')}` "
                 f"(the hogs' sections summed) beside `pstate stats --by all --hist -f json -p PID -p PID` "

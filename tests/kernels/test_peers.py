@@ -1,5 +1,5 @@
 """The peers comparison (tests/kernels/peers.py) on canned output of BCC's
-offcputime -f and runqlat -P and of pstate stats: no root, no guest."""
+offcputime -f and runqlat (-P, -p) and of pstate stats: no root, no guest."""
 
 from __future__ import annotations
 
@@ -195,3 +195,22 @@ def test_durations_in_runqlat_rows():
     # 0 and 1 us share runqlat's first row; 999 ns is 0 us
     ns = [0, 999, 1_000, 1_999, 2_000, 3_999, 4_000, 1_000_000, 1_048_575_999]
     assert peers.log2_hist_us(ns) == [[0, 1, 4], [2, 3, 2], [4, 7, 1], [512, 1023, 1], [524288, 1048575, 1]]
+
+
+# offcputime on Linux 6.1: BCC's ksym names io_schedule, the first function
+# of .sched.text, by the section bound kallsyms lists at its address
+OFFCPUTIME_61 = """\
+python;entry_SYSCALL_64_after_hwframe;do_syscall_64;__x64_sys_exit_group;do_group_exit;do_exit;task_work_run;\
+__fput;v9fs_dir_release;p9_client_clunk;p9_client_rpc;schedule;__schedule;finish_task_switch.isra.0 22631
+python;entry_SYSCALL_64_after_hwframe;do_syscall_64;__x64_sys_pwrite64;vfs_write;ext4_file_write_iter;iomap_dio_rw;\
+__iomap_dio_rw;__sched_text_start;schedule_timeout;schedule;__schedule;finish_task_switch.isra.0 1083353
+"""
+
+
+def test_a_section_bound_is_not_a_reason():
+    rows = peers.offcputime_rows(OFFCPUTIME_61)
+    assert rows[1][:2] == ("__iomap_dio_rw", "entry_SYSCALL_64_after_hwframe;do_syscall_64;__x64_sys_pwrite64;"
+                                             "vfs_write;ext4_file_write_iter;iomap_dio_rw;__iomap_dio_rw")
+    assert rows[0][0] == "p9_client_rpc"
+    assert peers.section_bounds(OFFCPUTIME_61) == ["__sched_text_start"]
+    assert peers.section_bounds(OFFCPUTIME) == []
