@@ -737,9 +737,11 @@ class Checks:
         rec = Recording(r, path, "--stacks", "D")
         env, headers = dict(os.environ), "BCC's own lookup (/lib/modules/<release>/build)"
         off_args = ["-K", "--state", "2", "-f", "-p", str(writer.pid)]
-        # runqlat once per hog (-p): -P's histogram map holds 64 (process,
-        # bucket) pairs, which the other processes of a busy system fill
-        # first (the hogs were missing from it in a 6.1 guest)
+        # runqlat once per hog (-p): with -P, in a 6.1 guest, none of the
+        # processes started once it ran (the hogs, the writer) had a row: its
+        # histogram map of (pid, slot) keys holds 64 entries, and it printed 43
+        # distinct rows (a key's padding is not set: the same row can take
+        # several entries, and the printout keeps one of them)
         running = {"offcputime": Peer(r, tools["offcputime"], off_args, env)}
         for i, h in enumerate(hogs):
             running[f"runqlat-{i}"] = Peer(r, tools["runqlat"], ["-p", str(h.pid)], env)
