@@ -737,11 +737,12 @@ class Checks:
         rec = Recording(r, path, "--stacks", "D")
         env, headers = dict(os.environ), "BCC's own lookup (/lib/modules/<release>/build)"
         off_args = ["-K", "--state", "2", "-f", "-p", str(writer.pid)]
-        # runqlat once per hog (-p): with -P, in a 6.1 guest, none of the
-        # processes started once it ran (the hogs, the writer) had a row: its
-        # histogram map of (pid, slot) keys holds 64 entries, and it printed 43
-        # distinct rows (a key's padding is not set: the same row can take
-        # several entries, and the printout keeps one of them)
+        # runqlat once per hog (-p): -P (bcc 0.26) keys its histogram by
+        # {u32 pid; u64 slot} without setting the padding between them, so
+        # one row takes several of the map's 64 entries (55 for 24 rows after
+        # 3 s here); in a 6.1 guest the map was full before the workload ran
+        # and neither the hogs nor the writer had a row (and where a row has
+        # several entries the printout keeps one of them)
         running = {"offcputime": Peer(r, tools["offcputime"], off_args, env)}
         for i, h in enumerate(hogs):
             running[f"runqlat-{i}"] = Peer(r, tools["runqlat"], ["-p", str(h.pid)], env)
