@@ -57,11 +57,10 @@ WRITES, BLOCKED = 20_000, 60
 FORKS = 5
 THREADS = 8
 SNAP_SLEEPS = 10
-# peers: the writer's blocked writes, the hogs' seconds, and how far the two
-# tools may differ: the top stack's share of D time (points of 1), and the
-# total variation distance of the run-queue histograms' shapes
+# peers: the writer's blocked writes, the hogs' seconds, and how far the
+# run-queue histograms' shapes may differ (total variation distance)
 PEER_BLOCKED, HOG_S = 200, 3
-PEER_SHARE_GAP, PEER_SHAPE_GAP = 0.10, 0.10
+PEER_SHAPE_GAP = 0.10
 SNAP_INTERVAL = "8s"
 PROGRAM_CACHE = "/var/cache/pstate/programs"
 
@@ -715,6 +714,25 @@ class Checks:
     # peers: BCC's own tools beside pstate -----------------------------------------------
 
     def step_peers(self, r, report):
+        stats_path = "/proc/sys/kernel/bpf_stats_enabled"
+        was = None
+        try:
+            if not self.guest:  # a system-wide switch: the guest's own only
+                raise OSError
+            with open(stats_path) as f:
+                was = f.read().strip()
+            with open(stats_path, "w") as f:
+                f.write("1")  # run counts of every program (bpf_programs in peers.json)
+        except OSError:
+            pass
+        try:
+            self.run_peers(r, report)
+        finally:
+            if was is not None:
+                with open(stats_path, "w") as f:
+                    f.write(was)
+
+    def run_peers(self, r, report):
         """offcputime (D, kernel stacks) and runqlat -p beside record --stacks
         on an O_DIRECT writer and two hogs pinned to one CPU, all at once; the
         comparison (peers.py) goes to OUT/peers.json."""
@@ -743,7 +761,12 @@ class Checks:
         # 3 s here); in a 6.1 guest the map was full before the workload ran
         # and neither the hogs nor the writer had a row (and where a row has
         # several entries the printout keeps one of them)
-        running = {"offcputime": Peer(r, tools["offcputime"], off_args, env)}
+        # and offcputime of every state: its --state filter reads the task's
+        # state in finish_task_switch, after the switch; this one is not
+        # filtered (the writer blocks only in D)
+        any_args = ["-K", "-f", "-p", str(writer.pid)]
+        running = {"offcputime": Peer(r, tools["offcputime"], off_args, env),
+                   "offcputime-any": Peer(r, tools["offcputime"], any_args, env)}
         for i, h in enumerate(hogs):
             running[f"runqlat-{i}"] = Peer(r, tools["runqlat"], ["-p", str(h.pid)], env)
         ready, failed = {}, {}
@@ -773,6 +796,7 @@ class Checks:
         wf = r.facts(writer, "direct-io")
         hf = [r.facts(h, f"hog{i}") for i, h in enumerate(hogs)]
         time.sleep(1)
+        progs = bpf_progs({rec.proc.pid: "pstate record", **{p.proc.pid: n for n, p in running.items()}})
         outs = {name: peer.stop(r) if name not in failed else (None, "", failed[name])
                 for name, peer in running.items()}
         off_out = outs["offcputime"]
@@ -806,6 +830,18 @@ class Checks:
             off_doc["pstate_runq_after_wakeup_us"] = round(runq_w.get("count", 0) * runq_w.get("mean_ns", 0) / 1000)
             off_doc["compare"] = peers.compare_stacks(peers.offcputime_rows(off_out[1]), peers.pstate_rows(st))
             off_doc["offcputime_section_bounds"] = peers.section_bounds(off_out[1])
+            any_out = outs["offcputime-any"]
+            if any_out[0] == 0:
+                # until back on CPU, both: offcputime of every state, and
+                # pstate's D plus the run-queue wait after its wake-up
+                off_doc["offcputime_any_cmd"] = f"offcputime-bpfcc {' '.join(any_args[:-1])} PID"
+                off_doc["compare_until_on_cpu"] = peers.compare_stacks(
+                    peers.offcputime_rows(any_out[1]), peers.pstate_offcpu_rows(recs, wf["tid"]))
+            else:
+                off_doc["offcputime_any_error"] = tail(any_out[2])
+        # the BPF programs' runs and misses (kprobes skip a run while another
+        # BPF program or a bpf() call holds the CPU's bpf_prog_active)
+        off_doc["bpf_programs"] = progs
         doc["offcpu"] = off_doc
 
         # the hogs' run-queue latency
@@ -855,13 +891,19 @@ class Checks:
         else:
             c = off_doc["compare"]
             top = c["stacks"][0] if c["stacks"] else {}
-            gap = abs(top.get("offcputime_share", 0) - top.get("pstate_share", 0))
-            ok = (len(ds) == wf["nvcsw"] > 0 and c["top_agrees"] and gap <= PEER_SHARE_GAP)
+            big = {k for tool in ("offcputime", "pstate") for k, v in c["reasons"][tool].items() if v >= 0.01}
+            same = all(c["reasons"][tool].get(k) for tool in ("offcputime", "pstate") for k in big)
+            ok = len(ds) == wf["nvcsw"] > 0 and c["top_agrees"] and same
             detail = (f"{wf['nvcsw']} writes blocked, {len(ds)} D intervals in pstate's window; D total "
                       f"offcputime {c['offcputime_total_us'] / 1000:.1f} ms, pstate {c['pstate_total_us'] / 1000:.1f} ms "
                       f"(+{off_doc['pstate_runq_after_wakeup_us'] / 1000:.1f} ms run queue after the wake-ups); top "
                       f"stack {'the same' if c['top_agrees'] else 'NOT the same'}: {top.get('reason')} "
-                      f"{100 * top.get('offcputime_share', 0):.1f}% / {100 * top.get('pstate_share', 0):.1f}%")
+                      f"{100 * top.get('offcputime_share', 0):.1f}% / {100 * top.get('pstate_share', 0):.1f}%; "
+                      f"reasons of 1% or more {'in both' if same else 'NOT in both'}: {sorted(big)}")
+            u = off_doc.get("compare_until_on_cpu")
+            if u:
+                detail += (f"; until back on CPU: offcputime (any state) {u['offcputime_total_us'] / 1000:.1f} ms, "
+                           f"pstate {u['pstate_total_us'] / 1000:.1f} ms")
             report("peers-offcpu", ok, detail)
         if "error" in rq_doc:
             report("peers-runqlat", False, rq_doc["error"])
@@ -880,6 +922,28 @@ class Checks:
                       f"fullest bucket {h['modes'][0]} / {h['modes'][1]} us; shape distance {h['shape_distance']}; "
                       f"runqlat histograms for {len(rq_doc['runqlat_hogs_found'])} of {len(pids)} hogs")
             report("peers-runqlat", ok, detail)
+
+
+def bpf_progs(owners: dict[int, str]) -> list[dict]:
+    """The BPF programs these processes hold: names, types, run counts (with
+    kernel.bpf_stats_enabled) and misses (bpftool prog show)."""
+    p = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
+    try:
+        progs = json.loads(p.stdout)
+    except ValueError:
+        return [{"error": tail(p.stderr or p.stdout, 200)}]
+    ids: dict[int, int] = {}  # program id -> the process holding it (its fds' fdinfo)
+    for pid in owners:
+        for fd in glob.glob(f"/proc/{pid}/fdinfo/*"):
+            try:
+                with open(fd) as f:
+                    info = dict(line.split(":", 1) for line in f if ":" in line)
+            except OSError:
+                continue
+            if "prog_id" in info:
+                ids[int(info["prog_id"])] = pid
+    keep = ("id", "type", "name", "run_cnt", "run_time_ns", "recursion_misses")
+    return [dict({k: x[k] for k in keep if k in x}, owner=owners[ids[x["id"]]]) for x in progs if x.get("id") in ids]
 
 
 class Peer:

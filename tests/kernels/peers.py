@@ -131,6 +131,29 @@ def pstate_rows(stats: dict) -> list[tuple[str, str, float]]:
     return rows
 
 
+def pstate_offcpu_rows(recs: list[dict], tid: int) -> list[tuple[str, str, float]]:
+    """A recording's D intervals of one thread measured as offcputime
+    measures them, until the thread is back on CPU: (reason, path,
+    microseconds of D plus the run-queue wait after its wake-up) per D
+    interval that has a stack."""
+    stacks = {x["stack_id"]: x["frames"] for x in recs if x.get("type") == "stack"}
+    rows, open_ = [], None
+    for x in recs:
+        if x.get("type") != "state" or x.get("tid") != tid:
+            continue
+        if x.get("dur_ns") is None:
+            open_ = None
+        elif x["from"] == "uninterruptible" and x.get("stack_id") in stacks:
+            open_ = [*stack_key(stacks[x["stack_id"]].split(";")), x["dur_ns"]]
+            rows.append(open_)
+        elif x["from"] == "runnable" and open_ is not None:
+            open_[2] += x["dur_ns"]
+            open_ = None
+        else:
+            open_ = None
+    return [(r, p, ns / 1000) for r, p, ns in rows]
+
+
 def compare_stacks(bcc: list[tuple[str, str, float]], ps: list[tuple[str, str, float]], top: int = TOP) -> dict:
     """Each tool's top stacks and, for every path among either tool's top,
     both tools' shares of their own total."""
@@ -300,6 +323,21 @@ def markdown(doc: dict) -> str:
         for s in cmp_["stacks"]:
             out.append(f"| {s['reason']} | `{_short_path(s['path'])}` | {s['offcputime_us'] / 1000:.2f} ms | "
                        f"{_pct(s['offcputime_share'])} | {s['pstate_us'] / 1000:.2f} ms | {_pct(s['pstate_share'])} |")
+        u = off.get("compare_until_on_cpu")
+        if u:
+            out += ["", f"Until back on CPU, as offcputime counts: `{off.get('offcputime_any_cmd')}` (no state filter: "
+                    "its `--state` reads the task's state in finish_task_switch, after the switch) beside pstate's D "
+                    "plus the run-queue wait after each wake-up, from the recording:",
+                    f"offcputime {u['offcputime_total_us'] / 1000:.1f} ms, pstate {u['pstate_total_us'] / 1000:.1f} ms; "
+                    "top stacks " + ", ".join(f"{s['reason']} {_pct(s['offcputime_share'])} / {_pct(s['pstate_share'])}"
+                                              for s in u["stacks"][:TOP]) + "."]
+        misses = [p for p in off.get("bpf_programs", []) if p.get("recursion_misses")]
+        if off.get("bpf_programs"):
+            out += ["", "BPF programs' runs and misses at the end (kernel.bpf_stats_enabled in the guest): " +
+                    "; ".join(f"{p['owner']} {p.get('name')} ({p.get('type')}) {p.get('run_cnt', '?')} runs"
+                              + (f", {p['recursion_misses']} missed" if p.get("recursion_misses") else "")
+                              for p in off["bpf_programs"] if p.get("owner", "").startswith(("offcputime", "runqlat")))
+                    + (". Missed runs: none." if not misses else ".")]
         out += ["", "Share of D time by reason: offcputime " +
                 ", ".join(f"{r} {_pct(v)}" for r, v in list(cmp_["reasons"]["offcputime"].items())[:TOP]) +
                 "; pstate " + ", ".join(f"{r} {_pct(v)}" for r, v in list(cmp_["reasons"]["pstate"].items())[:TOP])]

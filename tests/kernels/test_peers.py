@@ -214,3 +214,20 @@ def test_a_section_bound_is_not_a_reason():
     assert rows[0][0] == "p9_client_rpc"
     assert peers.section_bounds(OFFCPUTIME_61) == ["__sched_text_start"]
     assert peers.section_bounds(OFFCPUTIME) == []
+
+
+def test_d_until_back_on_cpu_from_a_recording():
+    frames = PSTATE_STACKS["groups"][0]["stacks"][0]["frames"]
+    recs = [
+        {"type": "stack", "stack_id": 4, "frames": frames},
+        {"type": "state", "tid": 7, "from": "running", "to": "uninterruptible", "dur_ns": 500, "cause": "switch_out"},
+        {"type": "state", "tid": 7, "from": "uninterruptible", "to": "runnable", "dur_ns": 3_000_000, "stack_id": 4},
+        {"type": "state", "tid": 8, "from": "runnable", "to": "running", "dur_ns": 99_000_000},  # another thread
+        {"type": "state", "tid": 7, "from": "runnable", "to": "running", "dur_ns": 200_000},
+        {"type": "state", "tid": 7, "from": "running", "to": "uninterruptible", "dur_ns": 500},
+        {"type": "state", "tid": 7, "from": "uninterruptible", "to": "runnable", "dur_ns": 1_000_000, "stack_id": 4},
+        {"type": "state", "tid": 7, "from": "runnable", "to": "running", "dur_ns": None},  # its end not seen
+        {"type": "state", "tid": 7, "from": "preempted", "to": "running", "dur_ns": 5_000_000},  # no D before it
+    ]
+    rows = peers.pstate_offcpu_rows(recs, 7)
+    assert [(r, round(us)) for r, _, us in rows] == [("__iomap_dio_rw", 3200), ("__iomap_dio_rw", 1000)]
