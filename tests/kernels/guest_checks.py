@@ -809,6 +809,7 @@ class Checks:
               if x["from"] == "uninterruptible" and x["dur_ns"] is not None]
         pkg = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "bpfcc-tools"], capture_output=True, text=True)
         doc = {"kernel": os.uname().release, "accel": self.args.accel,
+               "pstate_wakeups_at": (self.plan.get("record") or {}).get("wakeups_at"),
                "tools": {**tools, "bcc_version": pkg.stdout.strip() or "?", "bcc_headers": headers,
                          "ready_s": ready, "record_ready_s": round(rec.ready_s, 1)}}
 

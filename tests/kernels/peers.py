@@ -352,9 +352,11 @@ def markdown(doc: dict) -> str:
                 f"{rq.get('pstate_switch_outs_in_window')} switch-outs (+{rq.get('pstate_switch_outs_at_edges')} "
                 f"while the hogs read their counts) and {rq.get('pstate_waits_in_window')} "
                 f"run-queue waits that ended; the counts below are of their whole "
-                f"lives, start-up and exit included. `{rq.get('runqlat_cmd')}` "
-                f"(the hogs' sections summed) beside `pstate stats --by all --hist -f json -p PID -p PID` "
+                f"lives, start-up and exit included. `{rq.get('runqlat_cmd')}`, "
+                f"summed, beside `pstate stats --by all --hist -f json -p PID -p PID` "
                 f"(run queue after a wake-up plus after a preemption).",
+                *([f"pstate's wait after a wake-up starts at {doc['pstate_wakeups_at']} on this kernel "
+                   "(its meta record's wakeups_at), runqlat's at sched_wakeup."] if doc.get("pstate_wakeups_at") else []),
                 "",
                 f"- waits: runqlat {h['counts'][0]}, pstate {h['counts'][1]}",
                 f"- fullest bucket: runqlat {h['modes'][0]}, pstate {h['modes'][1]} usecs",
