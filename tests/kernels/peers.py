@@ -23,7 +23,7 @@ puts the two side by side:
   histograms (after a wake-up and after a preemption) of the same
   processes, bucket by bucket.
 
-    tests/kernels/peers.py --from-run RUN/deb61     bench/results/peers_deb61.{json,md}
+    tests/kernels/peers.py --from-run RUN/deb61     writes bench/results/peers_deb61.json and .md
 
 copies a run's peers.json (the matrix prints where it is) and writes the
 markdown summary next to it.
