@@ -325,19 +325,27 @@ def markdown(doc: dict) -> str:
                        f"{_pct(s['offcputime_share'])} | {s['pstate_us'] / 1000:.2f} ms | {_pct(s['pstate_share'])} |")
         u = off.get("compare_until_on_cpu")
         if u:
+            d_paths = {(s["reason"], s["path"]) for s in cmp_["stacks"]}
+            rows = [s for s in u["stacks"] if (s["reason"], s["path"]) in d_paths]
             out += ["", f"Until back on CPU, as offcputime counts: `{off.get('offcputime_any_cmd')}` (no state filter: "
                     "its `--state` reads the task's state in finish_task_switch, after the switch) beside pstate's D "
-                    "plus the run-queue wait after each wake-up, from the recording:",
-                    f"offcputime {u['offcputime_total_us'] / 1000:.1f} ms, pstate {u['pstate_total_us'] / 1000:.1f} ms; "
-                    "top stacks " + ", ".join(f"{s['reason']} {_pct(s['offcputime_share'])} / {_pct(s['pstate_share'])}"
-                                              for s in u["stacks"][:TOP]) + "."]
+                    "plus the run-queue wait after each wake-up, from the recording; the D stacks above (the "
+                    "unfiltered run also has the writer's preemptions and its wait for its go byte):", "",
+                    "| reason | offcputime, any state | offcputime --state 2 | pstate D + run queue | pstate D |",
+                    "|---|---:|---:|---:|---:|"]
+            d_rows = {(s["reason"], s["path"]): s for s in cmp_["stacks"]}
+            for s in rows:
+                d = d_rows[(s["reason"], s["path"])]
+                out.append(f"| {s['reason']} `{_short_path(s['path'], 2)}` | {s['offcputime_us'] / 1000:.1f} ms | "
+                           f"{d['offcputime_us'] / 1000:.1f} ms | {s['pstate_us'] / 1000:.1f} ms | "
+                           f"{d['pstate_us'] / 1000:.1f} ms |")
         misses = [p for p in off.get("bpf_programs", []) if p.get("recursion_misses")]
         if off.get("bpf_programs"):
             out += ["", "BPF programs' runs and misses at the end (kernel.bpf_stats_enabled in the guest): " +
                     "; ".join(f"{p['owner']} {p.get('name')} ({p.get('type')}) {p.get('run_cnt', '?')} runs"
                               + (f", {p['recursion_misses']} missed" if p.get("recursion_misses") else "")
                               for p in off["bpf_programs"] if p.get("owner", "").startswith(("offcputime", "runqlat")))
-                    + (". Missed runs: none." if not misses else ".")]
+                    + (". recursion_misses: none reported." if not misses else ".")]
         out += ["", "Share of D time by reason: offcputime " +
                 ", ".join(f"{r} {_pct(v)}" for r, v in list(cmp_["reasons"]["offcputime"].items())[:TOP]) +
                 "; pstate " + ", ".join(f"{r} {_pct(v)}" for r, v in list(cmp_["reasons"]["pstate"].items())[:TOP])]
