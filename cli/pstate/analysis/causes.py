@@ -29,8 +29,13 @@ slices it keeps per CPU are bounded: SLICES_PER_CPU).
   part no recorded slice covers (the CPU idle, a task the recording
   filtered out, or older than the slices kept) is NOT_SEEN.
 
-Group keys are those of the Aggregator (pid, tid or comm), or, by reason,
-the reason of the interval (run-queue waits have none: NO_REASON), or ALL.
+Group keys are those of the Aggregator, every one of timeinstate.BY_KEYS
+(pid, tid, comm, all, and the services' cgroup, unit, container, title,
+ppid: the key the stream's process and cgroup records give a record's pid
+and cgroup at that point, services.Directory, as the Aggregator reads them),
+or, by reason, the reason of the interval (run-queue waits have none:
+NO_REASON). A waker and an antagonist carry the key of their own group too
+(group), for the wake-up graph.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
+from pstate.analysis import services
 from pstate.analysis.ingest import feed_file
 from pstate.analysis.latency import LogHist
 from pstate.analysis.timeinstate import ALL, RUNQ_PREEMPTED, RUNQ_WAKEUP, Aggregator, latency_kind
@@ -72,6 +78,7 @@ class Waker:
     comm: str = ""
     count: int = 0
     ended_ns: int = 0
+    group: object = None  # the key of the waker's own group (a task's)
 
 
 @dataclass
@@ -81,6 +88,7 @@ class Antagonist:
     comm: str = ""
     ns: int = 0
     waits: int = 0  # run-queue waits it held the CPU during
+    group: object = None  # the key of its own group
 
 
 @dataclass
@@ -149,6 +157,13 @@ class Causes:
         self.slices: dict = {}  # cpu -> deque of (start, end, tid)
         self.has_stacks = False  # the input had stack records
         self.stacked: set = set()  # the states whose intervals came with a stack_id
+        # --by cgroup, unit, container, title, ppid: what the stream's process
+        # and cgroup records said so far, and the keys they give, cached
+        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.by_cgroup = by in services.BY_CGROUP
+        self.pid_keys: dict = {}  # pid -> key
+        self.cgroup_keys: dict = {}  # cgroup id -> key (by cgroup, unit, container)
+        self.cgroups: dict = {}  # tid -> the cgroup id its last record carried (None: none)
 
     def group(self, key) -> GroupCauses:
         g = self.groups.get(key)
@@ -181,14 +196,21 @@ class Causes:
             self.stream += 1  # stack ids are per stream
         elif t in ("fork", "exec", "exit"):
             self.comms[rec["tid"]] = rec.get("comm")
+        elif self.directory is not None and t in ("process", "cgroup"):
+            pid = self.directory.note(rec)
+            if pid is not None:
+                self.pid_keys.pop(pid, None)  # its key from now on
+            else:  # a cgroup's path: the key of any pid in it from now on
+                self.pid_keys.clear()
+                self.cgroup_keys.clear()
 
     def add_rows(self, rows) -> None:
         """State rows (reader.ROW_FIELDS) of lines without record_keys()."""
         state = self._state
-        for ts, pid, tid, comm, frm, to, d, cpu, _w, _cg in rows:
-            state(ts, pid, tid, comm, frm, to, d, cpu, None)
+        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
+            state(ts, pid, tid, comm, frm, to, d, cpu, None, cg)
 
-    def _key(self, pid, tid, comm, rec):
+    def _key(self, pid, tid, comm, rec, cg=None):
         by = self.by
         if by == "pid":
             return pid
@@ -198,12 +220,37 @@ class Causes:
             return comm
         if by == "reason":
             return (rec.get("reason") if rec is not None else None) or NO_REASON
+        if self.directory is not None:
+            return self.service_key(pid, cg)
         return ALL
 
-    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec) -> None:
+    def service_key(self, pid, cg=None):
+        """The key by cgroup, unit, container, title or ppid of a record of
+        pid carrying cgroup id cg (None: none), as the Aggregator's."""
+        if cg is not None and self.by_cgroup and type(cg) is int:
+            key = self.cgroup_keys.get(cg)
+            if key is None:
+                key = self.cgroup_keys[cg] = self.directory.cgroup_key(self.by, cg)
+            return key
+        key = self.pid_keys.get(pid)
+        if key is None:
+            key = self.pid_keys[pid] = self.directory.key(self.by, pid)
+        return key
+
+    def key_of_tid(self, tid):
+        """The group key of a task by its last record (None: by reason)."""
+        if self.by == "reason":
+            return None
+        return self._key(self.pids.get(tid, 0), tid, self.comms.get(tid), None, self.cgroups.get(tid))
+
+    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec, cg=None) -> None:
         self.comms[tid] = comm
         self.pids[tid] = pid
-        key = self._key(pid, tid, comm, rec)
+        if rec is not None:
+            cg = rec.get("cgroup")
+        if self.directory is not None:
+            self.cgroups[tid] = cg
+        key = self._key(pid, tid, comm, rec, cg)
         g = self.group(key)
         g.comm = comm or ""
         self.last[tid] = (ts, to, key if self.by != "reason" else NO_REASON)
@@ -243,6 +290,8 @@ class Causes:
         if w.kind == "task":
             w.pid = rec.get("waker_pid") or self.pids.get(wtid, 0)
             w.comm = self.comms.get(wtid) or w.comm
+            if self.by != "reason":
+                w.group = self._key(w.pid, wtid, w.comm or None, None, self.cgroups.get(wtid))
         w.count += 1
         w.ended_ns += d
 
@@ -268,7 +317,7 @@ class Causes:
                 continue
             a = g.antagonists.get(other)
             if a is None:
-                a = g.antagonists[other] = Antagonist(tid=other)
+                a = g.antagonists[other] = Antagonist(tid=other, group=self.key_of_tid(other))
             a.pid = self.pids.get(other, 0)
             a.comm = self.comms.get(other) or ""
             a.ns += ov

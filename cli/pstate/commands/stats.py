@@ -16,6 +16,9 @@ from pstate.stream.durations import Duration, parse_ns
 
 FORMATS = ("table", "json", "csv", "dot", "folded")
 BY_CHOICES = timeinstate.BY_KEYS + ("reason",)
+# The why views and the arguments that ask for each: every --by key works with every one
+WHY_VIEWS = {"stacks": ("--stacks",), "wakers": ("--wakers",), "antagonists": ("--antagonists",),
+             "folded": ("-f", "folded")}
 
 EPILOG = """\b
 Examples:

@@ -58,17 +58,31 @@ def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool,
                          for s, f, h in gc.stack_rows(states)[:rows]]
         out["reasons"] = [{"state": s, "reason": r, **_dist(h)} for s, r, h in gc.reason_rows(states)[:rows]]
     if wakers:
+        every = gc.waker_rows()
+        total = sum(w.ended_ns for w in every)
         out["wakers"] = [{"kind": w.kind, "tid": w.tid, "pid": w.pid, "comm": w.comm, "name": _waker_name(w),
-                          "count": w.count, "ended_ns": w.ended_ns} for w in gc.waker_rows()[:rows]]
+                          "group": w.group, "count": w.count, "ended_ns": w.ended_ns,
+                          "pct": tables._pct(w.ended_ns, total)} for w in every[:rows]]
+        out["wakers_total"] = {"count": sum(w.count for w in every), "ended_ns": total}
+        rest = every[rows:] if rows is not None else []
+        ns = sum(w.ended_ns for w in rest)
+        out["wakers_other"] = {"wakers": len(rest), "count": sum(w.count for w in rest), "ended_ns": ns,
+                               "pct": tables._pct(ns, total)} if rest else None
     if antagonists:
         out["runq_ns"] = gc.runq_ns
         for kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
             out[f"{kind}_ns"] = gc.runq_kind_ns.get(kind, 0)
         out["runq_waits"] = gc.runq_waits
+        every = gc.antagonist_rows()
         out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
                                "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
-                               "ns": a.ns, "pct": tables._pct(a.ns, gc.runq_ns), "waits": a.waits}
-                              for a in gc.antagonist_rows()[:rows]]
+                               "group": a.group, "ns": a.ns, "pct": tables._pct(a.ns, gc.runq_ns),
+                               "waits": a.waits}
+                              for a in every[:rows]]
+        rest = every[rows:] if rows is not None else []
+        ns = sum(a.ns for a in rest)
+        out["antagonists_other"] = {"tasks": len(rest), "ns": ns, "pct": tables._pct(ns, gc.runq_ns)} \
+            if rest else None
     return out
 
 
@@ -120,12 +134,13 @@ def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antago
 
 
 def _key(g: dict, by: str):
-    """A group's key as the tables show it (names escaped: cell)."""
+    """A group's key as the tables show it (names escaped: cell), cut as
+    the main table cuts it."""
     if by == "reason":
         return cell(str(g["key"]), _REASON, mark="")
     if by in ("comm", "all"):
         return tables._comm(g["key"])
-    return cell(g["key"]) if isinstance(g["key"], str) else g["key"]
+    return tables._key_cell(g, by)
 
 
 def _stack_cell(row: dict, width: int) -> str:
@@ -196,13 +211,18 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
     return out
 
 
-def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, align: tuple, empty: str) -> str:
+def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, align: tuple, empty: str,
+               other=None) -> str:
     """One table of a list each group has (field): cells(g, item, first)
-    gives a row after the key cell."""
+    gives a row after the key cell; other(g): the cells of a last row for
+    the items past those shown (None: there are none)."""
     rows = []
     for g in groups:
         for i, item in enumerate(g.get(field, [])):
             rows.append([_key(g, by) if i == 0 else ""] + cells(g, item, i == 0))
+        last = other(g) if other is not None and g.get(field) else None
+        if last is not None:
+            rows.append([""] + last)
     if not rows:
         return empty
     return tables.tabulate(rows, [key_h] + headers, colalign=(key_al,) + align)
@@ -210,12 +230,20 @@ def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, alig
 
 def _waker_table(groups, by, key_h, key_al) -> list[str]:
     def cells(g, w, _first):
-        total = sum(x["ended_ns"] for x in g["wakers"])
+        total = g["wakers_total"]["ended_ns"]
         return [cell(w["name"]), w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
 
-    return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked", "time ended:",
+    def other(g):
+        o = g.get("wakers_other")
+        if not o:
+            return None
+        return [f"({o['wakers']} more)", o["count"], fmt_ns(o["ended_ns"]),
+                tables._pct_cell(o["ended_ns"], g["wakers_total"]["ended_ns"])]
+
+    return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked",
+            "time ended (% of the group's):",
             _per_group(groups, by, key_h, key_al, "wakers", cells, ["WAKER", "WAKEUPS", "ENDED", "%"],
-                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)")]
+                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)", other)]
 
 
 def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
@@ -223,10 +251,16 @@ def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
         return [fmt_ns(g["runq_ns"]) if first else "", cell(a["name"]), fmt_ns(a["ns"]),
                 tables._pct_cell(a["ns"], g["runq_ns"])]
 
+    def other(g):
+        o = g.get("antagonists_other")
+        if not o:
+            return None
+        return ["", f"({o['tasks']} more)", fmt_ns(o["ns"]), tables._pct_cell(o["ns"], g["runq_ns"])]
+
     return ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
             "(after a wake-up or a preemption), by the run-queue time they caused:",
             _per_group(groups, by, key_h, key_al, "antagonists", cells, ["RUNQ", "HELD THE CPU", "TIME", "%"],
-                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)")]
+                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)", other)]
 
 
 def render_reason_table(rep: dict) -> str:
@@ -297,7 +331,7 @@ def render_wake_dot(rep: dict) -> str:
             nodes[gid] = _node_label(by, g["key"], g.get("comm"))
         for w in g.get("wakers", []):
             if w["kind"] == "task":
-                wkey = {"pid": w["pid"], "tid": w["tid"], "comm": w["comm"]}.get(by)
+                wkey = w.get("group") if by not in ("all", "reason") else None
                 wid = f"g:{wkey}" if wkey is not None else f"t:{w['tid']}"
                 nodes.setdefault(wid, _node_label(by, wkey, w["comm"]) if wkey is not None else cell(w["name"]))
             else:

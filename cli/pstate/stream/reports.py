@@ -77,6 +77,11 @@ _GROUP = {
     "wakers[].name": ("string", "as the table shows it: comm tid, the irq or softirq"),
     "wakers[].count": ("int", "wake-ups from a blocked state"),
     "wakers[].ended_ns": ("int", "blocked time they ended"),
+    "wakers[].group": ("int|string?", "the key of the waker's own group (a task's; null for irq, softirq, unknown)"),
+    "wakers[].pct": ("float", "percent of the group's blocked time ended (wakers_total), whatever --top shows"),
+    "wakers_total.count": ("int?", "with --wakers: every wake-up of the group"),
+    "wakers_total.ended_ns": ("int?", "the blocked time they ended"),
+    "wakers_other": ("object?", "the wakers past the rows shown (null: none): wakers, count, ended_ns, pct"),
     "runq_ns": ("int?", f"with --antagonists: run-queue time, {_WAKEUP}_ns plus {_PREEMPTED}_ns"),
     f"{_WAKEUP}_ns": ("int?", "run-queue time after a wake-up"),
     f"{_PREEMPTED}_ns": ("int?", "run-queue time after a preemption"),
@@ -88,6 +93,8 @@ _GROUP = {
     "antagonists[].ns": ("int", "run-queue time it caused"),
     "antagonists[].pct": ("float", "percent of runq_ns"),
     "antagonists[].waits": ("int", "waits it fell within"),
+    "antagonists[].group": ("int|string?", "the key of its own group (null for [idle or unseen])"),
+    "antagonists_other": ("object?", "the antagonists past the rows shown (null: none): tasks, ns, pct"),
 }
 
 STATS_FIELDS: dict[str, tuple[str, str]] = {

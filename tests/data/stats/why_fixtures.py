@@ -10,6 +10,11 @@ known by construction, for stats --stacks, --wakers, --antagonists and
 - sleeper (400) on CPU 2 sleeps 5 ms, 3 times, woken by a softirq; still
   asleep at the end (stack 3, nanosleep) for 1 ms.
 
+why-services.jsonl is the same recording as the services it belongs to
+name it (SERVICES): each process's cgroup and process record first, and
+the cgroup on the state records of dd and the hogs (as the tp_btf path
+writes it; the others' by their process records), for every --by key.
+
 Run: python tests/data/stats/why_fixtures.py
 """
 
@@ -34,6 +39,19 @@ STACKS = {
        "common_nsleep+0x44;hrtimer_nanosleep+0xb6;do_nanosleep+0x66;schedule+0x27;__schedule+0x3b1",
 }
 REASONS = {1: "__iomap_dio_rw", 2: "submit_bio_wait", 3: "do_nanosleep"}
+CONTAINER = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+CGROUPS = {11: "/system.slice/db.service", 12: "/system.slice/pp.service",
+           13: "/user.slice/user-0.slice/session-1.scope", 14: f"/system.slice/docker-{CONTAINER}.scope"}
+# pid -> (cgroup id, title, ppid); ping and pong are two backends of one role
+SERVICES = {
+    100: (11, "postgres: 15/main: checkpointer", 1),
+    200: (12, "postgres: 15/main: app shop 10.0.0.7(40112) idle", 50),
+    201: (12, "postgres: 15/main: app shop 10.0.0.9(40118) UPDATE waiting", 50),
+    300: (13, "hog --spin", 60),
+    301: (13, "hog2 --spin", 60),
+    400: (14, "sleeper", 1),
+}
+OWN_CGROUP = (100, 300, 301)  # pids whose state records carry their cgroup
 
 
 def main() -> None:
@@ -127,8 +145,19 @@ def main() -> None:
     lines.append({"type": "end", "ts": end, "reason": "duration", "events": n, "lost": 0,
                   "lost_ringbuf_full": 0, "lost_map_full": 0, "lost_sampled": 0, "lost_unread": 0,
                   "duration_ns": end - T0, "stack_failed": 0, "stack_lost": 0})
-    out = Path(__file__).resolve().parent / "why.jsonl"
-    out.write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    here = Path(__file__).resolve().parent
+    (here / "why.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
+    ids = [{"type": "cgroup", "ts": T0, "cgroup": cg, "path": path, "gone": False} for cg, path in CGROUPS.items()]
+    comms = {r["pid"]: r["comm"] for r in lines if r["type"] == "state"}
+    ids += [{"type": "process", "ts": T0, "pid": pid, "comm": comms[pid], "title": title, "exe": "/usr/bin/x",
+             "ppid": ppid, "cgroup": cg, "gone": False, "why": "first"}
+            for pid, (cg, title, ppid) in SERVICES.items()]
+    svc = [lines[0]] + ids
+    for x in lines[1:]:
+        if x["type"] == "state" and x["pid"] in OWN_CGROUP:
+            x = {**x, "cgroup": SERVICES[x["pid"]][0]}
+        svc.append(x)
+    (here / "why-services.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in svc))
 
 
 if __name__ == "__main__":

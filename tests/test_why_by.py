@@ -1,0 +1,165 @@
+"""Every --by key with every why view (--stacks, --wakers, --antagonists,
+-f folded), the combinations generated from stats' own tables of keys and
+views, on a recording whose services are known by construction
+(data/stats/why_fixtures.py: why-services.jsonl): each group holds the
+processes its key says, with the sum of their figures."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+import test_stats
+from pstate.analysis import timeinstate
+from pstate.commands.stats import WHY_VIEWS
+from pstate.main import cli
+
+_spec = importlib.util.spec_from_file_location("why_fixtures", test_stats.DATA / "why_fixtures.py")
+fx = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fx)
+
+SERVICES = "why-services.jsonl"
+MS = 1_000_000
+COMMS = {100: "dd", 200: "ping", 201: "pong", 300: "hog", 301: "hog2", 400: "sleeper"}
+UNITS = {11: "db.service", 12: "pp.service", 13: "session-1.scope", 14: f"docker-{fx.CONTAINER}.scope"}
+CONTAINERS = {11: "host", 12: "host", 13: "host", 14: fx.CONTAINER[:12]}
+BY_KEYS = timeinstate.BY_KEYS  # every grouping (--by reason has groups of its own: test_why)
+COMBINATIONS = [(by, view) for by in BY_KEYS for view in WHY_VIEWS]
+
+
+def member_key(by: str, pid: int):
+    """The group a process of the fixture is in, by the fixture's truth."""
+    cg, title, ppid = fx.SERVICES[pid]
+    return {"pid": pid, "tid": pid, "comm": COMMS[pid], "all": "all", "cgroup": fx.CGROUPS[cg],
+            "unit": UNITS[cg], "container": CONTAINERS[cg], "title": title, "ppid": ppid}[by]
+
+
+def groups_of(by: str) -> dict:
+    out: dict = {}
+    for pid in fx.SERVICES:
+        out.setdefault(member_key(by, pid), set()).add(pid)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def in_data_dir(monkeypatch):
+    monkeypatch.chdir(test_stats.DATA)
+
+
+def run(*args):
+    res = CliRunner().invoke(cli, ["stats", SERVICES, "--top", "100", *args], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    return res.stdout
+
+
+def report(by: str, *args) -> dict:
+    return {g["key"]: g for g in orjson.loads(run("--by", by, "-f", "json", *args))["groups"]}
+
+
+def folded(by: str) -> dict:
+    """(group label, state) -> microseconds."""
+    out: dict = {}
+    for line in run("--by", by, "-f", "folded").splitlines():
+        path, _, us = line.rpartition(" ")
+        group, state = path.split(";")[:2]
+        out[(group, state)] = out.get((group, state), 0) + int(us)
+    return out
+
+
+def merged(per_pid: dict, pids: set, field: str, name: str, value: str) -> dict:
+    out: dict = {}
+    for pid in pids:
+        for item in per_pid[pid][field]:
+            out[item[name]] = out.get(item[name], 0) + item[value]
+    return out
+
+
+def test_every_key_and_view_is_combined():
+    assert set(WHY_VIEWS) == {"stacks", "wakers", "antagonists", "folded"}
+    assert len(COMBINATIONS) == len(BY_KEYS) * len(WHY_VIEWS)
+    assert set(BY_KEYS) >= {"pid", "tid", "comm", "cgroup", "unit", "container", "title", "ppid", "all"}
+
+
+@pytest.mark.parametrize("by,view", COMBINATIONS, ids=[f"{b}-{v}" for b, v in COMBINATIONS])
+@pytest.mark.parametrize("reader", ["fast", "careful"])
+def test_every_key_with_every_view(by, view, reader):
+    truth = groups_of(by)
+    per_pid = report("pid", "--stacks", "--wakers", "--antagonists", "--reader", reader)
+    if view == "folded":
+        sums = folded(by)
+        pid_sums = folded("pid")
+        expect: dict = {}
+        for key, pids in truth.items():
+            for pid in pids:
+                for (label, state), us in pid_sums.items():
+                    if label == f"{COMMS[pid]}-{pid}":
+                        lab = f"{COMMS[pid]}-{pid}" if by in ("pid", "tid") else str(key)
+                        expect[(lab, state)] = expect.get((lab, state), 0) + us
+        assert sums.keys() == expect.keys()
+        for k, us in expect.items():
+            assert abs(sums[k] - us) <= 2, (k, sums[k], us)  # each line rounded to a microsecond
+        return
+    got = report(by, *WHY_VIEWS[view], "--reader", reader)
+    assert set(got) == set(truth)
+    for key, pids in truth.items():
+        g = got[key]
+        if view == "stacks":
+            assert g["blocked_ns"] == sum(per_pid[p]["blocked_ns"] for p in pids), key
+            tot = {}
+            for s in g["stacks"]:
+                tot[(s["state"], s["frames"])] = tot.get((s["state"], s["frames"]), 0) + s["total_ns"]
+            want = {}
+            for p in pids:
+                for s in per_pid[p]["stacks"]:
+                    want[(s["state"], s["frames"])] = want.get((s["state"], s["frames"]), 0) + s["total_ns"]
+            assert tot == want, key
+        elif view == "wakers":
+            assert {w["name"]: w["ended_ns"] for w in g["wakers"]} == merged(per_pid, pids, "wakers", "name",
+                                                                            "ended_ns"), key
+            assert {w["name"]: w["count"] for w in g["wakers"]} == merged(per_pid, pids, "wakers", "name", "count")
+            assert sum(w["pct"] for w in g["wakers"]) == pytest.approx(100, abs=0.05) or not g["wakers"]
+        else:
+            assert g["runq_ns"] == sum(per_pid[p]["runq_ns"] for p in pids), key
+            assert {a["name"]: a["ns"] for a in g["antagonists"]} == merged(per_pid, pids, "antagonists", "name",
+                                                                            "ns"), key
+
+
+def test_per_service_figures_by_unit():
+    # what the fixture built: the db's D time, the ping-pong's wakers, the hogs' antagonists
+    g = report("unit", "--stacks=D", "--wakers", "--antagonists")
+    db, pp, session = g["db.service"], g["pp.service"], g["session-1.scope"]
+    assert db["blocked_ns"] == 9 * MS
+    assert [(s["reason"], s["count"]) for s in db["stacks"]] == [("__iomap_dio_rw", 6), ("submit_bio_wait", 2)]
+    assert [(w["name"], w["count"], w["group"]) for w in db["wakers"]] == [("irq", 8, None)]
+    assert sorted((w["name"], w["count"], w["group"]) for w in pp["wakers"]) == [
+        ("ping 200", 6, "pp.service"), ("pong 201", 6, "pp.service")]
+    assert session["runq_ns"] == 20 * MS
+    assert [(a["name"], a["ns"], a["group"]) for a in session["antagonists"]] == [
+        ("hog2 301", 12 * MS, "session-1.scope"), ("hog 300", 8 * MS, "session-1.scope")]
+
+
+def test_wake_graph_by_a_service_key_joins_the_groups():
+    out = run("--by", "unit", "--wakers", "-f", "dot")
+    assert '"g:pp.service" -> "g:pp.service"' in out
+    assert '"k:irq" -> "g:db.service"' in out
+
+
+def test_shares_are_of_the_group_s_total_whatever_top_shows():
+    pcts = {}
+    for top in ("1", "2", "10"):
+        res = CliRunner().invoke(cli, ["stats", SERVICES, "--by", "unit", "--wakers", "--antagonists", "-f", "json",
+                                       "--top", top, "--sort", "sleeping"], catch_exceptions=False)
+        g = {x["key"]: x for x in orjson.loads(res.stdout)["groups"]}
+        pcts[top] = [w["pct"] for w in g["pp.service"]["wakers"]]
+        other = g["pp.service"]["wakers_other"]
+        assert (other is None) == (top != "1")
+        if other:
+            assert (other["wakers"], other["count"], other["pct"]) == (1, 6, 49.45)
+    assert pcts == {"1": [50.55], "2": [50.55, 49.45], "10": [50.55, 49.45]}
+    out = CliRunner().invoke(cli, ["stats", SERVICES, "--by", "unit", "--antagonists", "--top", "1",
+                                   "--sort", "preempted"]).stdout
+    assert [x.split() for x in out.splitlines() if "more)" in x or "hog2 301" in x][-2:] == [
+        ["session-1.scope", "20ms", "hog2", "301", "12ms", "60.0"], ["(1", "more)", "8ms", "40.0"]]
