@@ -304,3 +304,21 @@ def record_all(children, *args: str, by_pid: bool = True) -> tuple[list[dict], R
         return rec.stop(), rec
     finally:
         kill_all(children)
+
+
+def wait_exec(pid: int, exe: str, timeout: float = 30) -> None:
+    """Wait until pid runs exe (its first argument is exe: a wrapper such as
+    taskset has exec'd it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().split(b"\0")[0] == os.fsencode(exe):
+                return
+        time.sleep(0.005)
+    raise TimeoutError(f"{pid} did not exec {exe}")
+
+
+def title_of(pid: int) -> str:
+    """A process's title as record writes it: its arguments joined by spaces."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return " ".join(a.decode() for a in f.read().rstrip(b"\0").split(b"\0"))
