@@ -107,8 +107,15 @@ def test_a_byte_order_mark_does_not_lose_the_header(tmp_path):
     assert p.returncode == 0 and b"skipped" not in p.stderr and b"input ended" in p.stdout
 
 
-def test_latency_followed_by_a_file_says_how_to_fix():
-    r = heat("--latency", SMALL)
+def test_latency_followed_by_a_file_reads_the_file():
+    # an optional value never swallows an existing file (or "-"): --latency alone, then the input
+    r = heat("--latency", SMALL, "--width", "80")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == heat(SMALL, "--latency", "--width", "80").stdout
+    assert "run-queue wait" in r.stdout.splitlines()[0]
+    d = heat("--latency", "D", SMALL, "--width", "80")
+    assert d.exit_code == 0 and "uninterruptible" in d.stdout.splitlines()[0]
+    r = heat("--latency=" + SMALL)
     assert r.exit_code == 2
     assert "looks like an input: put inputs before --latency, or write --latency=runq" in r.stderr
 

@@ -241,3 +241,16 @@ def test_stacks_alone_shows_the_states_the_recording_took_stacks_of(tmp_path):
     asked = orjson.loads(run(str(path), "--stacks=S", "-f", "json").stdout)
     sleeper = by_key(asked)[400]
     assert [s["frames"] for s in sleeper["stacks"]] == [causes.NO_STACK, causes.AT_END]
+
+
+@pytest.mark.parametrize("args", [("--stacks", WHY), ("--stacks", WHY, "--wakers"), (WHY, "--stacks"),
+                                  ("--stacks", "-")])
+def test_an_optional_value_never_swallows_the_input(args):
+    data = (test_stats.DATA / WHY).read_bytes()
+    res = CliRunner().invoke(cli, ["stats", *args, "-f", "json"], input=data, catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    rep = orjson.loads(res.stdout)
+    assert rep["why"]["stacks"] and by_key(rep)[100]["blocked_ns"] == 9 * MS
+    assert by_key(rep)[400]["blocked_ns"] > 0  # --stacks alone: every state the recording took stacks of
+    d = orjson.loads(run("--stacks", "D", WHY, "-f", "json").stdout)
+    assert by_key(d)[400]["blocked_ns"] == 0 and by_key(d)[100]["blocked_ns"] == 9 * MS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import click
 
@@ -142,7 +143,43 @@ def input_options(fn):
     ])
 
 
-class RenamedCommand(click.Command):
+class Command(click.Command):
+    """A command whose options with an optional value (is_flag=False and a
+    flag_value: stats --stacks, heat --latency) never take the argument
+    after them as their value when it is an input: "-" or an existing file
+    or directory (`stats --stacks rec.jsonl` reads rec.jsonl with --stacks
+    alone). Write --opt=VALUE to give a value that names a file."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, free_inputs(args, self.params))
+
+
+def free_inputs(args: list[str], params) -> list[str]:
+    """args with `--opt NEXT` of an optional-value option written
+    `--opt=FLAG_VALUE` when NEXT is an input rather than its value (see
+    Command)."""
+    optional = {name: p for p in params if isinstance(p, click.Option) and p._flag_needs_value
+                for name in p.opts if name.startswith("--")}
+    if not optional:
+        return args
+    out = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        out.append(arg)
+        i += 1
+        if arg == "--":
+            out.extend(args[i:])
+            break
+        p = optional.get(arg)
+        if p is None or i >= len(args) or args[i][:1] == "-" and args[i] != "-":
+            continue
+        if args[i] == "-" or os.path.exists(args[i]):
+            out[-1] = f"{arg}={p.flag_value}"
+    return out
+
+
+class RenamedCommand(Command):
     """A command whose options had other spellings: each old spelling still
     works for one release, rewritten to the new one with a warning on stderr.
     `renamed` maps old -> new (e.g. {"-n": "--top"}); the docs list it."""

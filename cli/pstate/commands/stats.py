@@ -8,7 +8,7 @@ import sys
 import click
 
 from pstate.analysis import selection, timeinstate
-from pstate.commands.options import StateName, read_filter_options
+from pstate.commands.options import Command, StateName, read_filter_options
 from pstate.engines.stats import stats
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream import schema
@@ -52,7 +52,7 @@ def _sort_help() -> str:
             "(time in it). Default: time in the --in-state states, else time running.")
 
 
-@click.command(name="stats", epilog=EPILOG)
+@click.command(name="stats", epilog=EPILOG, cls=Command)
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
 @click.option("--by", type=click.Choice(BY_CHOICES), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm); by what the recording's "
