@@ -77,6 +77,7 @@ def stats_runs() -> list[list[dict]]:
         stats_json(str(stats / "basic.jsonl"), "--hist", "--matrix", "--top", "1"),
         stats_json(str(stats / "lossy.jsonl"), "-i", "1", "--by", "tid"),
         stats_json(str(stats / "why.jsonl"), "--stacks", "--wakers", "--antagonists", "--top", "1"),
+        stats_json(str(stats / "why-services.jsonl"), "--by", "unit", "--wakers", "--top", "1", "--sort", "sleeping"),
     ]
 
 

@@ -163,3 +163,28 @@ def test_shares_are_of_the_group_s_total_whatever_top_shows():
                                    "--sort", "preempted"]).stdout
     assert [x.split() for x in out.splitlines() if "more)" in x or "hog2 301" in x][-2:] == [
         ["session-1.scope", "20ms", "hog2", "301", "12ms", "60.0"], ["(1", "more)", "8ms", "40.0"]]
+
+
+FILTERS = [(("-p", "201"), {201}), (("-c", "hog"), {300}), (("--title", "postgres:*"), {100, 200, 201}),
+           (("--cgroup", "/system.slice/pp.service"), {200, 201}), (("-p", "300", "-p", "400"), {300, 400})]
+
+
+@pytest.mark.parametrize("view", list(WHY_VIEWS))
+@pytest.mark.parametrize("filt,pids", FILTERS, ids=[" ".join(f) for f, _p in FILTERS])
+@pytest.mark.parametrize("reader", ["fast", "careful"])
+def test_a_filter_selects_after_attributing(filt, pids, view, reader):
+    # stats -p X --antagonists of a whole recording: the same as attributing everything, then selecting X
+    if view == "folded":
+        whole = run("-f", "folded", "--reader", reader).splitlines()
+        got = run("-f", "folded", "--reader", reader, *filt).splitlines()
+        assert got == [x for x in whole if int(x.split(";")[0].rpartition("-")[2]) in pids]
+        return
+    whole = report("pid", *WHY_VIEWS[view], "--reader", reader)
+    got = report("pid", *WHY_VIEWS[view], "--reader", reader, *filt)
+    assert set(got) == pids
+    for pid in pids:
+        assert got[pid] == whole[pid], pid
+    if view == "wakers" and 201 in pids:
+        assert [w["name"] for w in got[201]["wakers"]] == ["ping 200"]  # a name, not "? 200"
+    if view == "antagonists" and 300 in pids:
+        assert [(a["name"], a["ns"]) for a in got[300]["antagonists"]] == [("hog2 301", 12 * MS)]

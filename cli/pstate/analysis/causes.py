@@ -143,8 +143,14 @@ class Causes:
     """See the module docstring. add(rec) for every record in order, then
     finish(end_ts) once; groups holds a GroupCauses per group key."""
 
-    def __init__(self, by: str = "pid", *, stacks: bool = False, wakers: bool = False, antagonists: bool = False):
+    def __init__(self, by: str = "pid", *, stacks: bool = False, wakers: bool = False, antagonists: bool = False,
+                 filt=None):
         self.by = by
+        # stats -p, -c, --title, ...: the groups are of the tasks it keeps, but
+        # every record is read (the wakers' names and processes, the slices of
+        # the tasks that held a CPU): the filter applies after attributing
+        self.filt = filt if filt is not None and filt.active else None
+        self.last_ts = 0  # of the records the filter left out
         self.want_stacks = stacks
         self.want_wakers = wakers
         self.want_antagonists = antagonists
@@ -182,13 +188,13 @@ class Causes:
             keys.append(b'"waker')
         return tuple(keys)
 
-    def add(self, rec: dict) -> None:
+    def add(self, rec: dict, own: bool = True) -> None:
         """A record from the reader (a state record whole: its fields beyond
-        a row's are used)."""
+        a row's are used); own: a state record the filter keeps."""
         t = rec["type"]
         if t == "state":
             self._state(rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"],
-                        rec.get("dur_ns"), rec["cpu"], rec)
+                        rec.get("dur_ns"), rec["cpu"], rec, None, own)
         elif t == "stack":
             self.frames[(self.stream, rec["stack_id"])] = rec["frames"]
             self.has_stacks = True
@@ -204,11 +210,24 @@ class Causes:
                 self.pid_keys.clear()
                 self.cgroup_keys.clear()
 
-    def add_rows(self, rows) -> None:
-        """State rows (reader.ROW_FIELDS) of lines without record_keys()."""
+    def add_rows(self, rows) -> list:
+        """State rows (reader.ROW_FIELDS) of lines without record_keys();
+        those the filter keeps (all without one)."""
         state = self._state
-        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
-            state(ts, pid, tid, comm, frm, to, d, cpu, None, cg)
+        filt = self.filt
+        if filt is None:
+            for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
+                state(ts, pid, tid, comm, frm, to, d, cpu, None, cg)
+            return rows
+        kept = []
+        match = filt.match_state
+        for row in rows:
+            ts, pid, tid, comm, frm, to, d, cpu, _w, cg = row
+            own = match(pid, tid, comm, cpu, frm, to, d, cg)
+            state(ts, pid, tid, comm, frm, to, d, cpu, None, cg, own)
+            if own:
+                kept.append(row)
+        return kept
 
     def _key(self, pid, tid, comm, rec, cg=None):
         by = self.by
@@ -243,13 +262,21 @@ class Causes:
             return None
         return self._key(self.pids.get(tid, 0), tid, self.comms.get(tid), None, self.cgroups.get(tid))
 
-    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec, cg=None) -> None:
+    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec, cg=None, own=True) -> None:
         self.comms[tid] = comm
         self.pids[tid] = pid
         if rec is not None:
             cg = rec.get("cgroup")
         if self.directory is not None:
             self.cgroups[tid] = cg
+        if not own:  # a task the filter leaves out: only its on-CPU slices count (for others' antagonists)
+            if ts > self.last_ts:
+                self.last_ts = ts
+            if rec is not None and rec.get("stack_id") is not None and d is not None and blocked_state(frm):
+                self.stacked.add(frm)  # the states the recording took stacks of
+            if self.want_antagonists and d is not None and frm == schema.RUNNING:
+                self._slice(cpu, ts - d, ts, tid)
+            return
         key = self._key(pid, tid, comm, rec, cg)
         g = self.group(key)
         g.comm = comm or ""
@@ -381,6 +408,7 @@ class _Sink:
     def __init__(self, agg: Aggregator, causes: Causes):
         self.agg = agg
         self.causes = causes
+        self.filt = causes.filt  # applied here, after the Causes have seen each record
         self.pending: list = []  # state rows the Aggregator has not had yet
 
     def flush(self) -> None:
@@ -389,20 +417,31 @@ class _Sink:
             self.agg.add_rows(rows)
 
     def rows(self, rows: list) -> None:
-        self.pending.extend(rows)
-        self.causes.add_rows(rows)
+        self.pending.extend(self.causes.add_rows(rows))
         if len(self.pending) >= self.BATCH:
             self.flush()
 
     def record(self, rec: dict, weight: int) -> None:
-        if rec["type"] == "state":
-            self.pending.append(state_row(rec, weight))
-            self.causes.add(rec)
-            if len(self.pending) >= self.BATCH:
-                self.flush()
+        t = rec["type"]
+        filt = self.filt
+        if t == "state":
+            own = filt is None or filt.match(rec)
+            self.causes.add(rec, own)
+            if own:
+                self.pending.append(state_row(rec, weight))
+                if len(self.pending) >= self.BATCH:
+                    self.flush()
             return
         self.flush()
-        if rec["type"] == "meta":
+        if filt is not None:  # as the reader applies a filter (reader.StreamReader)
+            if t == "meta":
+                rec.update(filt.read_fields())
+            elif t in ("process", "cgroup"):
+                filt.note(rec)
+            elif not filt.match(rec):
+                self.causes.add(rec)  # (a name, for the wakers and antagonists)
+                return
+        if t == "meta":
             self.agg.begin_window(rec)
         self.agg.add_record(rec)
         self.causes.add(rec)
@@ -411,10 +450,14 @@ class _Sink:
 def digest(sources, agg: Aggregator, causes: Causes, stats: ReadStats, *, strict: bool = False,
            use_native: bool = True, chunk: int = 1 << 20, filt=None) -> None:
     """Files ("-" is stdin), in order, into both (see the module
-    docstring); use_native False: the careful path only."""
+    docstring); use_native False: the careful path only. filt (-p, -c,
+    --title, ...): the tasks whose groups are shown, applied after
+    attributing (Causes.filt): every record is read."""
+    if filt is not None and filt.active:
+        causes.filt = filt
     sink = _Sink(agg, causes)
     reader = StreamReader(sink, stats, strict=strict, max_line=MAX_LINE, native_rows=use_native, dicts=True,
-                          careful_keys=causes.record_keys(), filt=filt)
+                          careful_keys=causes.record_keys())
     try:
         for src in sources:
             feed_file(src, reader, stats, chunk)

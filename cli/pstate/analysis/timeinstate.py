@@ -485,6 +485,13 @@ class Aggregator:
         for t in self.tasks.values():
             t[T_KNOWN] = 0
 
+    def reaches(self, ts: int) -> None:
+        """The input went on to ts in records a filter applied after reading
+        left out (stats -p with a why view): the window reaches it, as it
+        does for the whole input."""
+        if ts > self.life_last_ts:
+            self.life_last_ts = ts
+
     def last_ts(self) -> int | None:
         self.sync()
         ts = max((t[T_LAST_TS] for t in self.tasks.values()), default=None)

@@ -171,7 +171,10 @@ NOTES: dict[str, str] = {
         time (after a wake-up and after a preemption) and the tasks whose
         on-CPU slices on the CPU it then got fall within it; "[idle or
         unseen]" is the rest (the CPU idle, a task the recording left out).
-        Rows per group: `--top N`, else 5.
+        Rows per group: `--top N`, else 5. The filters (`-p`, `-c`,
+        `--title`, ...) select after attributing: wakers' names and
+        antagonists come from the whole input. Shares are of the group's
+        total; the rows `--top` leaves out are one "(N more)" row.
 
         `--format json` writes one JSON object (one a line, one per interval
         with `--interval`); REPORTS in pstate-events(5) lists its fields, and

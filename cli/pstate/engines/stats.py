@@ -143,6 +143,7 @@ def _run_why(sources, agg, stats, out, *, strict, opts, by, reader, filt) -> int
                           chunk=FILE_CHUNK, filt=filt)
     except KeyboardInterrupt:
         interrupted = True
+    agg.reaches(found.last_ts)  # a filter applied after attributing: the window is the input's
     summary = agg.summarise(stats)
     summary.interrupted = interrupted
     found.finish(summary.end_ts)

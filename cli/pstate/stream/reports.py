@@ -81,7 +81,11 @@ _GROUP = {
     "wakers[].pct": ("float", "percent of the group's blocked time ended (wakers_total), whatever --top shows"),
     "wakers_total.count": ("int?", "with --wakers: every wake-up of the group"),
     "wakers_total.ended_ns": ("int?", "the blocked time they ended"),
-    "wakers_other": ("object?", "the wakers past the rows shown (null: none): wakers, count, ended_ns, pct"),
+    "wakers_other": ("object?", "the wakers past the rows shown; null when none are"),
+    "wakers_other.wakers": ("int", "how many"),
+    "wakers_other.count": ("int", "their wake-ups"),
+    "wakers_other.ended_ns": ("int", "the blocked time they ended"),
+    "wakers_other.pct": ("float", "percent of wakers_total.ended_ns"),
     "runq_ns": ("int?", f"with --antagonists: run-queue time, {_WAKEUP}_ns plus {_PREEMPTED}_ns"),
     f"{_WAKEUP}_ns": ("int?", "run-queue time after a wake-up"),
     f"{_PREEMPTED}_ns": ("int?", "run-queue time after a preemption"),
@@ -94,7 +98,10 @@ _GROUP = {
     "antagonists[].pct": ("float", "percent of runq_ns"),
     "antagonists[].waits": ("int", "waits it fell within"),
     "antagonists[].group": ("int|string?", "the key of its own group (null for [idle or unseen])"),
-    "antagonists_other": ("object?", "the antagonists past the rows shown (null: none): tasks, ns, pct"),
+    "antagonists_other": ("object?", "the antagonists past the rows shown; null when none are"),
+    "antagonists_other.tasks": ("int", "how many"),
+    "antagonists_other.ns": ("int", "run-queue time they caused"),
+    "antagonists_other.pct": ("float", "percent of runq_ns"),
 }
 
 STATS_FIELDS: dict[str, tuple[str, str]] = {
