@@ -82,3 +82,33 @@ def test_cgroup_and_title_filters_read_the_process_records(tmp_path, filt, pids)
     assert {r["pid"] for r in got if r["type"] == "state"} == pids
     assert sum(r["type"] == "process" for r in got) == 2  # annotations all pass
     assert got[0]["read_filter_cgroup" if filt.cgroups else "read_filter_title"]
+
+
+@pytest.mark.parametrize("title,role", [
+    ("postgres: 15/main: app shop 10.0.0.7(40112) idle", "postgres: 15/main: app shop"),
+    ("postgres: 15/main: app shop 10.0.0.9(40118) idle in transaction", "postgres: 15/main: app shop"),
+    ("postgres: 15/main: app shop [local] UPDATE waiting", "postgres: 15/main: app shop"),
+    ("postgres: 15/main: walsender repl 2001:db8::7(5432) streaming 0/3000148", "postgres: 15/main: walsender repl"),
+    ("postgres: 15/main: checkpointer", "postgres: 15/main: checkpointer"),
+    ("nginx: worker process", "nginx: worker process"),
+    ("java -Xmx4g -jar /opt/orders/app.jar --port 8080", "java -Xmx4g -jar /opt/orders/app.jar --port N"),
+    ("gunicorn: worker [app] 3", "gunicorn: worker [app] N"),
+    ("python3.11 serve.py", "python3.11 serve.py"),
+])
+def test_a_title_s_role_is_it_without_its_volatile_part(title, role):
+    from pstate.kernel.identity import role_of
+
+    assert role_of(title) == role
+
+
+def test_a_pattern_names_the_role():
+    import re
+
+    from pstate.kernel.identity import role_of
+
+    pg = re.compile(r"^postgres: \S+ (\S+)")
+    assert role_of("postgres: 15/main: checkpointer", pg) == "checkpointer"
+    assert role_of("nginx: worker process", re.compile(r"^nginx: (\w+)")) == "worker"
+    assert role_of("java -Dservice.name=orders -jar a.jar", re.compile(r"-Dservice\.name=(\S+)")) == "orders"
+    assert role_of("java -jar a.jar", re.compile(r"-jar \S+")) == "-jar a.jar"  # no group: the match
+    assert role_of("sleep 5", pg) == "sleep N"  # no match: the default

@@ -26,15 +26,25 @@ MS = 1_000_000
 COMMS = {100: "dd", 200: "ping", 201: "pong", 300: "hog", 301: "hog2", 400: "sleeper"}
 UNITS = {11: "db.service", 12: "pp.service", 13: "session-1.scope", 14: f"docker-{fx.CONTAINER}.scope"}
 CONTAINERS = {11: "host", 12: "host", 13: "host", 14: fx.CONTAINER[:12]}
-BY_KEYS = timeinstate.BY_KEYS  # every grouping (--by reason has groups of its own: test_why)
+
+
+# the roles of the titles (their volatile part gone: the two backends are one)
+ROLES = {100: "postgres: 15/main: checkpointer", 200: "postgres: 15/main: app shop",
+         201: "postgres: 15/main: app shop", 300: "hog --spin", 301: "hog2 --spin", 400: "sleeper"}
+# --by 'title:REGEX': its group where it matches, else the role above
+PATTERN = r"title:^postgres: \S+ (\S+)"
+NAMED_ROLES = {100: "checkpointer", 200: "app", 201: "app", 300: "hog --spin", 301: "hog2 --spin", 400: "sleeper"}
+# every grouping (--by reason has groups of its own: test_why), and a role named by a pattern
+BY_KEYS = timeinstate.BY_KEYS + (PATTERN,)
 COMBINATIONS = [(by, view) for by in BY_KEYS for view in WHY_VIEWS]
 
 
 def member_key(by: str, pid: int):
     """The group a process of the fixture is in, by the fixture's truth."""
-    cg, title, ppid = fx.SERVICES[pid]
+    cg, _title, ppid = fx.SERVICES[pid]
     return {"pid": pid, "tid": pid, "comm": COMMS[pid], "all": "all", "cgroup": fx.CGROUPS[cg],
-            "unit": UNITS[cg], "container": CONTAINERS[cg], "title": title, "ppid": ppid}[by]
+            "unit": UNITS[cg], "container": CONTAINERS[cg], "title": ROLES[pid], "ppid": ppid,
+            PATTERN: NAMED_ROLES[pid]}[by]
 
 
 def groups_of(by: str) -> dict:

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 import workloads
 from pstate.analysis import timeinstate
 from pstate.commands.stats import WHY_VIEWS
+from pstate.kernel.identity import role_of
 from pstate.main import cli
 from test_stacks_bpf import DIRECT_WRITES, IO_FRAMES
 from test_why_bpf import PING_PONG
@@ -97,14 +98,10 @@ def truth(by: str, services) -> dict:
         comm = os.path.basename(sys.executable)[:15]
         keys = {"pid": [pid], "tid": sorted(tids[pid]), "comm": [comm], "all": ["all"],
                 "cgroup": [f"{top}/{unit}"], "unit": [unit], "container": ["host"],
-                "title": [timeinstate_title(titles[pid])], "ppid": [os.getpid()]}[by]
+                "title": [role_of(titles[pid])], "ppid": [os.getpid()]}[by]
         for k in keys:
             out.setdefault(k, set()).add(k if by == "tid" else pid)
     return out
-
-
-def timeinstate_title(title: str) -> str:
-    return title
 
 
 def _merge(per: dict, members, field: str, name: str, value: str) -> dict:

@@ -145,6 +145,7 @@ class Causes:
 
     def __init__(self, by: str = "pid", *, stacks: bool = False, wakers: bool = False, antagonists: bool = False,
                  filt=None):
+        by, role = services.parse_by(by)
         self.by = by
         # stats -p, -c, --title, ...: the groups are of the tasks it keeps, but
         # every record is read (the wakers' names and processes, the slices of
@@ -165,7 +166,7 @@ class Causes:
         self.stacked: set = set()  # the states whose intervals came with a stack_id
         # --by cgroup, unit, container, title, ppid: what the stream's process
         # and cgroup records said so far, and the keys they give, cached
-        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.directory = services.Directory(role) if by in services.BY_KEYS else None
         self.by_cgroup = by in services.BY_CGROUP
         self.pid_keys: dict = {}  # pid -> key
         self.cgroup_keys: dict = {}  # cgroup id -> key (by cgroup, unit, container)

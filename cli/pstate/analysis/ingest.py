@@ -352,7 +352,7 @@ def digest_parallel(path: str, agg: Aggregator, stats: ReadStats, *, jobs: int, 
     interrupt is raised again."""
     parts = parts or file_parts(path, jobs)
     last = len(parts) - 1
-    args = [(path, a, b, agg.by, agg.clip_ts, strict, max_line, chunk, i == last, use_native, filt)
+    args = [(path, a, b, agg.spec, agg.clip_ts, strict, max_line, chunk, i == last, use_native, filt)
             for i, (a, b) in enumerate(parts)]
     if jobs <= 1 or len(parts) == 1:  # in this process, one part after the other
         results = (digest_part(*a) for a in args)

@@ -14,7 +14,10 @@ and answers, for a pid, the key of its group at that point of the stream:
   cri-containerd-<id>.scope, crio-<id>.scope, libpod-<id>.scope give the
   container id (12 characters); under kubepods, pod<uid> adds the pod
   ("pod<uid>/<id>"); a path with none of them is "host";
-- title: its process title (ps's COMMAND), "[comm]" for a kernel thread;
+- title: its process title (ps's COMMAND) as a role (identity.role_of: a
+  PostgreSQL backend's client and activity dropped, a number word as N), or
+  with --by 'title:REGEX' the first group of REGEX where it matches;
+  "[comm]" for a kernel thread;
 - ppid: its parent's pid.
 
 By cgroup, unit and container, a state record that carries its task's own
@@ -31,18 +34,32 @@ pstate could read it, "(gone)"; a cgroup id no cgroup record named, "?".
 
 from __future__ import annotations
 
-from pstate.kernel.identity import UNKNOWN, container_of, unit_of
+import re
+
+from pstate.kernel.identity import UNKNOWN, container_of, role_of, unit_of
 
 BY_KEYS = ("cgroup", "unit", "container", "title", "ppid")
 BY_CGROUP = ("cgroup", "unit", "container")  # the keys a state record's own cgroup decides
 GONE = "(gone)"
+TITLE_PATTERN = "title:"  # --by 'title:REGEX'
+
+
+def parse_by(spec: str) -> tuple[str, re.Pattern | None]:
+    """A --by value: (the key, the pattern of 'title:REGEX' or None).
+    re.error for a pattern that does not compile."""
+    if spec.startswith(TITLE_PATTERN):
+        return "title", re.compile(spec[len(TITLE_PATTERN):])
+    return spec, None
+
 
 class Directory:
-    """What a stream's process and cgroup records said, so far."""
+    """What a stream's process and cgroup records said, so far; role: the
+    pattern of --by 'title:REGEX'."""
 
-    def __init__(self):
+    def __init__(self, role: re.Pattern | None = None):
         self.procs: dict[int, dict] = {}  # pid -> its last process record
         self.paths: dict[int, str | None] = {}  # cgroup id -> path
+        self.role = role
 
     def note(self, rec: dict) -> int | None:
         """A process or cgroup record; the pid whose key may have changed."""
@@ -67,7 +84,7 @@ class Directory:
         if by == "title":
             title = rec.get("title")
             if type(title) is str and title:
-                return title
+                return role_of(title, self.role)
             return f"[{rec.get('comm') or UNKNOWN}]"
         if by == "ppid":
             ppid = rec.get("ppid")

@@ -201,6 +201,8 @@ class Aggregator:
     """
 
     def __init__(self, by: str = "pid"):
+        self.spec = by  # as given: 'title:REGEX' too
+        by, role = services.parse_by(by)
         if by not in BY_KEYS:
             raise ValueError(by)
         self.by = by
@@ -221,7 +223,7 @@ class Aggregator:
         self.named = by in NAMED_BY
         # --by cgroup, unit, container, title, ppid: the stream's process and
         # cgroup records, and pid -> group id as they said at this point
-        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.directory = services.Directory(role) if by in services.BY_KEYS else None
         self.pid_groups: dict = {}
         self.by_cgroup = by in services.BY_CGROUP  # a record's own cgroup decides its group
         self.cgroup_groups: dict = {}  # cgroup id -> group id (by_cgroup)

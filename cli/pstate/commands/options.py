@@ -27,6 +27,25 @@ class Choice(click.Choice):
                 if (c.lower().startswith(low) if not self.case_sensitive else c.startswith(incomplete))]
 
 
+class ByKey(Choice):
+    """--by: one of the choices, or 'title:REGEX' (the role is REGEX's first
+    group where it matches a title: analysis.services.parse_by)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("title:"):
+            import re
+
+            try:
+                re.compile(value[len("title:"):])
+            except re.error as e:
+                self.fail(f"{value[len('title:'):]!r} is not a regular expression: {e}", param, ctx)
+            return value
+        return super().convert(value, param, ctx)
+
+    def get_metavar(self, param, ctx=None):
+        return "[" + "|".join(map(str, self.choices)) + "|title:REGEX]"
+
+
 # kernel letter -> state name, for --state D and the like
 STATE_LETTERS = schema.STATE_LETTERS
 

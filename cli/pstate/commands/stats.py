@@ -8,7 +8,7 @@ import sys
 import click
 
 from pstate.analysis import selection, timeinstate
-from pstate.commands.options import Command, StateName, read_filter_options
+from pstate.commands.options import ByKey, Command, StateName, read_filter_options
 from pstate.engines.stats import stats
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream import schema
@@ -54,10 +54,11 @@ def _sort_help() -> str:
 
 @click.command(name="stats", epilog=EPILOG, cls=Command)
 @click.argument("files", nargs=-1, type=click.Path(allow_dash=True), metavar="[INTERVAL [COUNT]] [FILE]...")
-@click.option("--by", type=click.Choice(BY_CHOICES), default="pid", show_default=True,
+@click.option("--by", type=ByKey(BY_CHOICES), default="pid", show_default=True,
               help="Group by process (pid), thread (tid) or task name (comm); by what the recording's "
                    "process records say: cgroup (v2 path), unit (systemd unit), container (container id, "
-                   "pod), title (process title) or ppid (parent); all: every task in one group (with "
+                   "pod), title (the role: a title less its volatile part; title:REGEX, REGEX's group) or "
+                   "ppid (parent); all: every task in one group (with "
                    "--hist, the one system-wide histogram runqlat prints); reason: the blocked time of "
                    "every task by its reason (a recording made with record --stacks; implies --stacks).")
 @click.option("--top", type=click.IntRange(min=1), metavar="N",

@@ -553,6 +553,23 @@ PAGES: dict[str, dict] = {
         "see_also": ["pstate-record(1)", "pstate-heat(1)", "pstate-stats(1)"],
     },
     "stats": {
+        "description": """
+            Roles from titles. `--by title` groups processes by their title
+            with its volatile part removed (the default normaliser): a
+            PostgreSQL backend's client address or `[local]` and what
+            follows it (its activity: idle, idle in transaction, UPDATE
+            waiting, ...) are dropped, and a number standing alone as a word
+            reads N. `--by 'title:REGEX'` names the role itself: the first
+            group of REGEX where it matches the title (the whole match when
+            REGEX has no group); titles it does not match keep the default.
+            For example:
+
+                --by title                            postgres: 15/main: app shop
+                --by 'title:postgres: \\S+ (\\S+)'      checkpointer, walwriter, app, ...
+                --by 'title:^nginx: (\\w+)'            master, worker, cache
+                --by 'title:-jar (\\S+)'               a JVM by its jar
+                --by 'title:-Dservice\\.name=(\\S+)'    a JVM by a system property
+            """,
         "arguments": {
             "files": "Recordings or streams to read one after another (`-` or none: standard input), "
                      "or snapshot files and directories of pstate snap.",

@@ -376,3 +376,24 @@ def container_of(path: str | None) -> str:
     if pod is None:
         return cid
     return f"{pod}/{cid}" if cid else pod
+
+
+# The role a process title names (--by title): the title without its volatile
+# part. A PostgreSQL backend's title ends with its client (host(port) or
+# [local]) and what it is doing (idle, idle in transaction, UPDATE waiting,
+# ...): both dropped ("postgres: 15/main: app shop"); a number standing alone
+# as a word (a worker's index, a pid, a count) reads N.
+_CLIENT_AND_ACTIVITY = re.compile(r"\s+(?:\[local\]|[^\s()]+\(\d+\))(?:\s.*)?$", re.S)
+_NUMBER_WORD = re.compile(r"(?<!\S)\d+(?!\S)")
+
+
+def role_of(title: str, pattern: re.Pattern | None = None) -> str:
+    """The role of a process with this title: with a pattern (--by
+    'title:REGEX'), its first group where it matches (the whole match when
+    it has none, or that group did not take part), else the default above."""
+    if pattern is not None:
+        m = pattern.search(title)
+        if m is not None:
+            role = m.group(1) if pattern.groups else None
+            return role if role is not None else m.group(0)
+    return _NUMBER_WORD.sub("N", _CLIENT_AND_ACTIVITY.sub("", title))

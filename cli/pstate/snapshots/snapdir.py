@@ -114,7 +114,7 @@ def service_key(by: str, row: dict):
     the parent's pid; "?" when the row does not say."""
     if by == "title":
         title = row.get("title")
-        return title if type(title) is str and title else f"[{row.get('comm') or identity.UNKNOWN}]"
+        return identity.role_of(title) if type(title) is str and title else f"[{row.get('comm') or identity.UNKNOWN}]"
     if by == "ppid":
         ppid = row.get("ppid")
         return ppid if type(ppid) is int else identity.UNKNOWN
