@@ -198,3 +198,47 @@ def test_a_filter_selects_after_attributing(filt, pids, view, reader):
         assert [w["name"] for w in got[201]["wakers"]] == ["ping 200"]  # a name, not "? 200"
     if view == "antagonists" and 300 in pids:
         assert [(a["name"], a["ns"]) for a in got[300]["antagonists"]] == [("hog2 301", 12 * MS)]
+
+
+WIDTHS = [("why-services-cgroup.txt", {}, (), 80), ("why-services-cgroup-120.txt", {"COLUMNS": "120"}, (), 120),
+          ("why-services-cgroup-wide.txt", {}, ("--wide",), None)]
+
+
+@pytest.mark.parametrize("name,env,args,width", WIDTHS, ids=[w[0] for w in WIDTHS])
+def test_tables_fit_the_width_and_keep_both_ends_of_a_path(monkeypatch, name, env, args, width):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    res = CliRunner().invoke(cli, ["stats", SERVICES, "--by", "cgroup", "--stacks", "--wakers", "--antagonists",
+                                   *args], env=env, catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    test_stats.check_golden(name, res.stdout)
+    longest = max(len(x) for x in res.stdout.splitlines())
+    docker = f"/system.slice/docker-{fx.CONTAINER}.scope"
+    if width is None:
+        assert docker in res.stdout and longest > 120
+    else:
+        assert longest <= width and docker not in res.stdout
+        # cut in the middle: the start and the distinguishing end stay
+        cuts = {x.split()[0] for x in res.stdout.splitlines() if x.startswith("/system.slic") and "~" in x.split()[0]}
+        assert cuts and all(docker.startswith(c.split("~")[0]) and docker.endswith(c.split("~")[1]) for c in cuts)
+        assert all(c.endswith("bcdef.scope") for c in cuts), cuts
+
+
+def test_the_table_width_is_the_terminal_s_or_columns(monkeypatch):
+    import io
+
+    from pstate.render import tables
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert tables.table_width(io.StringIO()) == 80  # not a terminal
+    monkeypatch.setenv("COLUMNS", "132")
+    assert tables.table_width(io.StringIO()) == 132
+    monkeypatch.setenv("COLUMNS", "40")
+    assert tables.table_width(io.StringIO()) == 80  # never narrower than the 80-column layout
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback: __import__("os").terminal_size((150, 50)))
+    assert tables.table_width(Tty()) == 150

@@ -88,9 +88,10 @@ def _sort_help() -> str:
               help="Add, for run-queue waits (after a wake-up and after a preemption), the tasks that held "
                    "the CPU meanwhile, by the run-queue time they caused.")
 @click.option("-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="Output format: table (80 columns), json, csv, dot (Graphviz: the state graph; with "
+              help="Output format: table (the terminal's width), json, csv, dot (Graphviz: the state graph; with "
                    "--wakers, the wake-up graph) or folded (blocked time by stack, in microseconds, for "
                    "flamegraph.pl, speedscope or inferno; implies --stacks).")
+@click.option("--wide", is_flag=True, help="Tables: cut no title, path or frame (else they fit the terminal).")
 @click.option("-i", "--interval", type=Duration("s", positive=True), metavar="DURATION",
               help="Print a summary of every DURATION (e.g. 500ms, 5s, 1m; a plain number is seconds) while the stream flows in (of recorded time "
                    "for a file), each covering only its interval.")
@@ -109,7 +110,7 @@ def _sort_help() -> str:
 @read_filter_options
 @click.pass_context
 def cli(ctx, files, by, top, sort_key, in_states, min_time, hist, with_matrix, stack_states, wakers, antagonists,
-        fmt, interval, count, timestamp, strict, jobs, reader, filt):
+        wide, fmt, interval, count, timestamp, strict, jobs, reader, filt):
     """Thread State Analysis: where each task's time goes, state by state.
 
     Reads a pstate event stream (from a pipe, standard input, or recordings
@@ -136,7 +137,7 @@ def cli(ctx, files, by, top, sort_key, in_states, min_time, hist, with_matrix, s
                           hint="pipe one in (pstate record | pstate stats) or give a file")
     opts = dict(states=tuple(dict.fromkeys(in_states)), min_dur_ns=min_time, sort=sort_key, top=top,
                 hist=hist, with_matrix=with_matrix or (fmt == "dot" and not wakers), fmt=fmt,
-                timestamp=timestamp, why=None)
+                timestamp=timestamp, why=None, wide=wide)
     ignored = {"--hist": hist, "--matrix": with_matrix, "--sort": sort_key, "--in-state": in_states,
                "--min-time": min_time, "--stacks": stack_states, "--wakers": wakers, "--antagonists": antagonists,
                "the event filters": filt.active}

@@ -176,12 +176,18 @@ def _emit_why(summary, found, out, opts, by) -> None:
     elif fmt == "dot":
         text = whytables.render_wake_dot(rep) if why["wakers"] else tables.render_dot(rep)
     elif by in causes.WHY_BY_KEYS:
-        text = whytables.render_reason_table(rep)
+        text = whytables.render_reason_table(rep, _width(out, opts))
     else:
-        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
-        text += "\n".join(whytables.render_tables(rep)) + "\n"
+        width = _width(out, opts)
+        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"], width=width)
+        text += "\n".join(whytables.render_tables(rep, width)) + "\n"
     out.write(text)
     out.flush()
+
+
+def _width(out, opts) -> int | None:
+    """The tables' width: the terminal's (or COLUMNS), None with --wide."""
+    return None if opts.get("wide") else tables.table_width(out)
 
 
 def _refuse_snapshot_stream(summary) -> None:
@@ -209,7 +215,7 @@ def _emit(summary, out, opts, banner: str | None = None) -> None:
     elif fmt == "dot":
         text = tables.render_dot(rep)
     else:
-        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"])
+        text = tables.render_table(rep, hist=opts["hist"], with_matrix=opts["with_matrix"], width=_width(out, opts))
         if banner:
             text = banner + "\n" + text
     out.write(text)

@@ -183,7 +183,28 @@ def tabulate(rows, headers, **kw) -> str:
 
 BY_HEADER = {"pid": "PID", "tid": "TID", "comm": "COMM", "all": "ALL", "cgroup": "CGROUP", "unit": "UNIT",
              "container": "CONTAINER", "title": "TITLE", "ppid": "PPID"}
-KEY_WIDTH = 30  # a longer title or cgroup path is cut to this in tables (json and csv keep it)
+KEY_WIDTH = 30  # a longer title or cgroup path is cut to this in 80-column tables (json and csv keep it)
+TABLE_WIDTH = 80  # the tables' width when not written to a terminal (or a narrower one)
+
+
+def table_width(out) -> int:
+    """The columns the tables may take: COLUMNS when set, else the width of
+    the terminal out is; TABLE_WIDTH otherwise, and at least that."""
+    import os
+    import shutil
+
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not (tty or "COLUMNS" in os.environ):
+        return TABLE_WIDTH
+    return max(TABLE_WIDTH, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
+
+
+def key_width(width: int | None) -> int | None:
+    """A key cell's columns in a table `width` wide (None: --wide, whole)."""
+    return None if width is None else KEY_WIDTH + max(0, width - TABLE_WIDTH)
 
 
 def _pct_cell(part: int, whole: int) -> str:
@@ -258,18 +279,38 @@ def _comm(c) -> str:
     return cell(c, 15, mark="")
 
 
-def _key_cell(g: dict, by: str):
-    """A group's key as tables show it: a name escaped, and cut to
-    KEY_WIDTH (a path's end says the most, the unit; a title's start)."""
+def _key_cell(g: dict, by: str, width: int | None = KEY_WIDTH):
+    """A group's key as tables show it: a name escaped, and cut to width
+    columns in its middle (a path's and a title's both ends say the most:
+    the unit, a backend's role; None: whole)."""
     key = g["key"]
     if by == "comm":
         return _comm(key)
     if isinstance(key, str):
-        return cell(key, KEY_WIDTH, keep="end" if by in ("cgroup", "unit") else "start")
+        return cell(key, width, keep="middle")
     return key
 
 
-def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) -> str:
+def fitted(render, width: int | None):
+    """render(kw) with the widest key cells that keep its lines within
+    width columns (key_width(width) at most; None: whole keys)."""
+    kw = key_width(width)
+    text = render(kw)
+    if width is None:
+        return text
+    over = max((len(x) for x in (text if isinstance(text, list) else [text]) for x in x.splitlines()),
+               default=0) - width
+    if over > 0 and kw > 8:
+        text = render(max(8, kw - over))
+    return text
+
+
+def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False, width: int | None = TABLE_WIDTH) -> str:
+    """The tables, their keys cut to fit `width` columns (None: --wide)."""
+    return fitted(lambda kw: _render_table(rep, hist, with_matrix, kw), width)
+
+
+def _render_table(rep: dict, hist: bool, with_matrix: bool, kw) -> str:
     out = _headline(rep)
     by = rep["by"]
     groups = rep["groups"]
@@ -282,12 +323,13 @@ def render_table(rep: dict, *, hist: bool = False, with_matrix: bool = False) ->
 
     extra = [rep[k] for k in ("rest", "total") if k in rep]  # --top hid groups
     if rep.get("ledger", {}).get("time_in_state", True):
-        out.extend(_state_table(groups, by, key_h, key_al, extra))
-    out.extend(_rest_tables(rep, groups, by, key_h, key_al, hist=hist, with_matrix=with_matrix, extra=extra))
+        out.extend(_state_table(groups, by, key_h, key_al, extra, kw))
+    out.extend(_rest_tables(rep, groups, by, key_h, key_al, hist=hist, with_matrix=with_matrix, extra=extra,
+                            kw=kw))
     return "\n".join(out) + "\n"
 
 
-def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = ()) -> list:
+def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = (), kw=KEY_WIDTH) -> list:
     out = []
     rows = []
     extra = list(extra)
@@ -297,7 +339,7 @@ def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = (
         cells = [_pct_cell(sum(ns.get(s, 0) for s in states), obs) for _h, states in TABLE_STATE_COLUMNS]
         other = sum(v for s, v in ns.items() if s not in _COLUMN_STATES)
         cells.append(_pct_cell(other, obs))
-        first = [_key_cell(g, by)] if by in NAMED_BY else [_key_cell(g, by), _comm(g["comm"])]
+        first = [_key_cell(g, by, kw)] if by in NAMED_BY else [_key_cell(g, by, kw), _comm(g["comm"])]
         rows.append(first + [fmt_ns(obs)] + cells)
     headers = ([key_h] if by in NAMED_BY else [key_h, "COMM"]) + ["OBSERVED"] + \
         [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
@@ -310,11 +352,11 @@ def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = (
 
 
 def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, hist: bool,
-                 with_matrix: bool, extra: list = ()) -> list:
+                 with_matrix: bool, extra: list = (), kw=KEY_WIDTH) -> list:
     out = []
     rows = []
     for g in groups + list(extra):
-        rows.append([_key_cell(g, by), g["transitions"], g["voluntary"], g["involuntary"],
+        rows.append([_key_cell(g, by, kw), g["transitions"], g["voluntary"], g["involuntary"],
                      g["forks"], g["execs"], g["exits"], g["null_dur"], fmt_ns(g["unobserved_ns"])])
     out.append("")
     out.append("Transitions: voluntary (blocked) and involuntary (preempted) switches,")
@@ -329,7 +371,7 @@ def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, h
     for g in groups:
         first = True
         for kind, d in g["latency"].items():
-            rows.append([_key_cell(g, by) if first else "", kind_label(kind), d["count"]]
+            rows.append([_key_cell(g, by, kw) if first else "", kind_label(kind), d["count"]]
                         + [fmt_ns(d[f"p{p}_ns"]) for p in PERCENTILES] + [fmt_ns(d["max_ns"])])
             first = False
     out.append("")
@@ -342,7 +384,7 @@ def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, h
         out.append("(no transitions with a known duration)")
 
     if hist:
-        out.extend(_hist_lines(rep))
+        out.extend(_hist_lines(rep, kw))
     if with_matrix:
         out.append("")
         out.append("Transition matrix (shown groups): count and mean time in the state left:")
@@ -353,7 +395,7 @@ def _rest_tables(rep: dict, groups: list, by: str, key_h: str, key_al: str, *, h
     return out
 
 
-def _hist_lines(rep: dict) -> list[str]:
+def _hist_lines(rep: dict, kw=KEY_WIDTH) -> list[str]:
     out = []
     by = rep["by"]
     for g in rep["groups"]:
@@ -361,7 +403,7 @@ def _hist_lines(rep: dict) -> list[str]:
             rows = d.get("hist")
             if not rows:
                 continue
-            who = "all tasks" if by == "all" else f"{BY_HEADER[by].lower()} {_key_cell(g, by)}"
+            who = "all tasks" if by == "all" else f"{BY_HEADER[by].lower()} {_key_cell(g, by, kw)}"
             if by not in NAMED_BY:
                 who += f" ({_comm(g['comm'])})"
             out.append("")

@@ -133,14 +133,14 @@ def reason_groups(causes, *, top: int | None, stacks: bool, wakers: bool, antago
 # --- tables -------------------------------------------------------------------
 
 
-def _key(g: dict, by: str):
+def _key(g: dict, by: str, kw=tables.KEY_WIDTH):
     """A group's key as the tables show it (names escaped: cell), cut as
-    the main table cuts it."""
+    the main table cuts it (to kw columns; None: whole)."""
     if by == "reason":
-        return cell(str(g["key"]), _REASON, mark="")
+        return cell(str(g["key"]), _REASON if kw is None or kw <= tables.KEY_WIDTH else kw, mark="")
     if by in ("comm", "all"):
         return tables._comm(g["key"])
-    return tables._key_cell(g, by)
+    return tables._key_cell(g, by, kw)
 
 
 def _stack_cell(row: dict, width: int) -> str:
@@ -151,37 +151,39 @@ def _stack_cell(row: dict, width: int) -> str:
         return frames
     names = callers(frames, row["reason"])
     lines = [names[0]] + ["< " + n for n in names[1:]]
-    return "\n".join(cell(x, width, mark="") for x in lines)
+    return "\n".join(cell(x, width, keep="middle") for x in lines)
 
 
-def render_tables(rep: dict) -> list[str]:
+def render_tables(rep: dict, width: int | None = tables.TABLE_WIDTH) -> list[str]:
+    """The why tables, cut to fit `width` columns (None: --wide, nothing cut)."""
     by = rep["by"]
     why = rep.get("why", {})
     groups = rep["groups"]
     key_h = KEY_HEADER.get(by, by.upper())
-    key_al = "right" if by in ("pid", "tid") else "left"
+    key_al = "right" if by in ("pid", "tid", "ppid") else "left"
     out: list[str] = []
     if why.get("stacks"):
-        out.extend(_stack_table(groups, by, key_h, key_al, why))
+        out.extend(tables.fitted(lambda kw: _stack_table(groups, by, key_h, key_al, why, width, kw), width))
     if why.get("wakers"):
-        out.extend(_waker_table(groups, by, key_h, key_al))
+        out.extend(tables.fitted(lambda kw: _waker_table(groups, by, key_h, key_al, kw), width))
     if why.get("antagonists"):
-        out.extend(_antagonist_table(groups, by, key_h, key_al))
+        out.extend(tables.fitted(lambda kw: _antagonist_table(groups, by, key_h, key_al, kw), width))
     return out
 
 
-def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
+def _stack_table(groups, by, key_h, key_al, why, total=tables.TABLE_WIDTH, kw=tables.KEY_WIDTH) -> list[str]:
     out = ["", "Blocked time by kernel stack (the reason, then its callers; --format folded",
            "gives every stack whole):"]
     if not why.get("stack_records"):
         out.append("(the input has no stack records: record it with pstate record --stacks)")
-    def table(width: int) -> str:
+
+    def table(width: int | None) -> str:
         rows = []
         for g in groups:
             first = True
             for r in g.get("stacks", []):
                 ended = r["count"] is not None
-                rows.append([_key(g, by) if first else "", letter(r["state"]), r["count"] if ended else "-",
+                rows.append([_key(g, by, kw) if first else "", letter(r["state"]), r["count"] if ended else "-",
                              fmt_ns(r["total_ns"])] + [fmt_ns(r[k]) for k in ("p50_ns", "p99_ns", "max_ns")]
                             + [_stack_cell(r, width)])
                 first = False
@@ -190,9 +192,9 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
         return tables.tabulate(rows, [key_h, "ST", "COUNT", "TOTAL", "P50", "P99", "MAX", "STACK"],
                                colalign=(key_al, "left") + ("right",) * 5 + ("left",))
 
-    width = _CELL
+    width = None if total is None else _CELL + max(0, total - tables.TABLE_WIDTH)
     text = table(width)
-    while width > 12 and max((len(x) for x in text.splitlines()), default=0) > 80:
+    while width is not None and width > 12 and max((len(x) for x in text.splitlines()), default=0) > total:
         width -= 1  # long keys (reasons): the stack cells give way
         text = table(width)
     out.append(text or "(no blocked time with a known duration)")
@@ -200,7 +202,8 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
     for g in groups:
         first = True
         for r in g.get("reasons", []):
-            rows.append([_key(g, by) if first else "", letter(r["state"]), cell(r["reason"], _REASON, mark=""), r["count"],
+            rows.append([_key(g, by, kw) if first else "", letter(r["state"]), cell(r["reason"], _REASON, mark=""),
+                         r["count"],
                          fmt_ns(r["total_ns"]), fmt_ns(r["p50_ns"]), fmt_ns(r["p99_ns"]), fmt_ns(r["max_ns"])])
             first = False
     if rows and by != "reason":
@@ -212,14 +215,14 @@ def _stack_table(groups, by, key_h, key_al, why) -> list[str]:
 
 
 def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, align: tuple, empty: str,
-               other=None) -> str:
+               other=None, kw=tables.KEY_WIDTH) -> str:
     """One table of a list each group has (field): cells(g, item, first)
     gives a row after the key cell; other(g): the cells of a last row for
     the items past those shown (None: there are none)."""
     rows = []
     for g in groups:
         for i, item in enumerate(g.get(field, [])):
-            rows.append([_key(g, by) if i == 0 else ""] + cells(g, item, i == 0))
+            rows.append([_key(g, by, kw) if i == 0 else ""] + cells(g, item, i == 0))
         last = other(g) if other is not None and g.get(field) else None
         if last is not None:
             rows.append([""] + last)
@@ -228,7 +231,7 @@ def _per_group(groups, by, key_h, key_al, field: str, cells, headers: list, alig
     return tables.tabulate(rows, [key_h] + headers, colalign=(key_al,) + align)
 
 
-def _waker_table(groups, by, key_h, key_al) -> list[str]:
+def _waker_table(groups, by, key_h, key_al, kw=tables.KEY_WIDTH) -> list[str]:
     def cells(g, w, _first):
         total = g["wakers_total"]["ended_ns"]
         return [cell(w["name"]), w["count"], fmt_ns(w["ended_ns"]), tables._pct_cell(w["ended_ns"], total)]
@@ -243,10 +246,10 @@ def _waker_table(groups, by, key_h, key_al) -> list[str]:
     return ["", "Wakers: who ended the blocked states (a task, irq or softirq), by the blocked",
             "time ended (% of the group's):",
             _per_group(groups, by, key_h, key_al, "wakers", cells, ["WAKER", "WAKEUPS", "ENDED", "%"],
-                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)", other)]
+                       ("left", "right", "right", "right"), "(no wake-ups from a blocked state)", other, kw)]
 
 
-def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
+def _antagonist_table(groups, by, key_h, key_al, kw=tables.KEY_WIDTH) -> list[str]:
     def cells(g, a, first):
         return [fmt_ns(g["runq_ns"]) if first else "", cell(a["name"]), fmt_ns(a["ns"]),
                 tables._pct_cell(a["ns"], g["runq_ns"])]
@@ -260,16 +263,17 @@ def _antagonist_table(groups, by, key_h, key_al) -> list[str]:
     return ["", "Antagonists: the tasks that held the CPU while a task waited on its run queue",
             "(after a wake-up or a preemption), by the run-queue time they caused:",
             _per_group(groups, by, key_h, key_al, "antagonists", cells, ["RUNQ", "HELD THE CPU", "TIME", "%"],
-                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)", other)]
+                       ("right", "left", "right", "right"), "(no run-queue waits with a known duration)", other,
+                       kw)]
 
 
-def render_reason_table(rep: dict) -> str:
+def render_reason_table(rep: dict, width: int | None = tables.TABLE_WIDTH) -> str:
     """--by reason: the headline, then the tables of the reasons."""
     out = tables._headline(rep)
     if not rep["groups"]:
         out += ["", "no groups to show"]
     else:
-        out.extend(render_tables(rep))
+        out.extend(render_tables(rep, width))
     return "\n".join(out) + "\n"
 
 
