@@ -14,6 +14,9 @@ measures on one core (the process is pinned with sched_setaffinity):
                   (peak RSS: the largest process)
   parse only      a bare loop of orjson.loads over the lines (the ceiling of
                   any per-line Python design)
+  why views       stats --stacks, --wakers, --antagonists (analysis.causes
+                  beside the Aggregator, as `pstate stats FILE --wakers`
+                  reads), each on its own (--why-views)
 
 and, with --alternatives, native bulk parsers that were candidates for a fast
 path (each when importable; single-threaded where the library allows it):
@@ -53,6 +56,7 @@ import orjson  # noqa: E402
 from pstate.stream import reader, streamio  # noqa: E402
 from pstate.analysis import timeinstate  # noqa: E402
 from pstate.analysis import ingest  # noqa: E402
+from pstate.analysis import causes  # noqa: E402
 
 T0 = 1_000_000_000_000
 
@@ -109,11 +113,29 @@ def timed(fn):
     return time.perf_counter() - t
 
 
+def cpu_timed(fn):
+    """The CPU time of fn (this process's): what a busy machine does not inflate."""
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
 def run_fast(path):
     st = streamio.ReadStats()
     agg = timeinstate.Aggregator("pid")
     ingest.digest_files([str(path)], agg, st)
     agg.summarise(st)
+
+
+def run_why(view: str):
+    """stats FILE --VIEW, in this process: the Causes beside the Aggregator."""
+    def run(path):
+        st = streamio.ReadStats()
+        agg = timeinstate.Aggregator("pid")
+        found = causes.Causes("pid", **{view: True})
+        causes.digest([str(path)], agg, found, st, chunk=8 << 20)
+        found.finish(agg.summarise(st).end_ts)
+    return run
 
 
 def run_careful(path):
@@ -251,6 +273,8 @@ def main() -> None:
     ap.add_argument("--file", type=Path, help="use (or create) this recording instead of a temporary one")
     ap.add_argument("--alternatives", action="store_true", help="also time native bulk parsers")
     ap.add_argument("--no-careful", action="store_true", help="skip the slow reference path")
+    ap.add_argument("--why-views", action="store_true", help="also time stats --stacks, --wakers, --antagonists")
+    ap.add_argument("--only-why", action="store_true", help="time the why views only")
     args = ap.parse_args()
 
     all_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -275,13 +299,19 @@ def main() -> None:
 
     rows = []
 
-    def measure(name, fn, events=n):
-        times = [timed(lambda: fn(path)) for _ in range(args.repeat)]
+    def measure(name, fn, events=n, cpu=False):
+        times = [(cpu_timed if cpu else timed)(lambda: fn(path)) for _ in range(args.repeat)]
         med = statistics.median(times)
         rows.append({"what": name, "events": events, "median_s": round(med, 3),
                      "events_per_s": round(events / med), "runs_s": [round(x, 3) for x in times]})
         print(f"  {name}: {events / med / 1e6:.3f} M events/s", file=sys.stderr)
 
+    if args.why_views or args.only_why:
+        for view in ("stacks", "wakers", "antagonists"):
+            measure(f"stats --{view} (why view, per CPU second)", run_why(view), cpu=True)
+    if args.only_why:
+        rows_only(rows, part)
+        return
     measure("parse only (orjson.loads per line)", run_parse_only)
     measure("stats fast (chunked digester)", run_fast)
     if not args.no_careful:
@@ -316,6 +346,13 @@ def main() -> None:
     print(json.dumps({"bench": "stats", "python": sys.version.split()[0], "cpu": _cpu(), "results": rows}))
     if tmp:
         tmp.cleanup()
+
+
+def rows_only(rows, part) -> None:
+    part.unlink()
+    for r in rows:
+        print(f"{r['what']}: {r['events_per_s'] / 1e6:.3f} M events/s", file=sys.stderr)
+    print(json.dumps({"bench": "stats", "python": sys.version.split()[0], "cpu": _cpu(), "results": rows}))
 
 
 def _cpu() -> str:
