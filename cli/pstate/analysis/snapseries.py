@@ -287,12 +287,28 @@ def summary(snaps: list[snapdir.Snapshot], ivs: list[snapdir.Interval]) -> dict:
         "first_wall_ns": min((s.wall_end_ns for s in snaps), default=0),
         "last_wall_ns": max((s.wall_end_ns for s in snaps), default=0),
         "truncated": sum(1 for s in snaps if s.truncated),
+        "untraced": untraced(ivs),
         "intervals": [{"interval": i, "file": iv.snapshot.path, "boot_id": iv.boot_id, "seq": iv.snapshot.meta.get("seq"),
                        "start_ts": iv.start_ts, "end_ts": iv.end_ts, "duration_ns": iv.duration_ns,
                        "wall_end_ns": iv.wall_end_ns, "tasks": len(iv.tasks),
                        "truncated": iv.snapshot.truncated}
                       for i, iv in enumerate(ivs)],
     }
+
+
+def untraced(ivs: list[snapdir.Interval]) -> list[dict]:
+    """The threads on a CPU through a whole interval with no switch in it
+    (snapdir.untraced_run): flagged, their on-CPU time in those intervals
+    not counted (unknown), one entry per thread."""
+    out: dict = {}
+    for iv in ivs:
+        for t in iv.tasks:
+            if t.untraced:
+                u = out.setdefault(t.key, {"pid": t.pid, "tid": t.tid, "comm": t.comm, "intervals": 0,
+                                           "unknown_ns": 0})
+                u["intervals"] += 1
+                u["unknown_ns"] += t.untraced
+    return sorted(out.values(), key=lambda u: (-u["unknown_ns"], u["tid"]))
 
 
 def analyse(snaps: list[snapdir.Snapshot], *, by: str = "process", min_run: int = MIN_RUN) -> dict:

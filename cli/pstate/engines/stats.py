@@ -20,6 +20,7 @@ from pstate.exitcodes import ExitCode, PstateError
 from pstate.render import snaptables, tables, whytables
 from pstate.snapshots import snapdir
 from pstate.stream import schema
+from pstate.stream.names import cell
 from pstate.stream.streamio import ReadStats
 
 PROG = "pstate stats"
@@ -290,6 +291,11 @@ def snapshot_stats(paths: list[str], *, fmt: str, top: int | None, by: str, out,
                           ExitCode.DATAERR if bad else ExitCode.NOINPUT,
                           hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --dir DIR)")
     rep = snapseries.analyse(snaps, by=group_by, min_run=min_run)
+    if rep["untraced"]:
+        who = ", ".join(f"{cell(u['comm'])} {u['tid']}" for u in rep["untraced"][:5])
+        print(f"pstate stats: warning: {len(rep['untraced'])} thread(s) ran through whole intervals with no "
+              f"switch ({who}): their switch-outs were not traced, their time is counted unknown, not on-CPU; "
+              "/proc/TID/schedstat counts since a thread began, not per snapshot interval: not used", file=err)
     if rep["truncated"]:
         print(f"pstate stats: warning: {rep['truncated']} snapshot(s) are truncated (the task map was full); "
               "some threads are missing (raise snap --max-tasks)", file=err)

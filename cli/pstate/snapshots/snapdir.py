@@ -507,6 +507,8 @@ class TaskInterval:
     cgroup_path: str | None = None
     ppid: int | None = None  # its process's parent, in rows that carry it
     folded: int = 0  # a fold row's threads folded in the interval (then pid and tid are 0)
+    untraced: int = 0  # on-CPU ns not counted as such: running the whole interval with no switch (untraced)
+    row: dict | None = field(default=None, repr=False)  # the snapshot's row
 
 
 @dataclass
@@ -598,8 +600,9 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
                 gone=exited and exit_ts is not None and start < exit_ts <= snap.end_ts,
                 alive=not exited, title=r.get("title") if type(r.get("title")) is str else None,
                 cgroup_path=r.get("cgroup_path") if type(r.get("cgroup_path")) is str else None,
-                ppid=r.get("ppid") if type(r.get("ppid")) is int else None,
+                ppid=r.get("ppid") if type(r.get("ppid")) is int else None, row=r,
             ))
+        _untraced(iv, snap.meta.get("ncpu"))
         iv.tasks += _fold_intervals(snap, prev_rows)
         if snap.mode == "cumulative":
             rows = {(r["tid"], r["start_ts"]): r for r in snap.rows}
@@ -607,6 +610,28 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
             last_of_run[(boot, run)] = (snap.end_ts, rows)
         out.append(iv)
     return out
+
+
+def _untraced(iv, ncpu) -> None:
+    """When the threads of an interval were on a CPU longer than its CPUs
+    allow (ncpu x the interval: impossible), those on a CPU through the
+    whole interval with no switch and no wake-up in it (their rows running
+    since before it began), as the threads whose switch-outs the kernel
+    never reports show (some VM agents' threads), are why: their on-CPU
+    time is not known. It moves from running_ns to unknown_ns (no share
+    counts it) and is noted in TaskInterval.untraced."""
+    if type(ncpu) is not int or ncpu <= 0 or \
+            sum(t.values.get("running_ns", 0) for t in iv.tasks) <= ncpu * iv.duration_ns:
+        return
+    for t in iv.tasks:
+        since = t.row.get("state_since_ts") if t.row is not None else None
+        ns = t.values.get("running_ns", 0)
+        if t.state != "running" or type(since) is not int or since > iv.start_ts or not ns or \
+                any(t.values.get(k, 0) for k in COUNT_FIELDS):
+            continue
+        t.values["running_ns"] = 0
+        t.values["unknown_ns"] = t.values.get("unknown_ns", 0) + ns
+        t.untraced = ns
 
 
 def _fold_key(rec: dict) -> tuple:

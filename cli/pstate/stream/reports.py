@@ -175,6 +175,9 @@ SNAPSTATS_FIELDS: dict[str, tuple[str, str]] = {
     "first_wall_ns": ("int", "wall-clock time of the first snapshot, ns"),
     "last_wall_ns": ("int", "of the last"),
     "truncated": ("int", "snapshots that end early"),
+    "untraced[].FIELD": ("", "threads on a CPU through a whole interval with no switch in it (their "
+                             "switch-outs not traced): pid, tid, comm, intervals, unknown_ns (their time "
+                             "then, counted unknown, not running)"),
     "intervals[].FIELD": ("", "per interval: interval, file, boot_id, seq, start_ts, end_ts, duration_ns, "
                               "wall_end_ns, tasks, truncated"),
     "trends[].LABEL": ("", f"per group ({_INTERVAL_LABEL}): snapshots, cpu_share_avg, cpu_share_max, "
