@@ -109,3 +109,15 @@ def test_a_stream_s_switch_ins_without_switch_outs_are_flagged_and_shares_stay_w
         assert all(s["pct"] <= 100.0 for g in rep["groups"] for s in g["states"].values())
     text = _stats(str(path)).stdout
     assert "impossible" in text
+
+
+def test_heat_of_snapshots_does_not_draw_them_on_cpu(tmp_path):
+    from pstate.render import heatviews
+    from pstate.stream.streamio import ReadStats
+
+    snaps = snapdir.load([_snapshots(tmp_path)], ReadStats(), [])
+    values, _labels = heatviews.snapshot_values(snaps, ("running",), "pid")
+    assert [vals for _iv, vals in values] == [{1: 0, 200: 10 * S, 300: 0}, {1: 0, 200: 10 * S, 300: 0}]
+    res = CliRunner().invoke(cli, ["heat", str(tmp_path), "--shade", "running", "--width", "80"],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr

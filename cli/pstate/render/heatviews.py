@@ -181,6 +181,8 @@ def snapshot_values(snaps: list[snapdir.Snapshot], states: tuple[str, ...], by: 
         prev_rows = prev[1] if prev is not None else {}
         vals: dict = {}
         rows: dict = {}
+        on_cpu = 0  # the interval's on-CPU ns, and the rows that may be why it is impossible
+        suspects = []
         for t in snap.rows:
             ident = (t["pid"], t["tid"], t.get("start_ts"))
             rows[ident] = t
@@ -203,10 +205,24 @@ def snapshot_values(snaps: list[snapdir.Snapshot], states: tuple[str, ...], by: 
             if v < 0 or total > span + span // 20 + 1_000_000:
                 continue
             vals[key] = vals.get(key, 0) + v
+            ran = t.get("running_ns", 0) - (p.get("running_ns", 0) if p is not None else 0)
+            on_cpu += ran
+            if _no_switch(t, p, iv[0]) and "running_ns" in fields:
+                suspects.append((key, ran))
+        if iv is not None and type(meta.get("ncpu")) is int and on_cpu > meta["ncpu"] * (iv[1] - iv[0]):
+            for key, ran in suspects:  # switch-outs not traced (snapdir.intervals): not on-CPU time
+                vals[key] -= ran
         out.append((iv, vals))
         if cumulative:
             last_of_run[run] = (meta, rows)
     return out, labels
+
+
+def _no_switch(t: dict, p: dict | None, start: int) -> bool:
+    """A row running since before the interval with no switch or wake-up in it."""
+    since = t.get("state_since_ts")
+    return t.get("state") == "running" and type(since) is int and since <= start and \
+        not any(t.get(k, 0) - (p.get(k, 0) if p is not None else 0) for k in snapdir.COUNT_FIELDS)
 
 
 def snapshot_view_cells(values, keys: list, ncols: int):
