@@ -164,6 +164,8 @@ class Causes:
         self.slices: dict = {}  # cpu -> deque of (start, end, tid)
         self.has_stacks = False  # the input had stack records
         self.stacked: set = set()  # the states whose intervals came with a stack_id
+        self._blocked: dict = {}  # state -> blocked_state(state)
+        self._runq_kinds: dict = {}  # from-state -> latency_kind(from, running)
         # --by cgroup, unit, container, title, ppid: what the stream's process
         # and cgroup records said so far, and the keys they give, cached
         self.directory = services.Directory(role) if by in services.BY_KEYS else None
@@ -217,8 +219,7 @@ class Causes:
         state = self._state
         filt = self.filt
         if filt is None:
-            for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
-                state(ts, pid, tid, comm, frm, to, d, cpu, None, cg)
+            self._plain_rows(rows)
             return rows
         kept = []
         match = filt.match_state
@@ -229,6 +230,72 @@ class Causes:
             if own:
                 kept.append(row)
         return kept
+
+    def _plain_rows(self, rows) -> None:
+        """_state of rows, every one the Causes' own (no filter), inlined:
+        the bulk of a stream. A row has no stack_id, reason or waker
+        (those lines come as records)."""
+        by = self.by
+        by_pid, by_tid, by_comm = by == "pid", by == "tid", by == "comm"
+        service = self.service_key if self.directory is not None else None
+        const = NO_REASON if by == "reason" else ALL
+        groups_get = self.groups.get
+        new_group = self.group
+        names = self.want_wakers or self.want_antagonists
+        comms, pids, last = self.comms, self.pids, self.last
+        cgroups = self.cgroups if service is not None else None
+        stacks, wakers, antagonists = self.want_stacks, self.want_wakers, self.want_antagonists
+        blocked = self._blocked
+        slices = self.slices
+        running = schema.RUNNING
+        runq = self._runq_kinds
+        at_end_key = by != "reason"
+        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
+            if names:
+                comms[tid] = comm
+                pids[tid] = pid
+            if cgroups is not None:
+                cgroups[tid] = cg
+            if by_pid:
+                key = pid
+            elif by_tid:
+                key = tid
+            elif by_comm:
+                key = comm
+            elif service is not None:
+                key = service(pid, cg)
+            else:
+                key = const
+            g = groups_get(key)
+            if g is None:
+                g = new_group(key)
+            g.comm = comm or ""
+            if stacks:
+                last[tid] = (ts, to, key if at_end_key else NO_REASON)
+            if d is None:
+                continue
+            b = blocked.get(frm)
+            if b is None:
+                b = blocked[frm] = blocked_state(frm)
+            if b:
+                if stacks:
+                    _hist(g.stacks, (frm, NO_STACK)).add(d)
+                    _hist(g.reasons, (frm, NO_REASON)).add(d)
+                if wakers:
+                    self._waker(g, {}, d)
+            elif antagonists:
+                if frm == running:
+                    q = slices.get(cpu)
+                    if q is None:
+                        q = slices[cpu] = deque(maxlen=SLICES_PER_CPU)
+                    q.append((ts - d, ts, tid))
+                elif to == running:
+                    kind = runq.get(frm)
+                    if kind is None:
+                        kind = runq[frm] = latency_kind(frm, to)
+                    if kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
+                        g.runq_kind_ns[kind] = g.runq_kind_ns.get(kind, 0) + d
+                        self._wait(g, cpu, ts - d, ts, tid)
 
     def _key(self, pid, tid, comm, rec, cg=None):
         by = self.by
