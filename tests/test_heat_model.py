@@ -179,7 +179,7 @@ def test_latency_rows_merge_when_taller_than_allowed():
 def test_window_slides_and_forgets_old_columns():
     w = hm.Window(10, 5)
     for ts in range(10, 200, 10):
-        w.feed(st(ts, 1, "running", "running", 10))
+        w.feed(st(ts, 1, "preempted", "running", 10))
     lo = w.advance()
     assert lo == 190 // 10 - 5 + 1
     assert min(w.grid.cols) >= lo and max(w.grid.cols) == 18

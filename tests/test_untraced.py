@@ -121,3 +121,21 @@ def test_heat_of_snapshots_does_not_draw_them_on_cpu(tmp_path):
     res = CliRunner().invoke(cli, ["heat", str(tmp_path), "--shade", "running", "--width", "80"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
+
+
+def test_heat_does_not_draw_a_thread_with_no_switch_out_on_a_cpu(tmp_path):
+    from pstate.render import heatmodel as hm
+
+    recs = [orjson.loads(x) for x in _untraced_stream().splitlines()]
+    rows = [(r["ts"], r["pid"], r["tid"], r["comm"], r["from"], r["to"], r["dur_ns"], r["cpu"], 1, None)
+            for r in recs if r["type"] == "state"]
+    rec = hm.RecordedStates(by="tid")
+    for r in rows:
+        rec.state(*r[:7])
+    live = hm.Window(10 * MS, 10, by="tid")
+    live.states(rows)
+    # the agent's three impossible switch-ins: 30 ms not known, none of it on a CPU
+    tot = rec.totals[1]
+    assert tot[hm.RUNNING_IDX] == 0 and tot[hm.UNKNOWN_IDX] == 30 * MS
+    cells = [col[1] for col in live.grid.cols.values() if 1 in col]
+    assert sum(c[hm.RUNNING_IDX] for c in cells) == 0 and sum(c[hm.UNKNOWN_IDX] for c in cells) == 30 * MS

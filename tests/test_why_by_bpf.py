@@ -161,3 +161,19 @@ def test_each_service_s_causes_by_unit(services):
     # the hog held the ping-pong's CPU while it waited, and the other way round
     assert any(a["tid"] == pids["hog.service"] and a["group"] == "hog.service" for a in pp["antagonists"])
     assert any(a["group"] == "pp.service" for a in hog["antagonists"])
+
+
+@pytest.mark.parametrize("view", list(WHY_VIEWS))
+def test_stats_p_selects_after_attributing(services, view):
+    # stats -p X of the recording: X's figures as attributing everything gives them, wakers' names included
+    path, pids, _titles, _tids, _top = services
+    pp = pids["pp.service"]
+    if view == "folded":
+        whole = [x for x in stats(path, "-f", "folded").splitlines() if x.split(";")[0].endswith(f"-{pp}")]
+        assert stats(path, "-f", "folded", "-p", str(pp)).splitlines() == whole
+        return
+    whole = report(path, *WHY_VIEWS[view])
+    got = report(path, *WHY_VIEWS[view], "-p", str(pp))
+    assert set(got) == {pp} and got[pp] == whole[pp]
+    if view == "antagonists":
+        assert any(a["tid"] == pids["hog.service"] for a in got[pp]["antagonists"])

@@ -43,6 +43,11 @@ BUSY = NSTATES  # extra slot in every cell: the sum of the "busy" states
 BACKGROUND = frozenset({"sleeping", "idle", "parked", schema.UNKNOWN, schema.REAPED})
 IS_BUSY: tuple[bool, ...] = tuple(name not in BACKGROUND for name in STATE_NAMES)
 REAPED_IDX = STATE_INDEX[schema.REAPED]
+RUNNING_IDX = STATE_INDEX[schema.RUNNING]
+# A switch-in of a task already running (running -> running: its switch-out
+# was never traced, as the kernel shows some VM agents' threads): what the
+# task did since the switch-in before is not known, not on a CPU.
+UNKNOWN_IDX = STATE_INDEX[schema.UNKNOWN]
 
 
 def _valid_int(v) -> bool:
@@ -288,6 +293,8 @@ class Tracker:
                 self.sample(ts, log2_bucket(dur), weight)
             return
         s = STATE_INDEX.get(frm, OTHER)
+        if s == RUNNING_IDX and to == frm:
+            s = UNKNOWN_IDX
         prev = self.open.get(tid)
         if prev is not None and self.sample_every > 1:
             # Records in between were not looked at: credit the gap to the
@@ -517,6 +524,8 @@ class Window(Tracker):
                 key = keyf(pid, tid, comm, cg)
             events[key] = events_get(key, 0) + 1
             s = index(frm, OTHER)
+            if s == RUNNING_IDX and to == frm:
+                s = UNKNOWN_IDX  # (Tracker.state)
             if gaps:
                 prev = open_get(tid)
                 if prev is not None:
