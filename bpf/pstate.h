@@ -101,7 +101,7 @@
 #define HK_UNINTERRUPTIBLE 3 // blocked in D, ended by a wake-up
 #define HIST_KINDS 4
 
-// record's ring buffer record: 80 bytes, little-endian, after the ring
+// record's ring buffer record: 88 bytes, little-endian, after the ring
 // buffer's own 8-byte header.
 struct event {
     u64 ts;
@@ -123,6 +123,7 @@ struct event {
     u32 stack; // wakeup: the stack map id + 1 of the blocked state's kernel stack (record --stacks); 0: none
     u32 pad2;
     u64 cgroup; // state: the v2 cgroup id of the task (bpf_get_current_cgroup_id's); 0: not known
+    u64 run; // switch_out: the slice's on-CPU time as the kernel counts it (se.sum_exec_runtime's growth); NO_DUR: not known
 };
 
 #endif

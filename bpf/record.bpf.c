@@ -66,6 +66,7 @@ struct task_state {
     u8 pad[3];
     u32 stack; // stack map id + 1 of the kernel stack it blocked with (settings.stack_mask); 0: none
     u32 pad2;
+    u64 exec; // its se.sum_exec_runtime + 1 at its last switch seen (bpf/tpargs.h SW_*_EXEC); 0: not known
 };
 
 // The filters (see the top of this file). Until user space has written
@@ -416,6 +417,7 @@ static __always_inline u64 cgroup_of(u8 cg, const char *task) {
 struct emit_args {
     u64 now;
     u64 dur;
+    u64 run; // switch_out: NO_DUR when not known
     const char *comm;
     const char *task;
     u32 cpu;
@@ -464,21 +466,27 @@ static __always_inline void emit(struct settings *cfg, const struct emit_args *a
     e->stack = a->stack;
     e->pad2 = 0;
     e->cgroup = cgroup_of(a->cg, a->task);
+    e->run = a->run;
     submit(e, pos);
 }
 
-static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now) {
+// exec: the task's se.sum_exec_runtime + 1 at a switch (SW_PREV_EXEC,
+// SW_NEXT_EXEC); 0 keeps the row's.
+static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, u16 state, u64 now, u64 exec) {
     if (ts) {
         ts->state = state;
         ts->since = now;
         if (tgid)
             ts->tgid = tgid;
+        if (exec)
+            ts->exec = exec;
         return;
     }
     struct task_state fresh = {};
     fresh.state = state;
     fresh.since = now;
     fresh.tgid = tgid;
+    fresh.exec = exec;
     if (tasks.update(&tid, &fresh) != 0)
         count_atomic(DROP_MAP_FULL);
 }
@@ -544,7 +552,7 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
                                       .other_pid = waker_pid, .other_tid = waker_tid, .stack = stack,
                                       .cg = CG_TASK, .task = task});
     }
-    set_state(tid, ts, tgid, ST_RUNNABLE, now);
+    set_state(tid, ts, tgid, ST_RUNNABLE, now, 0);
 }
 
 // prev is the current task at sched_switch, so its tgid is known for sure;
@@ -590,11 +598,21 @@ PSTATE_PROBE(sched, sched_switch) {
                 cgroup_pids.update(&tg, &one);
             }
         }
+        // The slice's on-CPU time by the kernel's count: the growth of the
+        // task's own se.sum_exec_runtime (bpf/tpargs.h SW_PREV_EXEC) since
+        // its row's: its switch-in's, or its last switch-out's where its
+        // switch-in was not seen (the count grows only while it runs). Kept
+        // on the row for its next slice.
+        u64 exec = SW_PREV_EXEC;
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
+            u64 run = NO_DUR;
+            if (ts && ts->exec && exec >= ts->exec)
+                run = exec - ts->exec;
             SW_PREV_COMM(comm);
             emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu,
                                           .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
-                                          .from = ST_RUNNING, .to = to, .dur = dur, .cause = CAUSE_SWITCH_OUT,
+                                          .from = ST_RUNNING, .to = to, .dur = dur, .run = run,
+                                          .cause = CAUSE_SWITCH_OUT,
                                           .prio = SW_PREV_PRIO, .flags = bits ? F_VOLUNTARY : 0, .kstate = kstate,
                                           .other_tid = next, .cg = CG_CURRENT});
         }
@@ -622,7 +640,7 @@ PSTATE_PROBE(sched, sched_switch) {
 #endif
         // A thread's tgid never changes under its tid (exec moves the row
         // to the new tid): a row that has it keeps it.
-        set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now);
+        set_state(prev, ts, (ts && ts->tgid) ? 0 : current_tgid(&prev_tgid), to, now, exec);
         if (ts) {
             ts->stack = stack;
             if (!bits)
@@ -674,7 +692,7 @@ PSTATE_PROBE(sched, sched_switch) {
                                           .other_pid = prev ? current_tgid(&prev_tgid) : 0, .other_tid = prev,
                                           .cg = CG_TASK, .task = SW_NEXT_TASK});
         }
-        set_state(next, ts, tgid, ST_RUNNING, now);
+        set_state(next, ts, tgid, ST_RUNNING, now, SW_NEXT_EXEC);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         SW_NEXT_COMM(comm);
         emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .comm = comm, .from = ST_PREEMPTED,

@@ -183,6 +183,30 @@ static __always_inline u32 reported_switch_state(u64 *ctx) {
 
 #endif
 
+// The task's own on-CPU time as the kernel counts it (se.sum_exec_runtime
+// at TASK_SUM_EXEC, pstate.kernel.btf), plus 1, so that 0 says not known.
+// On the tp_btf path both tasks' are plain loads; on the classic one only
+// prev's can be read, as the current task's (SW_NEXT_EXEC 0: the program
+// keeps prev's on its row at every switch-out, which is the task's at its
+// next switch-in, since the count grows only while it runs). Without the
+// offset neither is known.
+#if defined(TASK_SUM_EXEC) && PATH_sched_switch == PSTATE_TP_BTF
+#define SW_PREV_EXEC (*(const u64 *)(TP_TASK(1) + TASK_SUM_EXEC) + 1)
+#define SW_NEXT_EXEC (*(const u64 *)(TP_TASK(2) + TASK_SUM_EXEC) + 1)
+#elif defined(TASK_SUM_EXEC)
+static __always_inline u64 current_sum_exec(void) {
+    u64 v = 0;
+    if (bpf_probe_read_kernel(&v, sizeof(v), (const char *)bpf_get_current_task() + TASK_SUM_EXEC))
+        return 0;
+    return v + 1;
+}
+#define SW_PREV_EXEC current_sum_exec()
+#define SW_NEXT_EXEC 0
+#else
+#define SW_PREV_EXEC 0
+#define SW_NEXT_EXEC 0
+#endif
+
 // --- sched_waking, sched_wakeup, sched_wakeup_new: WK_* (the task woken) ---
 #if PATH_sched_wakeup_new == PSTATE_TP_BTF
 

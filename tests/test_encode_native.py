@@ -32,10 +32,10 @@ def running_kernel_states() -> KernelStates | None:
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=80, stack=0,
-        cgroup=0) -> bytes:
+        frm=ec.CODES["running"], to=K | 1, cpu=1, prio=120, flags=0, comm=b"worker", hdr=88, stack=0,
+        cgroup=0, run=ec.NO_DUR) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm, stack, cgroup)
+                       prio, flags, comm, stack, cgroup, run)
 
 
 class Resolver:
@@ -165,8 +165,8 @@ def test_odd_comms(comm):
 
 
 def test_busy_and_discarded_records():
-    batch = [rec(ts=1), rec(ts=2, hdr=80 | ec.DISCARD), rec(ts=3, hdr=80 | ec.DISCARD | 0x1234),
-             rec(ts=4), rec(ts=5, hdr=80 | ec.BUSY), rec(ts=6)]
+    batch = [rec(ts=1), rec(ts=2, hdr=88 | ec.DISCARD), rec(ts=3, hdr=88 | ec.DISCARD | 0x1234),
+             rec(ts=4), rec(ts=5, hdr=88 | ec.BUSY), rec(ts=6)]
     (lines,) = both([b"".join(batch)])
     assert len(lines) == 2
     both([rec(hdr=ec.BUSY | ec.DISCARD)])  # busy wins

@@ -21,10 +21,10 @@ SLEEPING, DISK, ZOMBIE = K | 1, K | 2, K | 0x20
 
 
 def rec(*, typ=ec.EV_STATE, cause=1, ts=1_000, dur=5_000, pid=100, tid=101, opid=0, otid=0, kstate=0,
-        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=80, stack=0,
-        cgroup=0) -> bytes:
+        frm=ec.CODES["running"], to=SLEEPING, cpu=1, prio=120, flags=0, comm=b"worker", hdr=88, stack=0,
+        cgroup=0, run=ec.NO_DUR) -> bytes:
     return struct.pack(REC_FMT, hdr, 0, ts, dur, pid, tid, opid, otid, kstate, frm, to, cpu, typ, cause,
-                       prio, flags, comm, stack, cgroup)
+                       prio, flags, comm, stack, cgroup, run)
 
 
 @pytest.fixture(autouse=True, params=["native", "pure"])
@@ -48,7 +48,7 @@ def documented(rec: dict) -> set:
 
 
 def test_record_layout_matches_the_bpf_struct():
-    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 88  # one ring buffer slot, 8-aligned
+    assert struct.calcsize(REC_FMT) == 8 + ec.EVENT_SIZE == 96  # one ring buffer slot, 8-aligned
 
 
 def test_switch_out_voluntary():
@@ -57,6 +57,23 @@ def test_switch_out_voluntary():
     assert r == {"type": "state", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "cgroup": 4242,
                  "from": "running", "to": "sleeping", "dur_ns": 5000, "cause": "switch_out",
                  "voluntary": True, "kstate": "S", "prio": 120, "next_tid": 7}
+
+
+@pytest.mark.parametrize("run, steal", [(4_200, 800), (5_000, 0), (5_300, -300)])
+def test_switch_out_with_the_kernels_count_says_the_rest_as_steal_irq(run, steal):
+    """steal_irq_ns: dur_ns less the slice's on-CPU time by the kernel's
+    count; a little below 0 where the kernel read its clock before the
+    tracepoint at both ends unevenly."""
+    (r,), _, _ = encode(rec(cause=1, kstate=1, flags=ec.F_VOLUNTARY, otid=7, run=run))
+    assert (r["dur_ns"], r["steal_irq_ns"]) == (5000, steal)
+    assert list(r)[-2:] == ["steal_irq_ns", "cgroup"]
+
+
+def test_switch_out_without_the_kernels_count_has_neither_and_without_its_start_the_count_alone():
+    (a, b, c), _, _ = encode(rec(cause=1, kstate=1, run=ec.NO_DUR), rec(cause=1, kstate=1, dur=ec.NO_DUR, run=7),
+                             rec(cause=1, kstate=1, dur=ec.NO_DUR, run=ec.NO_DUR))
+    assert not {"steal_irq_ns", "run_ns"} & (set(a) | set(c))
+    assert (b["dur_ns"], b["run_ns"]) == (None, 7) and "steal_irq_ns" not in b
 
 
 def test_switch_out_preempted_with_plus_bit():
@@ -139,13 +156,13 @@ def test_every_emitted_field_is_documented_and_every_record_valid():
 
 
 def test_busy_record_stops_the_batch():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=80 | ec.BUSY), rec(ts=4))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2), rec(ts=3, hdr=88 | ec.BUSY), rec(ts=4))
     assert consumed == 2
     assert [r["ts"] for r in recs] == [1, 2]
 
 
 def test_discarded_records_are_consumed_but_not_written():
-    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=80 | ec.DISCARD), rec(ts=3))
+    recs, consumed, _ = encode(rec(ts=1), rec(ts=2, hdr=88 | ec.DISCARD), rec(ts=3))
     assert consumed == 3
     assert [r["ts"] for r in recs] == [1, 3]
 

@@ -21,7 +21,7 @@ HEADER = ROOT / "bpf" / "pstate.h"
 
 
 def test_python_format_is_the_header_struct():
-    assert struct.calcsize(eventlayout.EVENT_FORMAT) == eventcodec.EVENT_SIZE == 80
+    assert struct.calcsize(eventlayout.EVENT_FORMAT) == eventcodec.EVENT_SIZE == 88
     assert eventcodec.REC_FMT == "<II" + eventlayout.EVENT_FORMAT[1:]
     assert [n for n, _ in eventlayout.EVENT_FIELDS][:4] == ["ts", "dur", "pid", "tid"]
 
@@ -50,7 +50,7 @@ def test_c_offsets_match_python_offsets(tmp_path):
     for name, code in eventlayout.EVENT_FIELDS:
         assert int(out[name]) == offset, name
         offset += struct.calcsize("<" + (code if not name.startswith("pad") else eventlayout.struct_format([(name, code)])[1:]))
-    assert int(out["sizeof"]) == offset == 80
+    assert int(out["sizeof"]) == offset == 88
     for k, v in eventlayout.DEFINES.items():
         assert int(out[f"define {k}"]) == v, k
 

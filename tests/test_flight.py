@@ -31,7 +31,7 @@ def slot(ts, *, frm=RUNNING, to=S, dur=1000, cause=ec.CAUSE_SWITCH_OUT, tid=100,
          typ=ec.EV_STATE):
     kst = 1 if cause == ec.CAUSE_SWITCH_OUT else 0
     return struct.pack(ec.REC_FMT, hdr, 0, ts, dur, tid, tid, 0, 0, kst, frm, to, 0, typ, cause, 120,
-                       ec.F_VOLUNTARY if kst else 0, comm.ljust(16, b"\0"), 0, 0)
+                       ec.F_VOLUNTARY if kst else 0, comm.ljust(16, b"\0"), 0, 0, ec.NO_DUR)
 
 
 def batch(*slots) -> bytes:

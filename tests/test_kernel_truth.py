@@ -25,7 +25,7 @@ from collections import Counter
 import orjson
 import pytest
 
-from workloads import Recording, sleeps
+from workloads import Recording, go, kill_all, sleeps
 
 pytestmark = pytest.mark.bpf
 
@@ -313,3 +313,92 @@ def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_p
         assert len(mine) >= 0.9 * slept, (name, len(mine), slept)
         wrong = Counter((r.get("waker"), r["waker_tid"]) for r in mine if r["waker_tid"] != other or "waker" in r)
         assert not wrong, (name, other, wrong)
+
+
+
+# A hog that says it is ready, then blocks on stdin until it may go.
+READY_HOG = """
+import sys, time
+print("ready", flush=True)
+sys.stdin.read(1)
+end = time.monotonic() + {secs}
+x = 0
+while time.monotonic() < end:
+    x += 1
+"""
+
+
+def proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def await_state(pid: int, states: str) -> None:
+    """Poll until the process is in one of states (S: blocked, Z: exited)."""
+    while proc_state(pid) not in states:
+        time.sleep(0.001)
+
+
+def schedstat_run(pid: int) -> int:
+    """The first field of /proc/PID/schedstat: se.sum_exec_runtime, which
+    the kernel brings up to date at each switch (not while the task runs):
+    read here only while the task is off its CPU."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def three_hogs() -> tuple[list[dict], dict, dict, dict]:
+    """Three CPU hogs on one CPU, recorded from before they go to after they
+    exit: (records, meta, pid -> schedstat's run before it went, pid -> after
+    it exited), each read while the hog is off its CPU."""
+    hogs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", READY_HOG.format(secs=1.5)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(3)]
+    try:
+        for h in hogs:
+            assert h.stdout.readline() == b"ready\n"
+            await_state(h.pid, "S")  # blocked on stdin: off its CPU
+        rec = Recording(*(a for h in hogs for a in ("-p", str(h.pid))), cpu=0)
+        start = {h.pid: schedstat_run(h.pid) for h in hogs}
+        go(*hogs)
+        for h in hogs:
+            await_state(h.pid, "Z")  # exited, its last switch-out done
+        end = {h.pid: schedstat_run(h.pid) for h in hogs}
+        recs = rec.stop()
+    finally:
+        kill_all(hogs)
+    return recs, rec.meta, start, end
+
+
+def test_on_cpu_time_is_the_kernels_with_two_hogs_beside():
+    """Each hog's on-CPU time by the kernel's count (record's dur_ns -
+    steal_irq_ns, summed over its slices) within 0.5 % of its
+    /proc/PID/schedstat (in practice equal to the ns); wall time minus
+    that is its steal and interrupt time."""
+    for attempt in (1, 2):
+        recs, meta, start, end = three_hogs()
+        assert meta["on_cpu_time"] == "kernel", meta
+        assert recs[-1]["type"] == "end" and recs[-1]["lost"] == 0, recs[-1]
+        slices = {pid: [r for r in recs if r["type"] == "state" and r["tid"] == pid and r["cause"] == "switch_out"]
+                  for pid in start}
+        # On the classic path a task's first slice has its wall time only (its switch-in's count
+        # cannot be read there): counted so, with its steal and interrupt time. Where the kernel
+        # did not trace that slice's switch-in either (workloads.untraced_runs), once more.
+        classic = meta["probe_paths"]["sched_switch"] == "tracepoint"
+        if classic and attempt == 1 and any(outs[0]["dur_ns"] is None for outs in slices.values() if outs):
+            continue
+        break
+    for pid, outs in slices.items():
+        if classic:
+            assert outs and not {"steal_irq_ns", "run_ns"} & set(outs[0]), outs[:1]
+            outs[0] = {**outs[0], "steal_irq_ns": 0}
+        # a slice whose switch-in the kernel did not trace has no wall time, but its count all the same
+        assert outs and all("steal_irq_ns" in r or "run_ns" in r for r in outs), pid
+        kernel = sum(r["dur_ns"] - r["steal_irq_ns"] if r["dur_ns"] is not None else r["run_ns"] for r in outs)
+        wall = sum(r["dur_ns"] for r in outs if r["dur_ns"] is not None)
+        k_cpu = end[pid] - start[pid]
+        print(f"\n  hog {pid}: on-CPU {kernel / 1e6:.3f} ms by the kernel's count (schedstat "
+              f"{k_cpu / 1e6:.3f} ms, {kernel - k_cpu:+d} ns), wall {wall / 1e6:.3f} ms: steal+irq "
+              f"{(wall - kernel) / 1e6:.3f} ms, {len(outs)} slices "
+              f"({sum(r['dur_ns'] is None for r in outs)} with no switch-in traced)")
+        assert len(outs) >= 10  # it shared its CPU: many slices, each with its own two reads
+        assert abs(kernel - k_cpu) <= 0.005 * k_cpu, (kernel, k_cpu)

@@ -222,4 +222,4 @@ def test_runs_only_where_stores_keep_their_order(monkeypatch):
 def test_time_and_dur_words_follow_struct_event():
     # the 8-byte header, then struct event's ts and dur (bpf/pstate.h)
     assert (slotrings.TS_WORD, slotrings.DUR_WORD) == (1, 2)
-    assert eventlayout.offset_of("cgroup") == EVENT_SIZE - 8
+    assert eventlayout.offset_of("run") == EVENT_SIZE - 8

@@ -52,8 +52,9 @@ enum { O_TS = offsetof(struct event, ts), O_DUR = offsetof(struct event, dur), O
        O_TYPE = offsetof(struct event, type), O_CAUSE = offsetof(struct event, cause),
        O_PRIO = offsetof(struct event, prio), O_FLAGS = offsetof(struct event, flags),
        O_COMM = offsetof(struct event, comm), COMM_LEN = sizeof(((struct event *)0)->comm),
-       O_STACK = offsetof(struct event, stack), O_CGROUP = offsetof(struct event, cgroup) };
-_Static_assert(sizeof(struct event) == 80, "struct event is 80 bytes");
+       O_STACK = offsetof(struct event, stack), O_CGROUP = offsetof(struct event, cgroup),
+       O_RUN = offsetof(struct event, run) };
+_Static_assert(sizeof(struct event) == 88, "struct event is 88 bytes");
 
 static PyObject *struct_error;
 static PyObject *s_prefix_text, *s_mid_text, *s_out_tail, *s_cause_name, *s_stack_tail, *s_cgroup_text;
@@ -614,6 +615,14 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                 w = put_i64(w, prio);
                 PUT(w, ",\"next_tid\":");
                 w = put_u64(w, otid);
+                uint64_t run = ld64(e + O_RUN);
+                if (run != NO_DUR && dur != NO_DUR) {
+                    PUT(w, ",\"steal_irq_ns\":");
+                    w = put_i64(w, (int64_t)(dur - run));
+                } else if (run != NO_DUR) {
+                    PUT(w, ",\"run_ns\":");
+                    w = put_u64(w, run);
+                }
             } else if (cause == CAUSE_SWITCH_IN) {
                 PUT(w, ",\"cause\":\"switch_in\",\"prio\":");
                 w = put_i64(w, prio);

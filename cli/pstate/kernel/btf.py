@@ -303,6 +303,12 @@ MEMBERS = {
     # softirq (record's hrtimer trackers: a hard one's runs in the timer
     # interrupt).
     "HRTIMER_IS_SOFT": ("hrtimer", ("is_soft",), (1,)),
+    # The task's own on-CPU time as the kernel counts it (what
+    # /proc/PID/schedstat's first field shows): it grows only while the task
+    # runs, by the run-queue clock, which leaves out the time the kernel
+    # accounts apart (steal, and interrupts with IRQ_TIME_ACCOUNTING).
+    # record reads it at switch-in and switch-out (bpf/record.bpf.c).
+    "TASK_SUM_EXEC": ("task_struct", ("se.sum_exec_runtime",), (8,)),
     # The wake list (record's wake-ups at sched_wakeup, probeplan): the
     # task's wake_entry, an entry of type CSD_TYPE_TTWU in its flags.
     "TASK_WAKE_ENTRY": ("task_struct", ("wake_entry",), (16,)),

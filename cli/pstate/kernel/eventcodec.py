@@ -1,6 +1,6 @@
 """Turn the BPF program's binary events into JSON lines, in batches.
 
-The kernel side (bpf/record.bpf.c, struct event) writes fixed 80-byte records.
+The kernel side (bpf/record.bpf.c, struct event) writes fixed 88-byte records.
 This is the hot loop of `pstate record`: one f-string per event, with
 per-batch struct.iter_unpack and caches for names, instead of building a dict
 and serialising it.
@@ -30,7 +30,7 @@ EVENT_SIZE = struct.calcsize(eventlayout.EVENT_FORMAT)
 REC_FMT = "<II" + eventlayout.EVENT_FORMAT[1:]
 # encode_pure unpacks the fields (padding skipped) in this order
 _FIELD_ORDER = ("ts", "dur", "pid", "tid", "other_pid", "other_tid", "kstate", "from", "to", "cpu", "type",
-                "cause", "prio", "flags", "comm", "stack", "cgroup")
+                "cause", "prio", "flags", "comm", "stack", "cgroup", "run")
 assert eventlayout.unpacked_names(eventlayout.EVENT_FIELDS) == _FIELD_ORDER, "bpf/pstate.h changed struct event"
 
 BUSY = 1 << 31
@@ -198,7 +198,7 @@ class Encoder:
         cgroups = self._cgroups
         consumed = 0
         for (hdr, _pg, ts, dur, pid, tid, opid, otid, kst, frm, to, cpu, typ, cause, prio, flags,
-             comm, stack, cgid) in struct.iter_unpack(REC_FMT, view):
+             comm, stack, cgid, run) in struct.iter_unpack(REC_FMT, view):
             if hdr & BUSY:
                 break
             consumed += 1
@@ -229,8 +229,12 @@ class Encoder:
                     tail = out_tails.get(tk)
                     if tail is None:
                         tail = out_tails[tk] = self.out_tail(kst, flags & F_VOLUNTARY)
+                    # the part of the slice the kernel does not count as the task's
+                    # (steal, irq); without the slice's start, the kernel's count alone
+                    si = ("" if run == NO_DUR else f',"run_ns":{run}' if dur == NO_DUR
+                          else f',"steal_irq_ns":{_signed(dur - run)}')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d}{tail}{prio},'
-                           f'"next_tid":{otid}{cg}}}\n')
+                           f'"next_tid":{otid}{si}{cg}}}\n')
                 elif cause == CAUSE_SWITCH_IN:
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"switch_in",'
                            f'"prio":{prio},"prev_tid":{otid}{cg}}}\n')
@@ -252,6 +256,12 @@ class Encoder:
                 append(f'{{"type":"exit","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"group_dead":{"true" if flags & F_GROUP_DEAD else "false"}}}\n')
         return out, consumed
+
+
+def _signed(v: int) -> int:
+    """A difference of two u64 values as the kernel side's wrapping arithmetic gives it, signed."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >> 63 else v
 
 
 def tgid_from_proc(tid: int) -> int:

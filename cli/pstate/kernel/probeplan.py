@@ -155,9 +155,12 @@ TRACEPOINTS = {t.event: t for t in (
 WAKE_EVENTS = ("sched_waking", "sched_wakeup", "sched_wakeup_new")  # one set of accessors (WK_*): one path
 # record's wake-ups at sched_wakeup need these (btf.MEMBERS, btf.ENUMS), and csd_queue_cpu
 WAKE_LIST_EVENT = "csd_queue_cpu"
-# members read by programs that are no tracepoint of the plan (record's
-# hrtimer marks), set where the kernel has them
-EXTRA_MEMBERS = ("HRTIMER_IS_SOFT",)
+# members read where the kernel has them, whatever the path: by programs
+# that are no tracepoint of the plan (record's hrtimer marks), and the
+# task's own on-CPU time, which record's sched_switch reads from the task on
+# the tp_btf path and from the current task on the classic one (without it,
+# on-CPU time is wall time alone: on_cpu_clock)
+EXTRA_MEMBERS = ("HRTIMER_IS_SOFT", "TASK_SUM_EXEC")
 
 # The kernel's task state bits (include/linux/sched.h) that sched_switch's
 # format folds into the state it reports; #defines, so in no BTF.
@@ -252,6 +255,15 @@ class Plan:
         """The plan's fields of a meta record (pstate-events(5))."""
         return {"probes": self.path, "probes_reason": self.reason, "probe_paths": dict(self.paths),
                 "probe_notes": list(self.notes)}
+
+
+def on_cpu_clock(defines: dict) -> str:
+    """What record's on-CPU time is on a plan with these -D settings: kernel
+    (the task's own se.sum_exec_runtime, read at switch-in and switch-out:
+    steal and interrupt time the kernel accounts apart are the switch-out's
+    steal_irq_ns) or wall (the time between the two, where the kernel's BTF
+    has no offset for it)."""
+    return "kernel" if "TASK_SUM_EXEC" in defines else "wall"
 
 
 def choice_of(option: str | None) -> str:

@@ -145,6 +145,10 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                             "sched_switch without prev_state: the state is read from the task)"),
             "wakeups_at": ("string?", "record: the tracepoint wake-ups are taken at: sched_wakeup (as the task "
                            "is queued; Linux 6.5+ with BTF) or sched_waking (as the wake-up begins)"),
+            "on_cpu_time": ("string?", "record: what a switch_out's steal_irq_ns rests on: kernel (the task's own "
+                            "se.sum_exec_runtime, what /proc/PID/schedstat counts, read at switch-in and switch-out "
+                            "at its offset in the kernel's BTF) or wall (the kernel's BTF gives no such offset, the "
+                            "classic tracepoint path without BTF: on-CPU time is dur_ns, wall time, alone)"),
             "probes_reason": ("string?", "record, snap: --probes (auto, tp_btf or tracepoint), with why each "
                               "tracepoint not on tp_btf is not (what the kernel lacks, or its refusal)"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),
@@ -175,6 +179,18 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
             "voluntary": ("bool?", "switch_out: true when the task blocked, false when preempted"),
             "kstate": ("string?", "switch_out: prev_state as the kernel prints it (R, R+, S, D, ...)"),
             "next_tid": ("int?", "switch_out: the thread that got the CPU"),
+            "steal_irq_ns": ("int?", "switch_out: the part of dur_ns the kernel does not count as the task's own "
+                             "on-CPU time (its se.sum_exec_runtime, as /proc/PID/schedstat): time stolen by the "
+                             "hypervisor and spent in interrupts, where the kernel accounts them apart "
+                             "(CONFIG_PARAVIRT_TIME_ACCOUNTING, CONFIG_IRQ_TIME_ACCOUNTING); dur_ns - steal_irq_ns "
+                             "is the kernel's count. Per slice the kernel's run-queue clock, not read anew at every "
+                             "switch, moves a few microseconds between a task and the next (a slice's value may be "
+                             "below 0); a task's sum is exact. Absent where dur_ns is null (see run_ns) and "
+                             "when not known: meta on_cpu_time wall, or on the classic tracepoint path the first "
+                             "slice of a task seen (only the running task's count can be read there)"),
+            "run_ns": ("int?", "switch_out whose switch-in was not seen (dur_ns null): the task's on-CPU time "
+                       "by the kernel's count since the last switch of it that was (se.sum_exec_runtime grows "
+                       "only while it runs); absent when not known"),
             "prev_tid": ("int?", "switch_in: the thread that left the CPU"),
             "waker_tid": ("int?", "wakeup: thread that woke this one (0: interrupt, see waker, or unknown)"),
             "waker_pid": ("int?", "wakeup: process of the waker (0 with waker_tid 0)"),
