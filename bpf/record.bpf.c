@@ -48,6 +48,9 @@
 #define ALL_STATES 0xffffffffffffffffULL
 #define WAKE_PENDING 0x80 // task_state.wake_flags: a waker is kept for the switch-in
 #define WAKE_QUEUED 0x40  // task_state.wake_flags: the waker of a wake-up on a wake list (WAKE_AT_WAKEUP)
+// task_state.flags besides F_THREAD (record -p/-c/--cgroup, see queued_followed):
+#define TS_QUEUED 0x100 // a followed task in a run queue, counted in queued_followed
+#define TS_NAMED 0x200  // its waker record was written (since its last exec)
 
 struct task_state {
     u64 since; // when the task entered state; 0 = not seen
@@ -154,6 +157,15 @@ BPF_HASH(tid_filter, u32, u8, FILTER_IDS);
 BPF_HASH(comm_filter, struct comm_key, u8, FILTER_COMMS);
 BPF_ARRAY(cpu_filter, u8, FILTER_CPUS);
 BPF_PERCPU_ARRAY(irq_state, struct irq_ctx, 1);
+// record -p/-c/--cgroup keeps what the followed tasks' why-views need of the
+// tasks it does not follow: while a followed task waits in a run queue
+// (runnable or preempted: the count below, kept by its row's TS_QUEUED), the
+// switch-outs of the others (EV_SLICE: who held a CPU while it waited, its
+// antagonists), and, once per thread, the name of every thread that wakes
+// one (EV_WAKER, for the wake-ups naming it). One count for every CPU: a
+// task the kernel moves to another run queue while it waits is still
+// counted, and a reader takes the slices of the CPU it got.
+BPF_ARRAY(queued_followed, u64, 1);
 // Kernel stacks of tasks blocking in the states of settings.stack_mask. User
 // space reads each slot when the wake-up that ends the blocked state arrives,
 // and frees it.
@@ -435,18 +447,20 @@ struct emit_args {
     u8 flags;
     u8 cg;
     u8 irqs_on;
+    u8 context; // EV_SLICE, EV_WAKER: of a task the filters may not take, written all the same
 };
 
 // One event of any type, through the task and CPU filters. A state record's
 // caller has checked transition_match(from, to, dur) first: the cheapest
 // test, and the one that fails most often under --state or --min-dur.
-static __always_inline void emit(struct settings *cfg, const struct emit_args *a) {
-    if (!task_match(cfg, a->cpu, a->tgid, a->tid, a->comm))
-        return;
+// Returns whether the task passed the filters (context records: always).
+static __always_inline int emit(struct settings *cfg, const struct emit_args *a) {
+    if (!a->context && !task_match(cfg, a->cpu, a->tgid, a->tid, a->comm))
+        return 0;
     struct slot_pos *pos = 0;
     struct event *e = reserve(a->irqs_on, &pos);
     if (!e)
-        return;
+        return 1;
     e->ts = a->now;
     e->dur = a->dur;
     e->pid = a->tgid;
@@ -468,6 +482,7 @@ static __always_inline void emit(struct settings *cfg, const struct emit_args *a
     e->cgroup = cgroup_of(a->cg, a->task);
     e->run = a->run;
     submit(e, pos);
+    return 1;
 }
 
 // exec: the task's se.sum_exec_runtime + 1 at a switch (SW_PREV_EXEC,
@@ -489,6 +504,48 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
     fresh.exec = exec;
     if (tasks.update(&tid, &fresh) != 0)
         count_atomic(DROP_MAP_FULL);
+}
+
+// A followed task's row entering (on) or leaving a run queue: counted in
+// queued_followed once (TS_QUEUED). A row with no count to take back is
+// left alone, so a switch-in the kernel did not trace is made good at the
+// task's next switch-out.
+static __always_inline void queued_mark(struct task_state *ts, int on) {
+    if (!ts || !(ts->flags & TS_QUEUED) == !on)
+        return;
+    u32 zero = 0;
+    u64 *n = queued_followed.lookup(&zero);
+    if (!n)
+        return;
+    if (on) {
+        ts->flags |= TS_QUEUED;
+        __sync_fetch_and_add(n, 1);
+    } else {
+        ts->flags &= ~TS_QUEUED;
+        __sync_fetch_and_add(n, -1);
+    }
+}
+
+static __always_inline int any_queued(void) {
+    u32 zero = 0;
+    u64 *n = queued_followed.lookup(&zero);
+    return n && *n;
+}
+
+// The current task's name, once per thread (and again after it execs): it
+// woke a task, or queued a wake-up (record -p/-c/--cgroup).
+static __always_inline void name_waker(struct settings *cfg, u64 now, u8 irqs_on) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct task_state *w = task_row(tid);
+    if (!tid || !w || (w->flags & TS_NAMED))
+        return;
+    w->flags |= TS_NAMED;
+    COMM_BUF(comm);
+    bpf_get_current_comm(comm, sizeof(comm));
+    emit(cfg, &(struct emit_args){.type = EV_WAKER, .now = now, .cpu = bpf_get_smp_processor_id(),
+                                  .tgid = id >> 32, .tid = tid, .comm = comm, .dur = NO_DUR, .run = NO_DUR,
+                                  .context = 1, .irqs_on = irqs_on, .cg = CG_NONE});
 }
 
 // F_WAKER_IRQ or F_WAKER_SOFTIRQ when this CPU is in interrupt context now.
@@ -536,8 +593,10 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
                 now = ts->since; // clamped: the wake-up is not before the state began
         }
     }
+    int followed = -1; // not known yet
     if (transition_match(cfg, from, ST_RUNNABLE, dur)) {
-        if (ctx == WAKER_CURRENT) {
+        u8 current = ctx == WAKER_CURRENT;
+        if (current) {
             u64 id = bpf_get_current_pid_tgid();
             waker_pid = id >> 32;
             waker_tid = (u32)id;
@@ -546,13 +605,22 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         // kstate carries the CPU the task was queued on (waking: the one it last ran on).
         if (ctx)
             waker_pid = waker_tid = 0;
-        emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = bpf_get_smp_processor_id(),
-                                      .tgid = tgid, .tid = tid, .comm = comm, .from = from, .to = ST_RUNNABLE,
-                                      .dur = dur, .cause = cause, .prio = -1, .flags = ctx, .kstate = target_cpu,
-                                      .other_pid = waker_pid, .other_tid = waker_tid, .stack = stack,
-                                      .cg = CG_TASK, .task = task});
+        followed = emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = bpf_get_smp_processor_id(),
+                                                 .tgid = tgid, .tid = tid, .comm = comm, .from = from,
+                                                 .to = ST_RUNNABLE, .dur = dur, .cause = cause, .prio = -1,
+                                                 .flags = ctx, .kstate = target_cpu, .other_pid = waker_pid,
+                                                 .other_tid = waker_tid, .stack = stack, .cg = CG_TASK,
+                                                 .task = task});
+        if (followed && current && !ctx && cfg->task_filters)
+            name_waker(cfg, now, 0);
     }
     set_state(tid, ts, tgid, ST_RUNNABLE, now, 0);
+    if (cfg->task_filters) {
+        if (followed < 0)
+            followed = task_match(cfg, bpf_get_smp_processor_id(), tgid, tid, comm);
+        if (followed)
+            queued_mark(ts, 1);
+    }
 }
 
 // prev is the current task at sched_switch, so its tgid is known for sure;
@@ -604,17 +672,33 @@ PSTATE_PROBE(sched, sched_switch) {
         // switch-in was not seen (the count grows only while it runs). Kept
         // on the row for its next slice.
         u64 exec = SW_PREV_EXEC;
+        int followed = -1; // not known yet
+        u64 run = NO_DUR;
+        if (ts && ts->exec && exec >= ts->exec)
+            run = exec - ts->exec;
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
-            u64 run = NO_DUR;
-            if (ts && ts->exec && exec >= ts->exec)
-                run = exec - ts->exec;
             SW_PREV_COMM(comm);
-            emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu,
+            followed = emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu,
                                           .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
                                           .from = ST_RUNNING, .to = to, .dur = dur, .run = run,
                                           .cause = CAUSE_SWITCH_OUT,
                                           .prio = SW_PREV_PRIO, .flags = bits ? F_VOLUNTARY : 0, .kstate = kstate,
                                           .other_tid = next, .cg = CG_CURRENT});
+        }
+        // record -p/-c/--cgroup: a followed task preempted stays queued here;
+        // the slice of one not followed is kept while a followed one waits
+        if (cfg->task_filters) {
+            if (followed < 0) {
+                SW_PREV_COMM(comm);
+                followed = task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm);
+            }
+            if (followed)
+                queued_mark(ts, !bits);
+            else if (dur != NO_DUR && any_queued())
+                emit(cfg, &(struct emit_args){.type = EV_SLICE, .now = now, .cpu = cpu,
+                                              .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
+                                              .dur = dur, .run = run, .other_tid = next, .context = 1,
+                                              .cg = CG_CURRENT});
         }
         // The stack of a task blocking in a --stacks state; every other
         // switch pays one test of the settings row. Only a reported task's:
@@ -693,6 +777,8 @@ PSTATE_PROBE(sched, sched_switch) {
                                           .cg = CG_TASK, .task = SW_NEXT_TASK});
         }
         set_state(next, ts, tgid, ST_RUNNING, now, SW_NEXT_EXEC);
+        if (ts && (ts->flags & TS_QUEUED))
+            queued_mark(ts, 0);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         SW_NEXT_COMM(comm);
         emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .comm = comm, .from = ST_PREEMPTED,
@@ -796,6 +882,9 @@ PSTATE_PROBE(csd, csd_queue_cpu) {
     bpf_probe_read_kernel(&tid, sizeof(tid), (const void *)(csd - TASK_WAKE_ENTRY + TASK_PID));
     u64 id = bpf_get_current_pid_tgid();
     u8 wf = WAKE_QUEUED | waker_context();
+    struct settings *cfg = get_settings();
+    if (cfg && cfg->task_filters && !(wf & (F_WAKER_IRQ | F_WAKER_SOFTIRQ)))
+        name_waker(cfg, bpf_ktime_get_ns(), 1); // any wakee: which it is, is not read here
     struct task_state *ts = task_row(tid);
     if (ts) {
         ts->wake_pid = id >> 32;
@@ -970,6 +1059,9 @@ PSTATE_PROBE(sched, sched_process_exec) {
             forget(old, ts);
         }
     }
+    struct task_state *row = task_row(tid);
+    if (known(row))
+        row->flags &= ~TS_NAMED; // its new name is written when it wakes a task again
     emit_life(EV_EXEC, tgid, tid, tgid, old, 0);
     return 0;
 }
@@ -1024,6 +1116,7 @@ PSTATE_PROBE(sched, sched_process_free) {
     u64 dur = ts->since ? elapsed(now, ts->since) : NO_DUR;
     u16 from = ts->state;
     u32 tgid = ts->tgid;
+    queued_mark(ts, 0);
     forget(tid, ts);
     if (transition_match(cfg, from, ST_REAPED, dur)) {
         COMM_BUF(comm);

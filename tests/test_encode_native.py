@@ -123,11 +123,11 @@ def test_every_record_kind_cause_and_flag():
     for cause in (0, 1, 2, 3, 4, 5, 6, 9, 255):
         for flags in (0, 1, 2, 4, 7, 255):
             recs.append(rec(cause=cause, flags=flags, kstate=cause * 3, opid=7, otid=8))
-    for typ in (0, 1, 2, 3, 4, 5, 200, 255):
+    for typ in (0, 1, 2, 3, 4, 5, 6, 7, 200, 255):
         for flags in (0, 1, 2, 4, 7):
             recs.append(rec(typ=typ, flags=flags, opid=2**32 - 1, otid=12))
     (lines,) = both([b"".join(recs)])
-    assert len(lines) == 9 * 6 + 4 * 5
+    assert len(lines) == 9 * 6 + 6 * 5
 
 
 def test_numbers_at_their_limits():

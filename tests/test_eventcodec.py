@@ -76,6 +76,15 @@ def test_switch_out_without_the_kernels_count_has_neither_and_without_its_start_
     assert (b["dur_ns"], b["run_ns"]) == (None, 7) and "steal_irq_ns" not in b
 
 
+def test_context_records_of_a_filtered_recording():
+    """slice: a switch-out of a task not followed; waker: a waker's name."""
+    (s, w), _, _ = encode(rec(typ=ec.EV_SLICE, otid=7, dur=4_000), rec(typ=ec.EV_WAKER, tid=55, pid=50, comm=b"wk"))
+    assert s == {"type": "slice", "ts": 1000, "cpu": 1, "pid": 100, "tid": 101, "comm": "worker", "dur_ns": 4000,
+                 "next_tid": 7}
+    assert w == {"type": "waker", "ts": 1000, "cpu": 1, "pid": 50, "tid": 55, "comm": "wk"}
+    assert set(s) == documented(s) and set(w) == documented(w)
+
+
 def test_switch_out_preempted_with_plus_bit():
     (r,), _, _ = encode(rec(cause=1, kstate=0x100, to=ec.CODES["preempted"], prio=-51))
     assert (r["to"], r["voluntary"], r["kstate"], r["prio"]) == ("preempted", False, "R+", -51)

@@ -28,10 +28,10 @@ WAKEUP = ec.eventlayout.DEFINES["CAUSE_WAKEUP"]
 
 
 def slot(ts, *, frm=RUNNING, to=S, dur=1000, cause=ec.CAUSE_SWITCH_OUT, tid=100, comm=b"worker", hdr=ec.EVENT_SIZE,
-         typ=ec.EV_STATE):
+         typ=ec.EV_STATE, pid=None, cgroup=0):
     kst = 1 if cause == ec.CAUSE_SWITCH_OUT else 0
-    return struct.pack(ec.REC_FMT, hdr, 0, ts, dur, tid, tid, 0, 0, kst, frm, to, 0, typ, cause, 120,
-                       ec.F_VOLUNTARY if kst else 0, comm.ljust(16, b"\0"), 0, 0, ec.NO_DUR)
+    return struct.pack(ec.REC_FMT, hdr, 0, ts, dur, tid if pid is None else pid, tid, 0, 0, kst, frm, to, 0, typ,
+                       cause, 120, ec.F_VOLUNTARY if kst else 0, comm.ljust(16, b"\0"), 0, cgroup, ec.NO_DUR)
 
 
 def batch(*slots) -> bytes:
@@ -73,7 +73,25 @@ def test_discarded_slots_and_unknown_durations_never_fire():
                                          cause=ec.CAUSE_SWITCH_IN))) is None
 
 
-@pytest.mark.parametrize("text", ["D>=", "runq", "comm=x", "Q>=1ms", "D>=soon"])
+def test_a_condition_for_some_tasks_fires_on_theirs_only():
+    """pid=, title= and cgroup= limit a condition to some tasks' events: another
+    task's long D does not fire it first."""
+    me = os.getpid()
+    other = slot(5, frm=D, to=RUNNABLE, dur=900 * MS, cause=WAKEUP, pid=1, tid=1)
+    mine = slot(6, frm=D, to=RUNNABLE, dur=150 * MS, cause=WAKEUP, pid=me, tid=me + 1, cgroup=77)
+    for text in (f"pid=12,{me}:D>=100ms", "title=pytest|python:D>=100ms"):
+        trig = flight.parse_trigger(text, KS)
+        assert flight.match(trig, batch(*background(0, 3), other, mine)) == 4, text
+        assert flight.match(trig, batch(*background(0, 3), other)) is None, text
+    trig = flight.parse_trigger("pid=12:D>=100ms", KS)
+    assert flight.match(trig, batch(other, mine)) is None
+    trig.pids, trig.cgroups = None, frozenset({77})  # what cgroup=PATH resolves to: ids of it and below
+    assert flight.match(trig, batch(other, mine)) == 1
+    assert flight.parse_trigger("title=^a:b:c:D", KS).title.pattern == "^a:b:c"
+
+
+@pytest.mark.parametrize("text", ["D>=", "runq", "comm=x", "Q>=1ms", "D>=soon", "pid=x:D", "pid=:D",
+                                  "title=(:D", "cgroup=/no/such/cgroup/here:D", "comm=sixteen-bytes-xy:D"])
 def test_a_bad_condition_says_why(text):
     with pytest.raises(ValueError):
         flight.parse_trigger(text, KS)

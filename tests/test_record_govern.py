@@ -25,7 +25,14 @@ class FakeProg:
     def counters(self):
         c = [0] * 5
         c[loader.STAT_ATTEMPTED] = self.attempted
+        for reason, idx in loader.DROP_REASONS.items():
+            c[idx] = self.dropped.get(reason, 0)
         return c
+
+    dropped: dict = {}
+
+    def skipped(self):
+        return 0
 
     def table(self, name):
         assert name == "sample_every"
@@ -105,3 +112,21 @@ def test_a_stalled_consumer_does_not_switch_sampling_off(gov):
     rec, tick = gov
     assert tick(600_000, 100_000) == 6
     assert tick(600_000, 0) == 6  # nothing written this second; the kernel rate is unchanged
+
+
+def test_the_first_loss_says_once_which_options_help(gov, capsys):
+    rec, _tick = gov
+    rec.lost_reported = {r: 0 for r in (*loader.DROP_REASONS, loader.SKIPPED)}
+    rec.last_loss_ts = 0
+    rec.loss_hinted = False
+    rec.prog.dropped = {"ringbuf_full": 7}
+    rec.loss_records()
+    rec.prog.dropped = {"ringbuf_full": 9}
+    rec.loss_records()
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["pstate record: warning: 7 events lost (ringbuf_full)",
+                   "pstate record: " + record.LOSS_HINTS["ringbuf_full"],
+                   "pstate record: warning: 2 events lost (ringbuf_full)"]
+    for option in ("--cgroup", "-p", "--min-dur", "--max-rate", "--buffer-size"):
+        assert option in err[1]
+    assert [(r["reason"], r["count"]) for r in rec.writer.records] == [("ringbuf_full", 7), ("ringbuf_full", 2)]

@@ -571,7 +571,7 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
         const Frag *pre = prefix_of(self, owner, pid, tid, e + O_COMM);
         if (pre == NULL)
             goto error;
-        if (typ < EV_STATE || typ > EV_EXIT)
+        if (typ < EV_STATE || typ > EV_WAKER)
             continue;
         if (lines != NULL)
             w = out->p;
@@ -584,7 +584,9 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
         case EV_STATE: PUT(w, "{\"type\":\"state\",\"ts\":"); break;
         case EV_FORK: PUT(w, "{\"type\":\"fork\",\"ts\":"); break;
         case EV_EXEC: PUT(w, "{\"type\":\"exec\",\"ts\":"); break;
-        default: PUT(w, "{\"type\":\"exit\",\"ts\":"); break;
+        case EV_EXIT: PUT(w, "{\"type\":\"exit\",\"ts\":"); break;
+        case EV_SLICE: PUT(w, "{\"type\":\"slice\",\"ts\":"); break;
+        default: PUT(w, "{\"type\":\"waker\",\"ts\":"); break;
         }
         w = put_u64(w, ld64(e + O_TS));
         PUT(w, ",\"cpu\":");
@@ -680,7 +682,12 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
         } else if (typ == EV_EXEC) {
             PUT(w, ",\"old_tid\":");
             w = put_u64(w, otid);
-        } else {
+        } else if (typ == EV_SLICE) {
+            PUT(w, ",\"dur_ns\":");
+            w = put_u64(w, ld64(e + O_DUR));
+            PUT(w, ",\"next_tid\":");
+            w = put_u64(w, otid);
+        } else if (typ == EV_EXIT) {
             if (flags & F_GROUP_DEAD)
                 PUT(w, ",\"group_dead\":true");
             else

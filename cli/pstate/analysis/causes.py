@@ -203,7 +203,7 @@ class Causes:
             self.has_stacks = True
         elif t == "meta":
             self.stream += 1  # stack ids are per stream
-        elif t in ("fork", "exec", "exit"):
+        elif t in ("fork", "exec", "exit", "waker"):
             self.comms[rec["tid"]] = rec.get("comm")
         elif self.directory is not None and t in ("process", "cgroup"):
             pid = self.directory.note(rec)
@@ -212,6 +212,11 @@ class Causes:
             else:  # a cgroup's path: the key of any pid in it from now on
                 self.pid_keys.clear()
                 self.cgroup_keys.clear()
+        elif t == "slice":  # a task a filtered recording does not follow, on a CPU a followed one waited for
+            self.comms[rec["tid"]] = rec.get("comm")
+            self.pids[rec["tid"]] = rec["pid"]
+            if self.want_antagonists and type(rec.get("dur_ns")) is int:
+                self._slice(rec["cpu"], rec["ts"] - rec["dur_ns"], rec["ts"], rec["tid"])
 
     def add_rows(self, rows) -> list:
         """State rows (reader.ROW_FIELDS) of lines without record_keys();

@@ -281,7 +281,10 @@ def flight_options(fn):
         click.option("--trigger", "triggers", multiple=True, metavar="COND",
                      help="With --flight: write a file when COND holds: STATE>=DURATION (a task left STATE "
                           "after at least DURATION, e.g. D>=100ms), runq>=DURATION (a run-queue wait), "
-                          "comm=NAME:STATE (NAME entered STATE). Repeatable."),
+                          "comm=NAME:STATE (NAME entered STATE). WHO=VALUE: before a condition limits it to "
+                          "some tasks' events: comm=NAME, pid=PID[,PID..], cgroup=PATH (with the cgroups below "
+                          "it), title=REGEX (a process title, as ps shows it), e.g. pid=42:D>=100ms. "
+                          "Repeatable."),
         click.option("--after", "after_ns", type=Duration(), default="1s", show_default=True, metavar="DURATION",
                      help="With --flight: keep recording this long past a trigger before writing the file."),
         click.option("--max-dumps", type=click.IntRange(1), default=10, show_default=True, metavar="N",

@@ -28,7 +28,7 @@ import orjson
 
 from pstate import lifecycle, native
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import eventcodec, eventlayout
+from pstate.kernel import eventcodec, eventlayout, identity
 from pstate.kernel.loader import RingReader
 from pstate.stream import names, schema, vocab
 from pstate.stream.durations import fmt_ns, parse_ns
@@ -46,7 +46,9 @@ OFF = {name: HDR + eventlayout.offset_of(name) for name, _code in eventlayout.EV
 assert STRIDE % 8 == 0 and OFF["dur"] % 8 == 0 and OFF["ts"] % 8 == 0 and OFF["from"] % 2 == 0
 # runq>=DUR: the waits a switch-in ends (stream.vocab's run-queue kinds)
 WAIT_CODES = frozenset(eventcodec.CODES[s] for k in vocab.RUNQ_KINDS for s in k.frm)
-_COND = re.compile(r"^(?:comm=(?P<comm>[^:]{1,15}):)?(?P<state>[A-Za-z_+-]+)(?:>=(?P<dur>.+))?$")
+_COND = re.compile(r"^(?P<state>[A-Za-z_+-]+)(?:>=(?P<dur>.+))?$")
+# whose events a condition looks at: WHO=VALUE: before it (the value may hold colons)
+SELECTORS = ("comm", "pid", "cgroup", "title")
 
 
 @dataclass
@@ -59,14 +61,55 @@ class Trigger:
     min_ns: int | None
     comm: bytes | None = None
     runq: bool = False  # runq>=DUR: the wait before a switch-in
+    pids: frozenset | None = None  # pid=N[,N..]: these processes' events only
+    cgroups: frozenset | None = None  # cgroup=PATH: events of tasks in it or below (cgroup ids)
+    title: re.Pattern | None = None  # title=REGEX: of processes whose title (cmdline) it finds
+    titles: dict = field(default_factory=dict)  # pid -> title, read once
+
+    def whose(self, batch, i: int) -> bool:
+        """Whether slot i is an event of a task the selector names (pid, cgroup, title)."""
+        pid = _field(batch, i, "pid", 4)
+        if self.pids is not None and pid not in self.pids:
+            return False
+        if self.cgroups is not None and _field(batch, i, "cgroup", 8) not in self.cgroups:
+            return False
+        if self.title is not None:
+            title = self.titles.get(pid)
+            if title is None:
+                if len(self.titles) > 4096:
+                    self.titles.clear()
+                title = self.titles[pid] = _title(pid)
+            if not self.title.search(title):
+                return False
+        return True
+
+
+def _title(pid: int) -> str:
+    """A process's title as record's process records say it ('' when gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return identity.title_of(f.read())
+    except OSError:
+        return ""
 
 
 def parse_trigger(text: str, ks) -> Trigger:
-    """'D>=100ms', 'runq>=50ms', 'comm=NAME:D' -> Trigger; ValueError says why."""
-    m = _COND.match(text.strip())
-    if m is None:
-        raise ValueError(f"{text!r} is not a condition (e.g. D>=100ms, runq>=50ms, comm=postgres:D)")
-    state, dur, comm = m.group("state"), m.group("dur"), m.group("comm")
+    """'D>=100ms', 'runq>=50ms', 'comm=NAME:D', 'pid=42,43:D>=10ms',
+    'cgroup=/system.slice/x.service:runq>=5ms', 'title=REGEX:D>=1s' ->
+    Trigger; ValueError says why."""
+    who, cond = None, text.strip()
+    key = cond.partition("=")[0]
+    if key in SELECTORS and ":" in cond:
+        sel, _, cond = cond.rpartition(":")
+        who = (key, sel[len(key) + 1:])
+    m = _COND.match(cond)
+    if m is None or (who is not None and not who[1]):
+        raise ValueError(f"{text!r} is not a condition (e.g. D>=100ms, runq>=50ms, comm=postgres:D, "
+                         f"pid=42:D>=10ms, cgroup=/system.slice/x.service:runq>=5ms, 'title=^postgres:D>=1s')")
+    state, dur = m.group("state"), m.group("dur")
+    comm = who[1] if who is not None and who[0] == "comm" else None
+    if comm is not None and len(comm.encode()) > 15:
+        raise ValueError(f"{text!r}: a comm is at most 15 bytes")
     min_ns = parse_ns(dur) if dur is not None else None
     if state == "runq":
         if min_ns is None:
@@ -80,7 +123,23 @@ def parse_trigger(text: str, ks) -> Trigger:
             raise ValueError(f"{text!r}: unknown state {state!r} (a name such as uninterruptible, or a letter: D, S)")
         codes, runq = frozenset((code,)), False
     raw = comm.encode()[:15] if comm is not None else None
-    return Trigger(text, codes, min_ns, raw, runq)
+    trig = Trigger(text, codes, min_ns, raw, runq)
+    if who is not None and who[0] == "pid":
+        try:
+            trig.pids = frozenset(int(p) for p in who[1].split(","))
+        except ValueError:
+            raise ValueError(f"{text!r}: pid= takes process ids, e.g. pid=42,43:D>=10ms") from None
+    elif who is not None and who[0] == "cgroup":
+        paths = identity.CgroupPaths()
+        if paths.mount is None or paths.id_of(who[1]) is None:
+            raise ValueError(f"{text!r}: no cgroup {who[1]} under the cgroup v2 mount")
+        trig.cgroups = frozenset(paths.below(who[1]))  # as record --cgroup: with those below it now
+    elif who is not None and who[0] == "title":
+        try:
+            trig.title = re.compile(who[1])
+        except re.error as e:
+            raise ValueError(f"{text!r}: title= takes a regular expression ({e})") from None
+    return trig
 
 
 def _positions(column: list, value: int) -> list[int]:
@@ -183,6 +242,8 @@ def match(trig: Trigger, batch, longest=None) -> int | None:
             at = i * STRIDE + OFF["comm"]
             if bytes(batch[at:at + 16]).split(b"\0", 1)[0] != trig.comm:
                 continue
+        if not trig.whose(batch, i):
+            continue
         return i
     return None
 

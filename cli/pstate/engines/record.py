@@ -222,6 +222,15 @@ def record(**options) -> int:
     return int(code)
 
 
+# What helps when events are lost, said once per run on the first loss.
+LOSS_HINTS = {
+    "ringbuf_full": ("fewer events or more room would help: follow fewer tasks (-p, -c, --cgroup), leave out "
+                     "short transitions (--min-dur), sample (--max-rate) or a larger buffer (--buffer-size)"),
+    "map_full": ("the task map is full: follow fewer tasks (-p, -c, --cgroup); the map holds one row per "
+                 "thread up to pid_max"),
+}
+
+
 class Recorder:
     def __init__(self, prog: loader.Program, ks: KernelStates, writer: LineWriter, *,
                  drain_s: float, max_rate: int | None, rb_size: int, with_stacks: bool = False,
@@ -243,6 +252,7 @@ class Recorder:
         self.reopen_asked = False  # SIGHUP with -o FILE: start the file anew
         self.reopen = None  # what does it (a function of no arguments); without it SIGHUP stops
         self.reader_gone = reader_gone_check(writer)
+        self.loss_hinted = False  # LOSS_HINTS said once
         if with_stacks:
             self.enc.stacks = stacks.StackTable(prog.table("stacks").map_fd, prog.lib)
         self.enc.identity = identity.Identities()  # process and cgroup records (not in --flight files)
@@ -302,6 +312,9 @@ class Recorder:
                           file=sys.stderr)
                 elif reason != "sampled":
                     print(f"pstate record: warning: {delta} events lost ({reason})", file=sys.stderr)
+                    if not self.loss_hinted:
+                        self.loss_hinted = True
+                        print(f"pstate record: {LOSS_HINTS.get(reason, LOSS_HINTS['ringbuf_full'])}", file=sys.stderr)
         self.last_loss_ts = now
         return totals
 

@@ -44,6 +44,7 @@ SYNTHETIC = {_D["ST_UNKNOWN"]: schema.UNKNOWN, _D["ST_RUNNING"]: schema.RUNNING,
 CODES = {name: code for code, name in SYNTHETIC.items()}
 
 EV_STATE, EV_FORK, EV_EXEC, EV_EXIT = _D["EV_STATE"], _D["EV_FORK"], _D["EV_EXEC"], _D["EV_EXIT"]
+EV_SLICE, EV_WAKER = _D["EV_SLICE"], _D["EV_WAKER"]
 CAUSES = {code: name for name, code in eventlayout.with_prefix("CAUSE_").items()}
 CAUSE_SWITCH_OUT, CAUSE_SWITCH_IN, CAUSE_REAP = _D["CAUSE_SWITCH_OUT"], _D["CAUSE_SWITCH_IN"], _D["CAUSE_REAP"]
 F_VOLUNTARY, F_THREAD, F_GROUP_DEAD = _D["F_VOLUNTARY"], _D["F_THREAD"], _D["F_GROUP_DEAD"]
@@ -255,6 +256,10 @@ class Encoder:
             elif typ == EV_EXIT:
                 append(f'{{"type":"exit","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"group_dead":{"true" if flags & F_GROUP_DEAD else "false"}}}\n')
+            elif typ == EV_SLICE:
+                append(f'{{"type":"slice","ts":{ts},"cpu":{cpu},{ptc},"dur_ns":{dur},"next_tid":{otid}}}\n')
+            elif typ == EV_WAKER:
+                append(f'{{"type":"waker","ts":{ts},"cpu":{cpu},{ptc}}}\n')
         return out, consumed
 
 

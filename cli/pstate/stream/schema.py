@@ -204,6 +204,24 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                        "wait_for_completion, ...: pstate.stream.vocab.PLUMBING), e.g. __iomap_dio_rw"),
         },
     ),
+    "slice": (
+        "record -p/-c/--cgroup: an on-CPU slice of a task the filters do not take, written while a task they "
+        "take waits in a run queue (runnable or preempted): who held a CPU meanwhile (stats --antagonists); "
+        "no time in state of its own",
+        {
+            **TASK_FIELDS,
+            "dur_ns": ("int", "its time on the CPU, ns: the slice is [ts - dur_ns, ts]"),
+            "next_tid": ("int", "the thread that got the CPU"),
+        },
+    ),
+    "waker": (
+        "record -p/-c/--cgroup: the name of a thread that woke a task (or queued a wake-up on another CPU's "
+        "wake list), once per thread and again after it execs, so that wake-ups naming it by waker_tid name "
+        "it though the filters leave its own records out (stats --wakers)",
+        {
+            **TASK_FIELDS,
+        },
+    ),
     "stack": (
         "record --stacks: a kernel stack that blocked tasks had, written once per distinct stack before the "
         "first wake-up naming it",
@@ -308,7 +326,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         {
             "reason": ("string", "duration, signal, eof, pipe or error; exit: record -- CMD's command exited; "
                        "a --flight file: flight, or stopped when the run ended during its --after"),
-            "events": ("int", "state and lifecycle records written (excluding meta, loss, rate, end)"),
+            "events": ("int", "state and lifecycle records written, and record's slice and waker records "
+                       "(excluding meta, loss, rate, end and the annotations)"),
             "lost": ("int", "events dropped in total, all reasons"),
             "lost_ringbuf_full": ("int", "dropped: the BPF ring buffer was full (consumer too slow)"),
             "lost_map_full": ("int", "transitions whose task could not be tracked: task map full"),
@@ -348,7 +367,13 @@ ANNOTATION_TYPES = ("cgroup", "process", "stack", "trigger")
 # and count it (ReadStats.unknown), never as a bad line. "task", "hist" and
 # "fold" are the rows of a snapshot file (snapshots/snapdir.py, histograms.py, folds.py).
 SNAPSHOT_TYPES = ("task", "hist", "fold")
-KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", *SNAPSHOT_TYPES, *ANNOTATION_TYPES))
+# What a filtered recording (record -p/-c/--cgroup) keeps of the tasks it
+# does not follow for the why-views of those it does: written by the kernel
+# side (counted in the end record's events, so that the kernel's counters
+# add up), never time in state; the filters of the readers pass them.
+CONTEXT_TYPES = ("slice", "waker")
+KNOWN_TYPES = frozenset(("meta", *EVENT_TYPES, "loss", "rate", "end", *SNAPSHOT_TYPES, *ANNOTATION_TYPES,
+                         *CONTEXT_TYPES))
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "skipped", "unread")
 
 
