@@ -605,14 +605,19 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         // kstate carries the CPU the task was queued on (waking: the one it last ran on).
         if (ctx)
             waker_pid = waker_tid = 0;
+        // the waker's name goes before the wake-up that names it, so that a
+        // reader meets the name first (even for a waker's only wake-up)
+        if (current && !ctx && cfg->task_filters) {
+            followed = task_match(cfg, bpf_get_smp_processor_id(), tgid, tid, comm);
+            if (followed)
+                name_waker(cfg, now, 0);
+        }
         followed = emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = bpf_get_smp_processor_id(),
                                                  .tgid = tgid, .tid = tid, .comm = comm, .from = from,
                                                  .to = ST_RUNNABLE, .dur = dur, .cause = cause, .prio = -1,
                                                  .flags = ctx, .kstate = target_cpu, .other_pid = waker_pid,
                                                  .other_tid = waker_tid, .stack = stack, .cg = CG_TASK,
                                                  .task = task});
-        if (followed && current && !ctx && cfg->task_filters)
-            name_waker(cfg, now, 0);
     }
     set_state(tid, ts, tgid, ST_RUNNABLE, now, 0);
     if (cfg->task_filters) {
