@@ -15,22 +15,24 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, pstate_cmd
+from workloads import SCHED_LATE_MEDIAN_S, SCHED_LATE_S
 
 DATA = Path(__file__).resolve().parent / "data" / "replay"
 TWO = DATA / "two_seconds.jsonl"  # 41 events, 50 ms apart: they span 2.0 s
 SNAPS = DATA / "snaps"  # 3 snapshots, interval ends 1 s apart
 
 
-def arrivals(*args) -> tuple[list[tuple[float, dict]], float, bytes, int]:
-    """Run replay; return each output record with the time it arrived, the
-    process's wall time, its stderr and exit code."""
-    t0 = time.monotonic()
+def arrivals(*args) -> tuple[list[tuple[float, dict]], bytes, int]:
+    """Run replay; return each output record with the time it arrived, its
+    stderr and exit code. (Times are compared with each other only: the
+    first record comes after the interpreter's start-up, which a loaded
+    machine stretches.)"""
     p = subprocess.Popen(pstate_cmd("replay", *map(str, args)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=clean_env())
     got = [(time.monotonic(), json.loads(line)) for line in p.stdout]
     err = p.stderr.read()
     rc = p.wait(timeout=30)
-    return got, time.monotonic() - t0, err, rc
+    return got, err, rc
 
 
 def event_span(got) -> float:
@@ -38,32 +40,41 @@ def event_span(got) -> float:
     return times[-1] - times[0]
 
 
+def no_wait_around_the_events(got) -> None:
+    """The first event follows the meta record at once, and the trailer the
+    last event: the run takes the events' time, no more."""
+    states = [t for t, rec in got if rec["type"] == "state"]
+    assert got[0][1]["type"] == "meta" and got[-1][1]["type"] == "end"
+    assert states[0] - got[0][0] < SCHED_LATE_S and got[-1][0] - states[-1] < SCHED_LATE_S
+
+
 def test_speed_1_takes_the_original_time():
-    got, wall, err, rc = arrivals(TWO)
+    got, err, rc = arrivals(TWO)
     assert (rc, err) == (0, b"")
     span = event_span(got)
-    assert span == pytest.approx(2.0, rel=0.05), f"events spanned {span:.3f} s"
-    assert wall < 2.0 * 1.05 + 1.0  # plus interpreter start-up
-    # Each event is written when it is due, not in bursts.
+    assert abs(span - 2.0) < SCHED_LATE_S, f"events spanned {span:.3f} s"
+    no_wait_around_the_events(got)
+    # Each event is written when it is due, not in bursts: a burst would
+    # hold back the events before it, and lateness would add up.
     first_t, first_ts = next((t, r["ts"]) for t, r in got if r["type"] == "state")
     late = [abs((t - first_t) - (r["ts"] - first_ts) / 1e9) for t, r in got if r["type"] == "state"]
-    assert statistics.median(late) < 0.01 and max(late) < 0.1
+    assert statistics.median(late) < SCHED_LATE_MEDIAN_S and max(late) < SCHED_LATE_S, late
 
 
 def test_speed_10_takes_a_tenth():
-    got, wall, err, rc = arrivals(TWO, "--speed", "10")
+    got, err, rc = arrivals(TWO, "--speed", "10")
     assert (rc, err) == (0, b"")
     span = event_span(got)
-    assert span == pytest.approx(0.2, rel=0.2), f"events spanned {span:.3f} s"
-    assert wall < 0.2 * 1.2 + 1.0
+    assert abs(span - 0.2) < SCHED_LATE_S / 2, f"events spanned {span:.3f} s"
+    no_wait_around_the_events(got)
 
 
 def test_snapshots_are_paced_by_their_interval_ends():
-    got, wall, err, rc = arrivals(SNAPS, "--speed", "10")
+    got, err, rc = arrivals(SNAPS, "--speed", "10")
     assert (rc, err) == (0, b"")
     metas = [t for t, rec in got if rec["type"] == "meta"]
     assert len(metas) == 3
-    assert metas[-1] - metas[0] == pytest.approx(0.2, rel=0.2)
+    assert abs(metas[-1] - metas[0] - 0.2) < SCHED_LATE_S / 2
 
 
 def test_live_input_is_passed_on_at_once():

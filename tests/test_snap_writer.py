@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import clean_env
+from workloads import SIGNAL_EXIT_S
 from pstate.engines.stats import snapshot_stats
 from pstate import lifecycle
 from pstate.snapshots import snapdir
@@ -464,9 +465,8 @@ def test_second_instance_exits_75_at_once(tmp_path):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, b"4242\n")
-        t0 = time.monotonic()
-        r = snap("--dir", d, "-i", "5")
-        assert time.monotonic() - t0 < 2
+        # at once: not after the interval (snap's timeout is a minute)
+        r = snap("--dir", d, "-i", "3600")
         assert r.returncode == 75
         assert f"{d} is locked by pid 4242 (another pstate snap writes there)" in r.stderr
         assert snapshots(d) == []
@@ -474,13 +474,28 @@ def test_second_instance_exits_75_at_once(tmp_path):
         os.close(fd)
 
 
-def test_twenty_concurrent_runs_one_writes(tmp_path):
+def test_ten_concurrent_runs_one_writes(tmp_path):
+    """Runs started together race for the directory's lock: one takes it,
+    every other one exits 75. The one that took it waits at a gate before
+    it collects, so it holds the lock until all the others have tried,
+    however slowly they start."""
     d = tmp_path / "d"
-    procs = [subprocess.Popen(fake_cmd("--dir", d, "-i", "4"), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=fake_env(), text=True) for _ in range(20)]
-    results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    gate = tmp_path / "gate"
+    procs = [subprocess.Popen(fake_cmd("--dir", d, "-i", "0.01"), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, env=fake_env(FAKE_SNAP_GATE=gate), text=True)
+             for _ in range(10)]
+    try:
+        while sum(p.poll() is not None for p in procs) < len(procs) - 1:
+            time.sleep(0.01)
+        gate.touch()
+        results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     codes = sorted(c for c, _ in results)
-    assert codes == [0] + [75] * 19, results
+    assert codes == [0] + [75] * 9, results
     # the holder's pid, or "another process" if it has the lock but has not written its pid yet
     assert all(re.search(r"is locked by (pid \d+|another process) ", err) for c, err in results if c == 75), results
     assert len(snapshots(d)) == 1 and temps(d) == []
@@ -496,23 +511,26 @@ def test_a_killed_holder_does_not_block_the_next_run(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-    t0 = time.monotonic()
     r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 0, r.stderr
-    assert time.monotonic() - t0 < 5 and len(snapshots(d)) == 1
+    assert len(snapshots(d)) == 1
 
 
 # --- crashes and signals -------------------------------------------------------------
 
 
 def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
+    """Each run is killed at a random moment once it collects, snapshots
+    being written back to back: never a partial snapshot, and the next run
+    removes the temp files left."""
     d = tmp_path / "d"
     d.mkdir(mode=0o700)
     rng = random.Random(4)
     left = 0
-    for _ in range(50):
-        p = start("--dir", d, "--every", "0.02", "--keep", "3", FAKE_SNAP_ROWS=3000)
-        time.sleep(rng.uniform(0.15, 0.35))
+    for _ in range(20):
+        p = start("--dir", d, "--every", "0.02", "--keep", "3", "-v", FAKE_SNAP_ROWS=3000)
+        wait_line(p, "collecting")
+        time.sleep(rng.uniform(0, 0.1))
         p.kill()
         p.wait()
         p.stderr.close()
@@ -522,17 +540,17 @@ def test_sigkill_at_random_moments_never_publishes_a_partial_file(tmp_path):
     r = snap("--dir", d, "-i", "0.01")
     assert r.returncode == 0
     assert temps(d) == []
-    print(f"{left} of 50 kills left a temp file behind; the next run removed them")
+    print(f"{left} of 20 kills left a temp file behind; the next run removed them")
 
 
-def test_sigterm_exits_143_within_2s_and_leaves_nothing(tmp_path):
+def test_sigterm_exits_143_promptly_and_leaves_nothing(tmp_path):
     d = tmp_path / "d"
     p = start("--dir", d, "-i", "30", "-v")
     wait_line(p, "collecting")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=5) == 143
-    assert time.monotonic() - t0 < 2
+    assert p.wait(timeout=30) == 143
+    assert time.monotonic() - t0 < SIGNAL_EXIT_S
     assert snapshots(d) == [] and temps(d) == []
     status = orjson.loads((d / snapdir.STATUS_NAME).read_bytes())
     assert status["ok"] is False and "interrupted by signal 15" in status["error"]
@@ -550,18 +568,23 @@ def test_sigterm_at_random_moments(tmp_path):
     """A signal while a snapshot is being collected or written lets it finish
     (exit 0); while waiting, it ends the run (143); before snap has even
     set up its handlers (Python still starting) it kills it outright, with
-    nothing yet written. Never a partial file, never a temp file."""
+    nothing yet written. Never a partial file, never a temp file.
+
+    The first two runs are signalled as soon as they are started (in
+    start-up), the others at a random moment once they collect."""
     rng = random.Random(7)
     seen = set()
-    for i in range(12):
+    for i in range(10):
         d = tmp_path / f"d{i}"
-        p = start("--dir", d, "--every", "0.05", FAKE_SNAP_ROWS=3000, FAKE_SNAP_SLOW=0.02)
-        time.sleep(rng.uniform(0.3, 0.6))
+        p = start("--dir", d, "--every", "0.05", "-v", FAKE_SNAP_ROWS=3000, FAKE_SNAP_SLOW=0.02)
+        if i >= 2:
+            wait_line(p, "collecting")
+            time.sleep(rng.uniform(0, 0.12))
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
-        code = p.wait(timeout=5)
+        code = p.wait(timeout=30)
         p.stderr.close()
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < SIGNAL_EXIT_S
         assert code in (0, 143, -signal.SIGTERM)
         seen.add(code)
         assert temps(d) == [] if d.exists() else True

@@ -6,6 +6,8 @@ BPF, so the tests can start it hundreds of times. Environment:
   FAKE_SNAP_ROWS   threads per snapshot (default 50)
   FAKE_SNAP_PAD    bytes of padding in each comm-like field (bigger files)
   FAKE_SNAP_SLOW   seconds to sleep in collect() (to be signalled mid-way)
+  FAKE_SNAP_GATE   a path: collect() waits until it exists (the run holds
+                   its directory's lock until the test lets it go on)
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ def fake_row(pid: int, tid: int, start: int, now: int, *, comm: str = "worker", 
 class FakeCollector:
     """Threads sleeping 90% and running 10% of the time since start()."""
 
-    def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0):
+    def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0, gate: str | None = None):
         self.n = rows
         self.pad = "x" * pad
         self.slow = slow
+        self.gate = gate
         self.t0 = 0
 
     def start(self) -> int:
@@ -49,6 +52,8 @@ class FakeCollector:
         return self.t0
 
     def collect(self) -> Sample:
+        while self.gate and not os.path.exists(self.gate):
+            time.sleep(0.005)
         if self.slow:
             time.sleep(self.slow)
         now = time.monotonic_ns()
@@ -74,7 +79,8 @@ def install(collector_factory=None, setter=setattr) -> None:
 
     factory = collector_factory or (lambda: FakeCollector(int(os.environ.get("FAKE_SNAP_ROWS", "50")),
                                                           int(os.environ.get("FAKE_SNAP_PAD", "0")),
-                                                          float(os.environ.get("FAKE_SNAP_SLOW", "0"))))
+                                                          float(os.environ.get("FAKE_SNAP_SLOW", "0")),
+                                                          os.environ.get("FAKE_SNAP_GATE")))
     setter(snap.loader, "check_privileges", lambda: None)
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers, probes=None: FakeProgram())
