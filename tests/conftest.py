@@ -17,9 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# The gates are deterministic: a property test draws the same examples on
+# every run. HYPOTHESIS_PROFILE=explore draws new ones each time (what it
+# finds becomes an example of its own).
+settings.register_profile("gate", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gate"))
 
 
 @functools.lru_cache(maxsize=None)

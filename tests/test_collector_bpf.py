@@ -20,7 +20,9 @@ from pstate.snapshots import collector as resident
 from pstate.snapshots import snapdir
 from workloads import unfreed
 
-pytestmark = pytest.mark.bpf
+# the collector is one per machine; the checks compare system-wide program and
+# link ids and bpffs: alone, with make test (kernel truth: every exit counted)
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel, pytest.mark.serial]
 
 
 def snap(*args, timeout=120) -> subprocess.CompletedProcess:

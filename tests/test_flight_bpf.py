@@ -17,7 +17,8 @@ import pytest
 
 from conftest import clean_env, pstate_cmd
 
-pytestmark = pytest.mark.bpf
+# triggers on real D-state sleeps and storms: make test, alone
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel, pytest.mark.serial]
 MS = 1_000_000
 
 # The parent of a vfork waits for its child in D (TASK_KILLABLE reports as D)

@@ -23,7 +23,8 @@ from test_collector_bpf import assert_as_before, machine, prom_values, snap  # n
 from workloads import V2Cgroups, unfreed
 from pstate.snapshots import snapdir
 
-pytestmark = pytest.mark.bpf
+# exit bursts of thousands of tasks, checked against the whole machine (test_collector_bpf)
+pytestmark = [pytest.mark.bpf, pytest.mark.load, pytest.mark.serial]
 
 BURST = """
 import json, os, sys, time

@@ -23,7 +23,8 @@ from pstate.snapshots import snapdir
 from test_snap_bpf import snap_start, wait_collecting
 from workloads import V2Cgroups, kill_all
 
-pytestmark = pytest.mark.bpf
+# run-queue waits of hogs pinned to CPUs, compared with the kernel's counts: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel, pytest.mark.serial]
 
 HOG = "import sys\nsys.stdin.read(1)\nwhile True: pass\n"
 TICKER = "import sys, time\nsys.stdin.read(1)\nwhile True: time.sleep(0.001)\n"

@@ -27,7 +27,8 @@ import pytest
 
 from workloads import Recording, go, kill_all, sleeps
 
-pytestmark = pytest.mark.bpf
+# kernel truth, pinned to CPUs and compared with the kernel's own counts: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel, pytest.mark.serial]
 
 PROLOGUE = """
 import os, sys, time, json

@@ -22,7 +22,8 @@ import pytest
 from conftest import clean_env, pstate_cmd
 from pstate.kernel import bpfsys
 
-pytestmark = pytest.mark.bpf
+# collectors are found through the kernel's list of every map; links compared by id: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.serial]
 
 NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
 BPFFS = "/sys/fs/bpf"

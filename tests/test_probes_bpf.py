@@ -87,6 +87,7 @@ def test_one_refused_tracepoint_leaves_the_others_on_tp_btf(root_cache, monkeypa
         p.close()
 
 
+@pytest.mark.serial  # compares system-wide program ids
 @needs_btf
 @pytest.mark.parametrize("name", ["record", "snap"])
 def test_tp_btf_program_is_cached_and_loads_again(root_cache, name):
@@ -153,6 +154,7 @@ def _attached(prog) -> tuple[set, set]:
     return {t.decode() if isinstance(t, bytes) else t for t in prog.bpf.tracepoint_fds}, raw
 
 
+@pytest.mark.serial  # compares system-wide program ids
 @needs_btf
 @pytest.mark.parametrize("facts", ["btf", "no_btf"])
 @pytest.mark.parametrize("name", ["record", "snap"])
@@ -374,6 +376,8 @@ def _starts_within_its_fork(x, y, forks: dict, by_tid: dict) -> bool:
     return None not in on_cpu and max(on_cpu) < min(starts) and max(starts) < min(fx["ts"], fy["ts"])
 
 
+@pytest.mark.kernel
+@pytest.mark.serial  # a hog pinned to a CPU; durations within 1 us
 @needs_btf
 @pytest.mark.time_limit(120)
 def test_both_paths_give_the_same_records():

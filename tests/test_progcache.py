@@ -494,6 +494,7 @@ def _record_defines(stack_entries: int = 0):
     return recordprog.defines_for(ks, max_tasks=4096, rb_pages=64, sample=False, stack_entries=stack_entries)
 
 
+@pytest.mark.serial  # compares system-wide program ids
 @pytest.mark.bpf
 def test_warm_program_has_the_same_tables(root_cache):
     from pstate.kernel import loader
@@ -579,6 +580,7 @@ def test_bypass_compiles(root_cache, monkeypatch):
         p.close()
 
 
+@pytest.mark.serial  # compares system-wide program ids
 @pytest.mark.bpf
 def test_cold_and_warm_record_the_same_sleeper(root_cache, monkeypatch):
     from conftest import bpf_prog_ids
@@ -728,6 +730,7 @@ def _take_write_stacks(prog, path: str, kallsyms) -> dict[int, tuple[str, ...]]:
     return got
 
 
+@pytest.mark.serial  # compares system-wide program ids
 @pytest.mark.bpf
 def test_cached_stack_map_reads_as_the_compiled_one(root_cache, disk_file):
     """The stack map of record --stacks is cached: the cached program's map

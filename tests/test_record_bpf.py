@@ -12,7 +12,7 @@ import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
 from test_reliability_stream import leftover_programs
-from workloads import BUSY, FORK_EXEC, SLEEPER, Recording, go, record_workload, sleeps, start, states
+from workloads import BUSY, FORK_EXEC, SCHED_LATE_S, SLEEPER, Recording, go, record_workload, sleeps, start, states
 
 pytestmark = pytest.mark.bpf
 
@@ -63,6 +63,8 @@ def test_sigstop_300ms():
     assert len(into) == 1 and into[0]["kstate"] == "T"
 
 
+@pytest.mark.kernel
+@pytest.mark.serial  # hogs pinned to one CPU
 def test_two_hogs_on_one_cpu_are_preempted():
     a = start(BUSY.format(secs=1.0), cpu=1)
     b = start(BUSY.format(secs=1.0), cpu=1)
@@ -211,6 +213,7 @@ def test_seeding_keeps_rows_the_program_made(kind, request, tmp_path):
     assert early_seen, f"no thread switched between attaching and seeding in 3 runs ({len(by_tid)} threads seen)"
 
 
+@pytest.mark.serial  # compares system-wide program ids
 def test_duration_and_pipe_to_head_is_quiet():
     before = bpf_prog_ids()
     p = subprocess.run(f"{' '.join(pstate_cmd('record'))} | head -n 5", shell=True, capture_output=True,
@@ -221,6 +224,7 @@ def test_duration_and_pipe_to_head_is_quiet():
     assert not leftover_programs(before)
 
 
+@pytest.mark.serial  # compares system-wide program ids
 def test_no_programs_left_after_sigint():
     before = bpf_prog_ids()
     rec = Recording()
@@ -231,16 +235,17 @@ def test_no_programs_left_after_sigint():
     assert not leftover_programs(before)
 
 
-def test_duration_ends_within_50ms(tmp_path):
-    """-d N: the settings row stops the reports at N, and the trailer is
-    written before the programs are detached (which takes a good part of a
-    second)."""
+def test_duration_stops_the_reports_at_n(tmp_path):
+    """-d N: the settings row stops the reports at N (in the kernel: within
+    50 ms), and the trailer is written before the programs are detached
+    (which takes a good part of a second), as soon as record's timer has
+    run (a busy machine runs it late)."""
     out = tmp_path / "rec.jsonl"
     subprocess.run(pstate_cmd("record", "-q", "-d", "1", "-o", str(out)), env=clean_env(), check=True, timeout=60)
     recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     meta, end = recs[0], recs[-1]
     assert end["type"] == "end" and end["reason"] == "duration"
-    assert 1.0e9 <= end["duration_ns"] <= 1.05e9, end
+    assert 1.0e9 <= end["duration_ns"] <= 1.0e9 + SCHED_LATE_S * 1e9, end
     events = [r for r in recs if r["type"] in ("state", "fork", "exec", "exit")]
     assert events and max(r["ts"] for r in events) <= meta["ts"] + 1.05e9
 
@@ -275,6 +280,8 @@ for t in ts:
 """
 
 
+@pytest.mark.kernel
+@pytest.mark.serial  # needs CPU 1 often idle
 def test_a_wake_up_onto_another_cpu_names_its_waker():
     """The main thread on CPU 0 wakes two threads on CPU 1, often idle: the
     kernel queues many of those wake-ups on CPU 1's wake list and CPU 1

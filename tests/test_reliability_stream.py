@@ -28,7 +28,8 @@ import pytest
 
 from conftest import ROOT, bpf_prog_ids, clean_env, fdinfos, pstate_cmd
 
-pytestmark = pytest.mark.bpf
+# storms, kills and system-wide program counts: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.reliability, pytest.mark.serial]
 
 EVENT_TYPES = ("state", "fork", "exec", "exit")
 LOSS_REASONS = ("ringbuf_full", "map_full", "sampled", "unread")

@@ -23,7 +23,8 @@ from conftest import clean_env, pstate_cmd
 from workloads import SLEEPER, Recording, go, kill_all, record_all, start
 from pstate.kernel import bpfsys, btf
 
-pytestmark = pytest.mark.bpf
+# the runs the kernel skipped, read beside bpftool's view of every program: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.kernel, pytest.mark.serial]
 
 needs_btf = pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="the kernel has no BTF")
 

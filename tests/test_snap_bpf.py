@@ -235,6 +235,7 @@ def prog_ids_of(pid: int) -> set[int]:
     return ids
 
 
+@pytest.mark.serial  # compares system-wide program ids
 def test_second_instance_is_refused_and_nothing_is_left_behind(tmp_path):
     from test_reliability_stream import leftover_programs
 

@@ -85,6 +85,8 @@ def test_a_futex_waiter_s_long_sleep_has_a_futex_reason(tmp_path):
     assert top["max_ns"] > 50_000_000
 
 
+@pytest.mark.kernel
+@pytest.mark.serial  # threads pinned to CPUs
 def test_ping_pong_threads_are_each_other_s_waker(tmp_path):
     # one CPU: a read blocks until the other side has run and written
     recs, child = workloads.record_workload(PING_PONG.format(n=2000), cpu=1)
@@ -110,6 +112,8 @@ def test_a_timer_sleeper_is_woken_by_an_interrupt(tmp_path):
     assert by_kind.get("irq", 0) + by_kind.get("softirq", 0) >= 0.9 * 40, g["wakers"]
 
 
+@pytest.mark.kernel
+@pytest.mark.serial  # hogs pinned to one CPU
 def test_two_hogs_on_one_cpu_are_each_other_s_antagonist(tmp_path):
     a = workloads.start(workloads.BUSY.format(secs=1.5), cpu=1)
     b = workloads.start(workloads.BUSY.format(secs=1.5), cpu=1)
