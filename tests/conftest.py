@@ -20,6 +20,8 @@ import pytest
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# this directory: data/ and golden/ are found from here, wherever a test module is
+TESTS = ROOT / "tests"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The gates are deterministic: a property test draws the same examples on

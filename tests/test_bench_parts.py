@@ -8,8 +8,9 @@ import importlib.util
 import os
 
 import pytest
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(ROOT)
 
 
 def _bench():

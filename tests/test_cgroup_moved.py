@@ -15,8 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
+from conftest import TESTS
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 DATA = HERE / "data" / "stats" / "moved.jsonl"
 GOLDEN = HERE / "golden" / "stats" / "moved-cgroup.txt"
 MS = 1_000_000

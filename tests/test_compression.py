@@ -229,9 +229,9 @@ def test_a_compressed_file_is_a_context_manager(tmp_path):
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from conftest import clean_env, pstate_cmd  # noqa: E402
+from conftest import TESTS, clean_env, pstate_cmd  # noqa: E402
 
-GOLDEN_INPUT = Path(__file__).parent / "data" / "heat" / "small.jsonl"
+GOLDEN_INPUT = TESTS / "data" / "heat" / "small.jsonl"
 
 
 def cmd(*args, stdin=None):

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from pstate.stream.meta import meta_record, rfc3339
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 JQ_D = """jq -c 'select(.type=="state" and .from=="uninterruptible" and .dur_ns>10000000)' rec.jsonl"""

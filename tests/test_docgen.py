@@ -20,8 +20,8 @@ from pstate.docs import formatprose, manprose
 from pstate.stream import schema
 from pstate.exitcodes import ExitCode
 from pstate.main import COMMANDS, cli
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 STALE = "man pages/completions are stale: run `make artifacts`"
 HAVE_GROFF = shutil.which("groff") is not None
 HAVE_MAN = shutil.which("man") is not None

@@ -30,11 +30,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import clean_env, pstate_cmd
+from conftest import TESTS, clean_env, pstate_cmd
 from pstate.main import COMMANDS, cli
 from pstate.render import snaptables
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 WHY = HERE / "data" / "stats" / "why.jsonl"
 SERIES = HERE / "data" / "snap" / "series"
 

@@ -15,8 +15,8 @@ import pytest
 from pstate.kernel import eventcodec
 from pstate.kernel import eventlayout
 from pstate.kernel import loader
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "bpf" / "pstate.h"
 
 

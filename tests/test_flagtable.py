@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from pstate.docs import flagtable
 from pstate.main import cli
+from conftest import ROOT
 
 ROWS = flagtable.option_rows()
 BUNDLE = ("-p", "-t", "-c", "--cpu", "--state", "--min-dur", "--cgroup", "--include-idle")
@@ -85,6 +86,6 @@ def test_an_old_spelling_still_works_with_a_warning_on_stderr(tmp_path):
 def test_the_table_is_in_pstate_1():
     from pathlib import Path
 
-    page = (Path(__file__).parent.parent / "man" / "pstate.1").read_text()
+    page = (ROOT / "man" / "pstate.1").read_text()
     assert "OPTIONS OF EVERY COMMAND" in page
     assert "\\-\\-shade" in page

@@ -17,7 +17,9 @@ from pstate import lifecycle
 from pstate.kernel import identity
 from pstate.snapshots import folds, snapdir, writer
 
-HERE = Path(__file__).parent
+from conftest import TESTS
+
+HERE = TESTS
 sys.path.insert(0, str(HERE / "data" / "snap"))
 import fake_snap  # noqa: E402
 

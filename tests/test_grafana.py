@@ -12,11 +12,12 @@ from pathlib import Path
 
 from pstate.snapshots import snapdir, writer
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT, TESTS
+
 DASHBOARD = ROOT / "cli" / "share" / "grafana" / "pstate-dashboard.json"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS))
 from test_histograms import _meta, hist  # noqa: E402
-sys.path.insert(0, str(Path(__file__).resolve().parent / "data" / "snap"))
+sys.path.insert(0, str(TESTS / "data" / "snap"))
 import fake_snap  # noqa: E402
 
 SCRAPE_LABELS = {"instance", "job"}

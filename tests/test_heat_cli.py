@@ -12,15 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
+from conftest import ROOT, TESTS
 
-DATA = Path(__file__).parent / "data" / "heat"
+DATA = TESTS / "data" / "heat"
 SMALL = str(DATA / "small.jsonl")
 
 
 def _env(**extra):
     """This checkout's code, whatever is installed."""
     env = {**os.environ, **extra}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "cli")
+    env["PYTHONPATH"] = str(ROOT / "cli")
     return env
 
 

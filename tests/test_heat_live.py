@@ -21,8 +21,9 @@ from pstate.engines import live
 from pstate.render import dashboard
 from pstate.stream.streamio import MAX_LINE, ReadStats
 from pstate.stream import reader
+from conftest import ROOT, TESTS
 
-DATA = Path(__file__).parent / "data" / "heat"
+DATA = TESTS / "data" / "heat"
 SMALL = DATA / "small.jsonl"
 D = hm.STATE_INDEX["uninterruptible"]
 
@@ -30,7 +31,7 @@ D = hm.STATE_INDEX["uninterruptible"]
 def _env(**extra):
     """This checkout's code, whatever is installed."""
     env = {**os.environ, **extra}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent / "cli")
+    env["PYTHONPATH"] = str(ROOT / "cli")
     return env
 
 
@@ -310,8 +311,8 @@ def test_the_header_counts_the_rows_it_chooses_from():
 
 # --- the reason column (a recording made with record --stacks) ---------------------
 
-WHY = Path(__file__).parent / "data" / "stats" / "why.jsonl"
-LIVE_GOLDEN = Path(__file__).parent / "golden" / "heat" / "live-reasons-w80.txt"
+WHY = TESTS / "data" / "stats" / "why.jsonl"
+LIVE_GOLDEN = TESTS / "golden" / "heat" / "live-reasons-w80.txt"
 CLOCK = re.compile(r"^\d\d:\d\d:\d\d ", re.M)
 
 

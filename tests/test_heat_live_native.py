@@ -26,11 +26,12 @@ from pstate.stream import reader
 from pstate.exitcodes import PstateError
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import ReadStats
+from conftest import TESTS
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NATIVE = reader._parse_states if reader._parse_states is not None else getattr(
     native.load("_digest"), "parse_states", None)
-SMALL = Path(__file__).parent / "data" / "heat" / "small.jsonl"
+SMALL = TESTS / "data" / "heat" / "small.jsonl"
 
 pytestmark = pytest.mark.skipif(NATIVE is None and not IN_CI and not native.PURE,
                                 reason="pstate._digest not built (no C compiler?)")

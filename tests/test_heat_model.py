@@ -12,8 +12,9 @@ from pstate.render import heatviews
 from pstate.snapshots import snapdir
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import ReadStats
+from conftest import TESTS
 
-DATA = Path(__file__).parent / "data" / "heat"
+DATA = TESTS / "data" / "heat"
 MS = 1_000_000
 R = hm.STATE_INDEX["running"]
 S = hm.STATE_INDEX["sleeping"]

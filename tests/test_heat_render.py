@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from pstate.render import heatviews
 from pstate.render import heatdraw as hr
 from pstate.main import cli
+from conftest import TESTS
 
-HERE = Path(__file__).parent
+HERE = TESTS
 DATA = HERE / "data" / "heat"
 GOLDEN = HERE / "golden" / "heat"
 SMALL = str(DATA / "small.jsonl")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 TMUX = shutil.which("tmux")
 PROMPT = "READY$ "

@@ -18,7 +18,9 @@ from pstate import lifecycle
 from pstate.analysis.latency import LogHist, bounded_percentile
 from pstate.snapshots import histograms, snapdir, writer
 
-HERE = Path(__file__).resolve().parent
+from conftest import TESTS
+
+HERE = TESTS
 sys.path.insert(0, str(HERE / "data" / "snap"))
 import fake_snap  # noqa: E402
 from test_snap_writer import _promtool  # noqa: E402

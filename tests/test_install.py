@@ -12,8 +12,8 @@ import pytest
 
 from pstate import __version__
 from pstate.main import COMMANDS
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
 
 pytestmark = [

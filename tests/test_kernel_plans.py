@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from pstate.kernel import btf, loader, probeplan, tpbtf
+from conftest import TESTS
 
-KERNELS = Path(__file__).resolve().parent / "kernels"
+KERNELS = TESTS / "kernels"
 IDS = [k["id"] for k in json.loads((KERNELS / "kernels.json").read_text())["kernels"] if k["id"] != "host"]
 PROGRAMS = ("record", "snap")
 REPORT_MASK = 0xFF  # print_fmt's of every kernel of the list (S D T t X Z P I)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "cli" / "pstate"
 README = (ROOT / "README.md").read_text()
 

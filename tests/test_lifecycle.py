@@ -23,11 +23,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import clean_env, pstate_cmd, wait_ready
+from conftest import TESTS, clean_env, pstate_cmd, wait_ready
 from pstate import lifecycle
 from pstate.exitcodes import ExitCode
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 PKG = HERE.parent / "cli" / "pstate"
 DATA = HERE / "data"
 RECORDING = DATA / "stats" / "basic.jsonl"

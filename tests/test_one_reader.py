@@ -32,8 +32,9 @@ from pstate.main import cli
 from pstate.stream import reader, replayer
 from pstate.stream.reader import RecordList, StreamReader, read_records
 from pstate.stream.streamio import BOM, ReadStats
+from conftest import TESTS
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 DATA = HERE / "data"
 CORPUS = sorted((DATA / "corpus").glob("*.jsonl"))
 INPUTS = CORPUS + sorted((DATA / "golden-v1").glob("*.jsonl")) + sorted((DATA / "stats").glob("*.jsonl")) + [

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 pytestmark = [
@@ -25,6 +24,7 @@ pytestmark = [
 BUILD = """
 import sys
 from setuptools import build_meta, __version__
+from conftest import ROOT
 print(__version__)
 print(getattr(build_meta, "build_" + sys.argv[1])(sys.argv[2]))
 """

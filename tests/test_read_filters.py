@@ -18,8 +18,9 @@ from pstate.main import cli
 from pstate.stream import schema
 from pstate.stream.filters import Filter
 from pstate.stream.reader import read_records
+from conftest import ROOT, TESTS
 
-DATA = Path(__file__).parent / "data" / "replay"
+DATA = TESTS / "data" / "replay"
 MIXED = DATA / "mixed.jsonl"
 
 FILTERS = [
@@ -116,7 +117,7 @@ def test_heat_filters_as_filter_match_does(args, tmp_path):
 def _live_map(*args) -> list[str]:
     """The rows and legend of heat --live's last frame over a file (its
     status line counts input lines, which a filtered copy has fewer of)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "cli")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "cli")}
     p = subprocess.run([sys.executable, "-m", "pstate", "heat", "--live", "--width", "80", "--no-color",
                         *map(str, args)], capture_output=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr

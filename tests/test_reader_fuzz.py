@@ -36,14 +36,13 @@ from hypothesis import strategies as st
 import pstate.commands.heat  # noqa: F401  (imported before forking, so children start fast)
 import pstate.commands.replay  # noqa: F401
 import pstate.commands.stats  # noqa: F401
-from conftest import clean_env, pstate_cmd
+from conftest import TESTS, clean_env, pstate_cmd
 from pstate.stream import schema
 from pstate.exitcodes import PstateError
 from pstate.main import main as pstate_main
 from pstate.stream.streamio import LineWriter, ReadStats, check_record
 from pstate.stream.reader import read_records
 
-TESTS = Path(__file__).resolve().parent
 CORPUS_DIR = TESTS / "data" / "corpus"
 GOLDEN_DIRS = sorted(TESTS.glob("data/golden-v*"))
 GOLDEN = sorted(p for d in GOLDEN_DIRS for p in d.glob("*.jsonl"))

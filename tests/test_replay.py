@@ -18,8 +18,9 @@ from pstate import __version__
 from pstate.stream import schema
 from pstate.main import cli as pstate_cli
 from pstate.commands.options import filter_options
+from conftest import TESTS
 
-DATA = Path(__file__).resolve().parent / "data" / "replay"
+DATA = TESTS / "data" / "replay"
 TWO = DATA / "two_seconds.jsonl"
 MIXED = DATA / "mixed.jsonl"
 CORRUPT = DATA / "corrupt.jsonl"

@@ -14,6 +14,7 @@ from pstate.stream import replayer
 from pstate.main import cli as pstate_cli
 from pstate.stream.replayer import Pacer, Replayer, Stop
 from pstate.stream.streamio import LineWriter
+from conftest import TESTS
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -233,7 +234,7 @@ def test_quick_path_passes_no_line_the_reader_rejects():
 def test_snapshot_removed_before_it_is_read_is_skipped(tmp_path):
     from pathlib import Path
 
-    snap = sorted((Path(__file__).parent / "data" / "replay" / "snaps").glob("pstate-snap-*.jsonl"))[0]
+    snap = sorted((TESTS / "data" / "replay" / "snaps").glob("pstate-snap-*.jsonl"))[0]
     out = tmp_path / "out.jsonl"
     w = LineWriter(str(out))
     rep = Replayer(w, speed=None)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, pstate_cmd
+from conftest import TESTS, clean_env, pstate_cmd
 from workloads import SCHED_LATE_MEDIAN_S, SCHED_LATE_S
 
-DATA = Path(__file__).resolve().parent / "data" / "replay"
+DATA = TESTS / "data" / "replay"
 TWO = DATA / "two_seconds.jsonl"  # 41 events, 50 ms apart: they span 2.0 s
 SNAPS = DATA / "snaps"  # 3 snapshots, interval ends 1 s apart
 

@@ -21,7 +21,9 @@ from pstate.engines.stats import snapshot_stats
 from pstate.snapshots import snapdir
 from pstate.exitcodes import PstateError
 
-HERE = Path(__file__).resolve().parent
+from conftest import TESTS
+
+HERE = TESTS
 DATA = HERE / "data" / "snap"
 SERIES = DATA / "series"
 GOLDEN = HERE / "golden" / "snap"

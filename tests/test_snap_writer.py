@@ -27,7 +27,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import clean_env
+from conftest import TESTS, clean_env
 from workloads import SIGNAL_EXIT_S
 from pstate.engines.stats import snapshot_stats
 from pstate import lifecycle
@@ -36,7 +36,7 @@ from pstate.snapshots import histograms, writer
 from pstate.main import cli as main_cli
 from pstate.stream.meta import rfc3339
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 DATA = HERE / "data" / "snap"
 GOLDEN = HERE / "golden" / "snap"
 FAKE = DATA / "fake_snap.py"

@@ -22,14 +22,14 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import clean_env, pstate_cmd, wait_delivered, wait_ready, wait_reading_pipe
+from conftest import TESTS, clean_env, pstate_cmd, wait_delivered, wait_reading_pipe, wait_ready
 from pstate.stream import reader, streamio
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.exitcodes import PstateError
 from pstate.main import cli
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 DATA = HERE / "data" / "stats"
 GOLDEN = HERE / "golden" / "stats"
 BASIC = "basic.jsonl"  # relative to DATA, where every test runs

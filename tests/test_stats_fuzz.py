@@ -16,8 +16,9 @@ from pstate.render import tables
 from pstate.analysis import timeinstate
 from pstate.analysis import ingest
 from pstate.exitcodes import PstateError
+from conftest import TESTS
 
-BASIC = (Path(__file__).resolve().parent / "data" / "stats" / "basic.jsonl").read_bytes()
+BASIC = (TESTS / "data" / "stats" / "basic.jsonl").read_bytes()
 LINES = BASIC.splitlines(keepends=True)
 MAX_LINE = 400
 

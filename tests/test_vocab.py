@@ -16,8 +16,8 @@ from pstate.kernel import btf, eventcodec, eventlayout, filtermaps, recordprog, 
 from pstate.render import heatmodel, snaptables, tables, whytables
 from pstate.snapshots import histograms
 from pstate.stream import meta, reports, schema, vocab
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "cli" / "pstate"
 D = eventlayout.DEFINES
 KERNEL_KINDS = [k for k in vocab.WAIT_KINDS if k.kernel]
