@@ -22,6 +22,13 @@ from hypothesis import settings
 ROOT = Path(__file__).resolve().parent.parent
 # this directory: data/ and golden/ are found from here, wherever a test module is
 TESTS = ROOT / "tests"
+
+# Test modules import helpers from each other (import test_stats) across the
+# directories they are kept in: each such directory is on the path before any
+# module is collected, whichever comes first.
+for _d in sorted(TESTS.iterdir()):
+    if _d.is_dir() and next(_d.glob("test_*.py"), None) is not None and str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # The gates are deterministic: a property test draws the same examples on

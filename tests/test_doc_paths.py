@@ -13,7 +13,8 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 TOPS = ("cli", "bpf", "tests", "bench", "docs", "man", "completions", "pstate")
 PATH = re.compile(r"(?<![\w./$-])((?:%s)/[\w.*/-]*[\w*])" % "|".join(TOPS))
 # Paths that need not be in a checkout, and why.

@@ -12,7 +12,8 @@ import pytest
 
 from pstate.docs import docgen, figures, manprose
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 README = ROOT / "README.md"
 
 

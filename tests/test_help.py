@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from pstate.main import COMMANDS, cli
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 WIDTH = 80
 NOTE_LINES = 5  # a short note after the examples (the glyphs, the privileges)
 

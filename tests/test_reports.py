@@ -16,7 +16,9 @@ from pstate.docs import docgen
 from pstate.main import cli
 from pstate.stream import reports, schema
 
-DATA = Path(__file__).resolve().parent / "data"
+from conftest import TESTS
+
+DATA = TESTS / "data"
 
 
 def stats_json(*args) -> list[dict]:
