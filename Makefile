@@ -50,24 +50,29 @@ run: setup
 # test-fast: the contract suite, every test not marked kernel, reliability,
 # load or slow: in parallel (pytest-xdist, TEST_JOBS workers), then those of
 # them marked serial one at a time, alone on the machine. test: test-fast,
-# then the rest the same way. Each pytest run ends with a line of its own,
-# "::: SUITE: N s, exit C" (its wall time; CI's log shows one per suite).
+# then the rest the same way. Every suite runs; the target fails if any did.
+# Each ends with a line of its own, "::: SUITE: N s, exit C" (its wall time).
 TEST_JOBS ?= auto
 FAST := not (kernel or reliability or load or slow)
 PARALLEL := $(PY) -m pytest -ra -n $(TEST_JOBS) --dist loadgroup
 SERIAL := $(PY) -m pytest -ra -p no:xdist
 # suite NAME COMMAND...: run it, say how long it took; pytest's 5 (no test
 # selected, e.g. PYTEST_ARGS naming files of one gate only) is a pass
-SUITE = @bash -c 't0=$$(date +%s%N); "$${@:2}"; rc=$$?; [ $$rc -eq 5 ] && rc=0; \
+SUITE = bash -c 't0=$$(date +%s%N); "$${@:2}"; rc=$$?; [ $$rc -eq 5 ] && rc=0; \
 	echo "::: $$1: $$(( ($$(date +%s%N) - t0) / 1000000000 )) s, exit $$rc"; exit $$rc' suite
 
 test-fast: setup
-	$(SUITE) "test-fast (parallel)" $(PARALLEL) -m "($(FAST)) and not serial" $(PYTEST_ARGS)
-	$(SUITE) "test-fast (serial)" $(SERIAL) -m "($(FAST)) and serial" $(PYTEST_ARGS)
+	@rc=0; \
+	$(SUITE) "test-fast (parallel)" $(PARALLEL) -m "($(FAST)) and not serial" $(PYTEST_ARGS) || rc=1; \
+	$(SUITE) "test-fast (serial)" $(SERIAL) -m "($(FAST)) and serial" $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
-test: test-fast
-	$(SUITE) "kernel, reliability, load, slow (parallel)" $(PARALLEL) -m "not ($(FAST)) and not serial" $(PYTEST_ARGS)
-	$(SUITE) "kernel, reliability, load, slow (serial)" $(SERIAL) -m "not ($(FAST)) and serial" $(PYTEST_ARGS)
+test: setup
+	@rc=0; \
+	$(MAKE) --no-print-directory test-fast || rc=1; \
+	$(SUITE) "kernel, reliability, load, slow (parallel)" $(PARALLEL) -m "not ($(FAST)) and not serial" $(PYTEST_ARGS) || rc=1; \
+	$(SUITE) "kernel, reliability, load, slow (serial)" $(SERIAL) -m "not ($(FAST)) and serial" $(PYTEST_ARGS) || rc=1; \
+	exit $$rc
 
 # record's and snap's BPF tests once more on the classic tracepoint path
 # (`make test` takes the tp_btf path where the kernel has BTF; the tests that

@@ -72,8 +72,9 @@ def test_time_goes_to_the_right_group(hog_and_sleeper, by, keys):
     assert set(groups) == {hog_key, sleeper_key}
     h, s = groups[hog_key], groups[sleeper_key]
     assert (h["processes"], s["processes"]) == (1, 1)
-    # the hog is on a CPU most of its time, the sleeper asleep most of its
-    assert h["states"]["running"]["pct"] > 50
+    # the hog is on a CPU or waiting for one (a busy machine preempts it)
+    # most of its time, the sleeper asleep most of its
+    assert sum(h["states"].get(k, {"pct": 0})["pct"] for k in ("running", "runnable", "preempted")) > 50
     assert s["states"]["sleeping"]["pct"] > 80
     assert s["states"].get("running", {"ns": 0})["ns"] < h["states"]["running"]["ns"] / 10
 
