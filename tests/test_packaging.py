@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
+
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 pytestmark = [
@@ -24,7 +26,6 @@ pytestmark = [
 BUILD = """
 import sys
 from setuptools import build_meta, __version__
-from conftest import ROOT
 print(__version__)
 print(getattr(build_meta, "build_" + sys.argv[1])(sys.argv[2]))
 """
