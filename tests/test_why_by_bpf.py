@@ -25,7 +25,8 @@ from pstate.main import cli
 from test_stacks_bpf import DIRECT_WRITES, IO_FRAMES
 from test_why_bpf import PING_PONG
 
-pytestmark = pytest.mark.bpf
+# three services pinned to CPUs: alone
+pytestmark = [pytest.mark.bpf, pytest.mark.serial]
 
 UNITS = ("db.service", "pp.service", "hog.service")
 COMBINATIONS = [(by, view) for by in timeinstate.BY_KEYS for view in WHY_VIEWS]
