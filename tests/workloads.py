@@ -42,9 +42,9 @@ SCHED_LATE_S = 0.3
 SIGNAL_EXIT_S = 2.0
 
 # The same for record under a storm of 8 forking processes (its ring buffer
-# never empties; it drains in bounded rounds, then detaches). Not measured
-# again yet: the bound test_reliability_stream's signal test has had since it
-# was written; the test prints each time it took.
+# never empties; it drains in bounded rounds, then detaches):
+# test_reliability_stream's signal test, one run of each signal: SIGINT
+# 0.62 s, SIGTERM 0.75 s, SIGHUP 0.72 s (the test prints each time it took).
 STORM_EXIT_S = 6.0
 
 SLEEPER = """
