@@ -78,16 +78,16 @@ test: setup
 # (`make test` takes the tp_btf path where the kernel has BTF; the tests that
 # compare the two paths run in both): about two minutes more.
 test-tracepoint: setup
-	PSTATE_PROBES=tracepoint $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
-		tests/test_snap_bpf.py tests/test_progcache.py tests/test_flight_bpf.py tests/test_stacks_bpf.py \
-		tests/test_collector_bpf.py tests/test_fold_bpf.py tests/test_cgroup_bpf.py $(PYTEST_ARGS)
+	PSTATE_PROBES=tracepoint $(PY) -m pytest -ra -m bpf tests/smoke/test_record_bpf.py tests/truth/test_kernel_truth.py \
+		tests/smoke/test_snap_bpf.py tests/contract/test_progcache.py tests/truth/test_flight_bpf.py tests/smoke/test_stacks_bpf.py \
+		tests/truth/test_collector_bpf.py tests/truth/test_fold_bpf.py tests/smoke/test_cgroup_bpf.py $(PYTEST_ARGS)
 
 # record's BPF tests once more with its wake-ups at sched_waking, the path of
 # kernels without the wake list's tracepoint (before Linux 6.5, or no BTF),
 # which this kernel would not otherwise take
 test-waking: setup
-	PSTATE_WAKE_LIST=off $(PY) -m pytest -ra -m bpf tests/test_record_bpf.py tests/test_kernel_truth.py \
-		tests/test_stacks_bpf.py $(PYTEST_ARGS)
+	PSTATE_WAKE_LIST=off $(PY) -m pytest -ra -m bpf tests/smoke/test_record_bpf.py tests/truth/test_kernel_truth.py \
+		tests/smoke/test_stacks_bpf.py $(PYTEST_ARGS)
 
 # The kernel matrix (tests/kernels/matrix.py, as root): the checks of record,
 # snap, the collector and doctor here and on Debian's 5.10, 6.1, 6.1-rt and

@@ -55,7 +55,7 @@
 #define HIST_MIN_CAP 4096
 #define HIST_MAX_USED (1 << 20) /* then flushed: bounds the table at 16 MiB */
 /* The log-linear latency buckets of latency.py (SUB_BITS): exported as
- * BUCKET_SUB_BITS, and tests/test_latency.py holds the two equal. */
+ * BUCKET_SUB_BITS, and tests/contract/test_latency.py holds the two equal. */
 #define BUCKET_SUB_BITS 5
 
 typedef __int128 i128;
@@ -289,7 +289,7 @@ enum {
 #define K_REQUIRED (K_TYPE | K_TS | K_CPU | K_PID | K_TID | K_FROM | K_TO)
 
 /* The fields of a wide row after ROW_FIELDS (pstate.stream.reader.WIDE_FIELDS,
- * in this order: tests/test_one_reader.py holds the two equal), what the
+ * in this order: tests/contract/test_one_reader.py holds the two equal), what the
  * trace export reads of a switch or a wake-up. */
 enum { X_CAUSE, X_PRIO, X_NEXT_TID, X_PREV_TID, X_KSTATE, X_TARGET_CPU, X_WAKER, N_EXTRA };
 static const char *const EXTRA_NAMES[N_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu",

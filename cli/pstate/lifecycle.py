@@ -38,7 +38,7 @@ import time
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # exitcodes.ExitCode.SIGINT and .SIGTERM (that module imports click, which
-# takes a while: this one imports nothing of pstate's; tests/test_lifecycle.py
+# takes a while: this one imports nothing of pstate's; tests/contract/test_lifecycle.py
 # holds the two equal)
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 

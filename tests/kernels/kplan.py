@@ -8,7 +8,7 @@ fields to compare: {"record": {"probe_paths": {...}, "wakeups_at": ...},
 "snap": {"probe_paths": {...}}}. `matrix.py --write-expected` writes them
 from each kernel's committed BTF through the planner itself
 (expected_plan()); a change of plan is then a reviewed change of these
-files, and tests/test_kernel_plans.py holds the planner to them offline.
+files, and tests/contract/test_kernel_plans.py holds the planner to them offline.
 """
 
 from __future__ import annotations

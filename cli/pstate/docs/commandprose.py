@@ -1,7 +1,7 @@
 """What each command does in detail, for its man page's DESCRIPTION.
 
 `--help` shows usage, options and examples only (bcc's convention, at most
-80 columns: tests/test_help.py); the explanations that do not fit there are
+80 columns: tests/contract/test_help.py); the explanations that do not fit there are
 here, in manprose's light markup, and docgen.py renders them after the
 command's own description. Report schemas are data, in pstate.stream.reports.
 """

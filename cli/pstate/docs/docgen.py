@@ -483,7 +483,7 @@ def overview_page(ctx: click.Context) -> str:
 
 def flag_table_section() -> list[str]:
     """OPTIONS OF EVERY COMMAND: each spelling once, with its value type and the
-    commands that take it (one meaning each: tests/test_flagtable.py)."""
+    commands that take it (one meaning each: tests/contract/test_flagtable.py)."""
     rows = flagtable.option_rows()
     items = [(bold(spellings), what) for spellings, what in flagtable.table_lines(rows)]
     renamed = sorted({f"{old} ({r.command}: now {r.spellings[-1]})" for r in rows for old in r.renamed_from})

@@ -1,7 +1,7 @@
 """The table of every option of every command, from the click commands.
 
 One row per option and command: its spellings, its meaning (the parameter
-it sets) and its value type. tests/test_flagtable.py holds the toolkit to
+it sets) and its value type. tests/contract/test_flagtable.py holds the toolkit to
 one meaning and one value type per spelling; pstate(1) prints the table.
 """
 

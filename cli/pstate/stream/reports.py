@@ -1,7 +1,7 @@
 """The JSON reports the readers write, declared as data beside schema.RECORDS:
 `pstate stats --format json` on a stream (type "stats") and on snapshots
 (type "snapstats"). pstate-events(5) is generated from these tables (REPORTS),
-and tests/test_reports.py holds them to the keys the commands really write.
+and tests/contract/test_reports.py holds them to the keys the commands really write.
 
 Each report is (description, fields); a field is named by its path: `a.b` is
 key b of object a, `a[].b` key b of each object of list a, and an upper-case

@@ -1,5 +1,5 @@
 """The words pstate's records, reports and metrics share: one table per
-concept, everything else a view of it (tests/test_vocab.py holds every view
+concept, everything else a view of it (tests/contract/test_vocab.py holds every view
 equal to its table). The states themselves are schema.STATES.
 
 - WAIT_KINDS: the kinds of wait and slice a latency distribution is kept

@@ -1,6 +1,6 @@
 """Build the snapshot series in tests/data/snap/series/ with the real renderer.
 
-    PSTATE_REGEN=1 pytest tests/test_snap_stats.py   rewrites them (and the goldens)
+    PSTATE_REGEN=1 pytest tests/contract/test_snap_stats.py   rewrites them (and the goldens)
 
 The story, with every truth known:
 boot A, run 1 (cumulative; snapshots at monotonic 110, 120, 130, 140, 150 s,

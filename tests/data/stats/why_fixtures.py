@@ -1,6 +1,6 @@
 """Writes why.jsonl: a recording made with record --stacks whose causes are
 known by construction, for stats --stacks, --wakers, --antagonists and
---by reason (tests/test_why.py).
+--by reason (tests/contract/test_why.py).
 
 - dd (pid 100) on CPU 0: 8 direct writes, each 1 ms in D (the last one 2
   ms): 6 with stack 1 (reason __iomap_dio_rw), 2 with stack 2

@@ -1,7 +1,7 @@
 """Golden renders of `pstate heat` (plain and colour, several widths) and unit
 tests of the renderer. Regenerate the golden files after an intended change:
 
-    PSTATE_REGEN=1 .venv/bin/python -m pytest -q tests/test_heat_render.py
+    PSTATE_REGEN=1 .venv/bin/python -m pytest -q tests/contract/test_heat_render.py
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ def test_timer_wakeups_are_interrupts_and_pipe_wakeups_name_the_other_side(tmp_p
         # count of its voluntary switches says how many wake-ups there were.
         slept = last["vol"] - first["vol"]
         # (on two idle CPUs a side may hardly ever sleep: then there is little to check here;
-        # tests/test_why_bpf.py checks the wakers of a ping-pong too)
+        # tests/smoke/test_why_bpf.py checks the wakers of a ping-pong too)
         assert len(mine) >= 0.9 * slept, (name, len(mine), slept)
         wrong = Counter((r.get("waker"), r["waker_tid"]) for r in mine if r["waker_tid"] != other or "waker" in r)
         assert not wrong, (name, other, wrong)

@@ -1,7 +1,7 @@
 """The plan, per tracepoint (pstate.kernel.probeplan), from kernels made up
 here: what each lacks decides its path, how the difference is served, and
 what the plan says of it. The real kernels' plans are held by
-tests/test_kernel_plans.py from their committed BTF."""
+tests/contract/test_kernel_plans.py from their committed BTF."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 over a recording whose causes are known by construction
 (data/stats/why_fixtures.py): numbers, golden files, usage errors.
 
-Regenerate the goldens:  PSTATE_REGEN=1 pytest tests/test_why.py
+Regenerate the goldens:  PSTATE_REGEN=1 pytest tests/contract/test_why.py
 """
 
 from __future__ import annotations

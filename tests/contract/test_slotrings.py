@@ -1,6 +1,6 @@
 """pstate.kernel.slotrings.SlotRings over files laid out as record's maps:
 the per-CPU runs of slots, their positions, and the ring buffer (laid out as
-in tests/test_ringreader.py)."""
+in tests/contract/test_ringreader.py)."""
 
 import mmap
 import os

@@ -1,7 +1,7 @@
 """Offline analysis across snapshots (snapdir + snapseries), on a series whose
 truth is known (tests/data/snap/make_fixtures.py tells the story).
 
-Regenerate the series and the goldens: PSTATE_REGEN=1 pytest tests/test_snap_stats.py
+Regenerate the series and the goldens: PSTATE_REGEN=1 pytest tests/contract/test_snap_stats.py
 """
 
 from __future__ import annotations

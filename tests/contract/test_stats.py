@@ -2,7 +2,7 @@
 bad input, the fast path against the reference path, --interval, Ctrl-C.
 
 Regenerate the fixtures: python tests/data/stats/stats_fixtures.py
-Regenerate the goldens:  PSTATE_REGEN=1 pytest tests/test_stats.py
+Regenerate the goldens:  PSTATE_REGEN=1 pytest tests/contract/test_stats.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the lock, retention, signals, formats. The CLI runs for real (as a
 subprocess) with a synthetic collector in place of the BPF program
 (tests/data/snap/fake_snap.py), so these tests start it many times.
 
-Regenerate the render goldens: PSTATE_REGEN=1 pytest tests/test_snap_writer.py
+Regenerate the render goldens: PSTATE_REGEN=1 pytest tests/contract/test_snap_writer.py
 """
 
 from __future__ import annotations
