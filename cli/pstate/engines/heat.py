@@ -102,6 +102,8 @@ def heat(paths: list[str], *, latency, shade, by, top, bucket, width, height, co
     except KeyboardInterrupt:
         # `pstate record | pstate heat`: Ctrl-C ends the recording; draw what came.
         click.echo("pstate heat: interrupted; drawing what was read", err=True)
+    # read: a signal from now on changes nothing, what was read is drawn
+    lifecycle.done()
     tracker.close()
     if latency:
         lines = latency_map(tracker, stats, latency, bucket, W, H if fit_height else 0, style, sources)
