@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from pstate.stream import schema
 from workloads import record_workload, states
 
 pytestmark = pytest.mark.bpf
@@ -105,8 +106,10 @@ def test_direct_writes_block_in_io_with_a_reason(disk_file):
             assert any(f.startswith(r["reason"] + "+") for f in frames)
     end = recs[-1]
     assert end["type"] == "end" and end["stack_lost"] == 0
-    # stack records are annotations: the events count only state and lifecycle lines
-    assert end["events"] == sum(1 for r in recs if r["type"] in ("state", "fork", "exec", "exit"))
+    # stack records are annotations: the events count the state and lifecycle
+    # lines, and what a filtered recording keeps of the others (slice, waker)
+    counted = ("state", "fork", "exec", "exit", *schema.CONTEXT_TYPES)
+    assert end["events"] == sum(1 for r in recs if r["type"] in counted)
 
 
 def test_fsync_blocks_in_flush_or_writeback(disk_file):
