@@ -82,7 +82,8 @@ struct settings {
     u32 task_filters; // TF_* of the sets to consult
     u8 include_idle;  // report the idle task (tid 0) too
     u8 active;
-    u16 pad;
+    u8 antagonists;   // record -p/-c/--cgroup --antagonists: the others' slices while a followed task waits
+    u8 pad;
     u64 stack_mask;   // prev_state bits whose switch-out takes the kernel stack (record --stacks; 0: none)
 };
 
@@ -699,7 +700,7 @@ PSTATE_PROBE(sched, sched_switch) {
             }
             if (followed)
                 queued_mark(ts, !bits);
-            else if (dur != NO_DUR && any_queued())
+            else if (dur != NO_DUR && cfg->antagonists && any_queued())
                 emit(cfg, &(struct emit_args){.type = EV_SLICE, .now = now, .cpu = cpu,
                                               .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
                                               .dur = dur, .run = run, .other_tid = next, .context = 1,

@@ -62,7 +62,7 @@ def test_a_filtered_and_an_unfiltered_recording_at_once_give_the_same_why(tmp_pa
     hog = workloads.start(workloads.BUSY.format(secs=60), cpu=1)  # holds the followed task's CPU
     kids = [followed, waker, hog]
     try:
-        filtered = workloads.Recording("-p", str(followed.pid))
+        filtered = workloads.Recording("-p", str(followed.pid), "--antagonists")
         unfiltered = workloads.Recording()
         workloads.go(*kids)
         for k in (followed, waker):

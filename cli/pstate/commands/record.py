@@ -62,11 +62,14 @@ Examples:
 @click.option("--children", is_flag=True,
               help="With -p: also every process below the given ones, those living now and those they "
                    "fork from now on.")
+@click.option("--antagonists", is_flag=True,
+              help="With -p, -c or --cgroup: also write who held a CPU while a followed task waited "
+                   "(slice records, for stats --antagonists); many lines on a busy machine.")
 @probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS]...]")
 def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tasks, drain_interval, max_rate,
-        kernel_headers, strict, quiet, stack_states, stack_entries, children, probes, ebpf, command):
+        kernel_headers, strict, quiet, stack_states, stack_entries, children, antagonists, probes, ebpf, command):
     """Stream every scheduler state transition as JSON lines.
 
     Each state record says which thread went from which state to which, and
@@ -88,7 +91,10 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         raise click.UsageError("--children follows the processes of -p: give -p PID")
     if command and flight:
         raise click.UsageError("--flight records until stopped; it does not run a command")
+    if antagonists and not (filt.pids or filt.comms or filt.cgroups or filt.tids):
+        raise click.UsageError("--antagonists keeps what -p, -t, -c or --cgroup would leave out: give one")
     sys.exit(record(filt=filt, output=output, unbuffered=unbuffered, flight=flight, duration_ns=duration,
                     rb_bytes=rb_bytes, max_tasks=max_tasks, drain_ns=drain_interval, max_rate=max_rate,
                     kernel_headers=kernel_headers, strict=strict, quiet=quiet, stack_states=stack_states,
-                    stack_entries=stack_entries, children=children, probes=probes, ebpf=ebpf, command=command))
+                    stack_entries=stack_entries, children=children, antagonists=antagonists, probes=probes,
+                    ebpf=ebpf, command=command))

@@ -52,6 +52,7 @@ class RecordArgs:
     stack_states: str | None = None
     stack_entries: int = 16384
     children: bool = False
+    antagonists: bool = False  # with -p/-c/--cgroup: slice records of the others while a followed task waits
     probes: str | None = None
     ebpf: bool = False
     command: tuple = ()
@@ -76,7 +77,7 @@ def record(**options) -> int:
         check_pids(a.filt.pids, a.quiet)
     ks = loader.kernel_states(ebpf_only=a.ebpf)
     follow = tuple(a.filt.pids) if a.children else ()
-    settings = filtermaps.settings_for(a.filt, ks, follow=follow)
+    settings = filtermaps.settings_for(a.filt, ks, follow=follow, antagonists=a.antagonists)
     if a.command and not a.ebpf:
         child.check(a.command)
     if a.stack_states:
@@ -114,7 +115,7 @@ def record(**options) -> int:
         if a.command:
             # CMD waits for the word to exec until the kernel side follows it
             cmd = child.Command(a.command, to_stderr=not to_file)
-            settings = filtermaps.settings_for(a.filt, ks, follow=follow + (cmd.pid,))
+            settings = filtermaps.settings_for(a.filt, ks, follow=follow + (cmd.pid,), antagonists=a.antagonists)
         filtermaps.start(prog, settings)
         recordprog.seed(prog, ks, "TASKS_BY_TID" in defines)
 

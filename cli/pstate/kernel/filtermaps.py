@@ -38,6 +38,7 @@ class Settings:
     min_dur: int = 0
     task_filters: int = 0
     include_idle: bool = False
+    antagonists: bool = False  # with task filters: the others' slices while a followed task is queued
     pids: tuple[int, ...] = ()
     tids: tuple[int, ...] = ()
     comms: tuple[bytes, ...] = ()
@@ -53,7 +54,8 @@ def comm_key(name: str) -> bytes:
     return name.encode()[:15].ljust(16, b"\0")
 
 
-def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()) -> Settings:
+def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = (),
+                 antagonists: bool = False) -> Settings:
     """PstateError (usage) for a state this kernel does not report, a
     --cgroup that does not exist, a --title (a title is known only after a
     process's first events) or more set members than the program's sets
@@ -81,7 +83,8 @@ def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()
     flags = ((TF_CPU if filt.cpus else 0) | (TF_TID if filt.tids else 0) | (TF_PID if pids else 0)
              | (TF_COMM if comms else 0) | (TF_FOLLOW if follow else 0) | (TF_CGROUP if filt.cgroups else 0))
     return Settings(state_mask=mask, min_dur=filt.min_dur_ns or 0, task_filters=flags,
-                    include_idle=filt.include_idle, pids=pids, tids=tuple(filt.tids), comms=comms,
+                    include_idle=filt.include_idle, antagonists=antagonists and bool(flags),
+                    pids=pids, tids=tuple(filt.tids), comms=comms,
                     cpus=tuple(filt.cpus), cgroup_ids=cg_ids, cgroup_pids=cg_pids)
 
 
@@ -145,6 +148,7 @@ def _write(prog, s: Settings, active: int) -> None:
     row.min_dur = s.min_dur
     row.task_filters = s.task_filters
     row.include_idle = 1 if s.include_idle else 0
+    row.antagonists = 1 if s.antagonists else 0
     row.active = active
     row.stack_mask = s.stack_mask
     t[ctypes.c_int(0)] = row

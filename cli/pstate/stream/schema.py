@@ -205,7 +205,8 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         },
     ),
     "slice": (
-        "record -p/-c/--cgroup: an on-CPU slice of a task the filters do not take, written while a task they "
+        "record -p/-c/--cgroup --antagonists: an on-CPU slice of a task the filters do not take, "
+        "written while a task they "
         "take waits in a run queue (runnable or preempted): who held a CPU meanwhile (stats --antagonists); "
         "no time in state of its own",
         {
