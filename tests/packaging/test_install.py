@@ -18,6 +18,7 @@ BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
 
 pytestmark = [
     pytest.mark.slow,  # each install builds a venv and a wheel: about 15 s
+    pytest.mark.serial,  # make install rebuilds the checkout's build/: one install at a time
     pytest.mark.skipif(not (shutil.which("make") and Path("/usr/bin/python3").exists()),
                        reason="needs make and /usr/bin/python3"),
 ]
