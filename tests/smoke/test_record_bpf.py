@@ -236,18 +236,19 @@ def test_no_programs_left_after_sigint():
 
 
 def test_duration_stops_the_reports_at_n(tmp_path):
-    """-d N: the settings row stops the reports at N (in the kernel: within
-    50 ms), and the trailer is written before the programs are detached
-    (which takes a good part of a second), as soon as record's timer has
-    run (a busy machine runs it late)."""
+    """-d N: when record's timer runs out the settings row stops the
+    reports, and the trailer is written before the programs are detached
+    (which takes a good part of a second)."""
     out = tmp_path / "rec.jsonl"
     subprocess.run(pstate_cmd("record", "-q", "-d", "1", "-o", str(out)), env=clean_env(), check=True, timeout=60)
     recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     meta, end = recs[0], recs[-1]
     assert end["type"] == "end" and end["reason"] == "duration"
     assert 1.0e9 <= end["duration_ns"] <= 1.0e9 + SCHED_LATE_S * 1e9, end
+    # nothing is reported after the trailer's moment (a busy machine runs
+    # record's timer late; the settings row stops the reports when it runs)
     events = [r for r in recs if r["type"] in ("state", "fork", "exec", "exit")]
-    assert events and max(r["ts"] for r in events) <= meta["ts"] + 1.05e9
+    assert events and max(r["ts"] for r in events) <= meta["ts"] + end["duration_ns"]
 
 
 CROSS_CPU_WAKES = """
