@@ -127,7 +127,7 @@ def clean_env() -> dict:
     return env
 
 
-def _until(what: str, proc, check, timeout: float) -> None:
+def until(what: str, proc, check, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if proc.poll() is not None:
@@ -153,7 +153,7 @@ def wait_ready(proc, timeout: float = 30) -> None:
     exit status. (Before, for the few milliseconds the interpreter takes to
     start, the kernel's default action applies.)"""
     want = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    _until("pstate's signal handlers were installed", proc, lambda: want <= caught_signals(proc.pid), timeout)
+    until("pstate's signal handlers were installed", proc, lambda: want <= caught_signals(proc.pid), timeout)
 
 
 def wait_delivered(proc, signum: int, timeout: float = 30) -> None:
@@ -166,7 +166,7 @@ def wait_delivered(proc, signum: int, timeout: float = 30) -> None:
         except OSError:
             return True
         return not any(m >> (signum - 1) & 1 for m in masks)
-    _until(f"signal {signum} was delivered", proc, delivered, timeout)
+    until(f"signal {signum} was delivered", proc, delivered, timeout)
 
 
 def wait_reading_pipe(proc, timeout: float = 30) -> None:
@@ -178,7 +178,7 @@ def wait_reading_pipe(proc, timeout: float = 30) -> None:
                 return "pipe_read" in f.read()
         except OSError:
             return False
-    _until("it waited on its input pipe", proc, reading, timeout)
+    until("it waited on its input pipe", proc, reading, timeout)
 
 
 def bpf_prog_ids() -> set[int]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import ROOT, bpf_prog_ids, clean_env, fdinfos, pstate_cmd
+from conftest import ROOT, bpf_prog_ids, clean_env, fdinfos, pstate_cmd, until
 from workloads import SIGNAL_EXIT_S, STORM_EXIT_S
 
 # storms, kills and system-wide program counts: alone
@@ -534,25 +534,27 @@ def test_kills_during_start_up_leave_no_programs_and_no_garbled_file(tmp_path):
 
 
 def test_ctrl_c_while_compiling_is_quiet(tmp_path):
-    """SIGINT while BCC compiles: exit 130 with one message, no traceback."""
+    """SIGINT while BCC compiles: the run ends as one stopped before it
+    began (exit 0, nothing said, no file made, no program left)."""
     before = bpf_prog_ids()
     out = tmp_path / "rec.jsonl"
-    p = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(out)), stderr=subprocess.PIPE, env=clean_env())
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # bcc is imported right before compiling
+    # no program cache: record compiles (a warm cache never imports bcc)
+    p = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(out)), stderr=subprocess.PIPE,
+                         env=clean_env() | {"PSTATE_NO_CACHE": "1"})
+
+    def compiling():  # bcc is imported right before compiling
         with contextlib.suppress(OSError):
-            if "libbcc" in Path(f"/proc/{p.pid}/maps").read_text():
-                break
-        time.sleep(0.01)
+            return "libbcc" in Path(f"/proc/{p.pid}/maps").read_text()
+        return False
+
+    until("bcc loaded", p, compiling, 30)
     time.sleep(0.1)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
     err = err.decode(errors="replace")
-    assert "Traceback" not in err, err
-    if p.returncode == 0:  # it had already started recording: a normal end
+    assert (p.returncode, err) == (0, "")
+    if out.exists():  # it had already started recording: a normal end
         check_trailer(read_stream(out), "signal")
-    else:
-        assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
     assert not leftover_programs(before)
 
 
