@@ -103,14 +103,13 @@ struct irq_ctx {
 
 #ifdef TASKS_BY_TID
 BPF_ARRAY(tasks, struct task_state, MAX_TASKS);
-// Rows from /proc for the threads alive at the start, written by user space.
-// An array row cannot be written "only where the program has none" from user
-// space, so seeds wait here until a thread's first event takes its own (as in
-// snap.bpf.c): a row the program made is never overwritten by a seed.
-BPF_HASH(seeds, u32, struct task_state, MAX_TASKS);
 #else
 BPF_HASH(tasks, u32, struct task_state, MAX_TASKS);
 #endif
+// the rows from /proc of the threads alive at the start (`seeds`)
+#define TASKROW_T struct task_state
+#define TASKROW_SEEDS MAX_TASKS
+#include "taskrow.h"
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
 #ifdef CPU_SLOTS
 // Per-CPU slot rings: each CPU's run of CPU_SLOTS slots, written only by the
@@ -239,27 +238,19 @@ static __always_inline int known(struct task_state *ts) {
 }
 
 // A thread's row, as tasks.lookup() gives it; with TASKS_BY_TID an empty
-// slot first takes the thread's seed, if one waits. Deleting the seed is the
-// claim on it.
+// slot first takes the thread's seed, if one waits (taskrow.h).
 static __always_inline struct task_state *task_row(u32 tid) {
     struct task_state *ts = tasks.lookup(&tid);
 #ifdef TASKS_BY_TID
-    if (!ts || known(ts))
-        return ts;
-    struct task_state *seed = seeds.lookup(&tid);
-    if (!seed)
-        return ts;
-    struct task_state copy = *seed;
-    if (seeds.delete(&tid) == 0) // else taken meanwhile on another CPU, which writes the row
-        *ts = copy;
+    if (ts && !known(ts))
+        taskrow_take_seed(tid, ts);
 #endif
     return ts;
 }
 
 static __always_inline void forget(u32 tid, struct task_state *ts) {
 #ifdef TASKS_BY_TID
-    __builtin_memset(ts, 0, sizeof(*ts));
-    seeds.delete(&tid); // a seed never taken must not seed a later thread of this tid
+    taskrow_forget(tid, ts);
 #else
     tasks.delete(&tid);
 #endif

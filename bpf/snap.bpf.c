@@ -37,12 +37,7 @@
 //
 // Seeding: at the start user space writes a row for every live thread, from
 // /proc, but only where none exists (the program may have created one since
-// it was attached). A hash does that with BPF_NOEXIST. An array cannot, so
-// with TASKS_BY_TID the rows go to the `seeds` hash instead and a thread's
-// first event takes its seed into the array. Deleting a seed is the claim on
-// it: user space withdraws a seed the program never took (the thread had a
-// row before its seed was written, or died first) by deleting it, and the
-// program uses a seed only if its own delete succeeds.
+// it was attached): bpf/taskrow.h.
 
 #include "pstate.h" // SLOT_*, SNAP_F_*, SNAP_CNT_*: shared with cli/pstate/snapshots/taskmaps.py
 #include "tpargs.h" // PSTATE_PROBE, SW_*, WK_*: the arguments on either path
@@ -101,10 +96,12 @@ struct gone_key {
 // reads the array through a shared mapping, with no copy of the empty rows
 #define MAP_MMAPABLE (1U << 10)
 BPF_F_TABLE("array", u32, struct snap_task, tasks, TID_SLOTS, MAP_MMAPABLE);
-BPF_HASH(seeds, u32, struct snap_task, TID_SLOTS);
 #else
 BPF_HASH(tasks, u32, struct snap_task, MAX_TASKS);
 #endif
+#define TASKROW_T struct snap_task
+#define TASKROW_SEEDS TID_SLOTS
+#include "taskrow.h" // `seeds`: the rows from /proc of the threads alive at the start
 BPF_HASH(gone, struct gone_key, struct snap_task, MAX_TASKS);
 BPF_HASH(folds, struct fold_key, struct snap_fold, MAX_FOLDS);
 // one all-zero group row, never written: what a new group starts from (it
@@ -161,28 +158,20 @@ static __always_inline int known(struct snap_task *t) {
 
 static __always_inline void forget(u32 tid, struct snap_task *t) {
 #ifdef TASKS_BY_TID
-    __builtin_memset(t, 0, sizeof(*t));
+    taskrow_forget(tid, t);
 #else
     tasks.delete(&tid);
 #endif
 }
 
 // The thread's row, given its slot from tasks.lookup(), or 0 when it has none
-// yet. With TASKS_BY_TID a thread's first event takes its seed, if any.
+// yet. With TASKS_BY_TID a thread's first event takes its seed, if any
+// (taskrow.h).
 static __always_inline struct snap_task *row_of(u32 tid, struct snap_task *slot) {
 #ifdef TASKS_BY_TID
     if (!slot || slot->since)
         return slot;
-    struct snap_task *seed = seeds.lookup(&tid);
-    if (!seed)
-        return 0;
-    *slot = *seed;
-    if (seeds.delete(&tid) != 0) {
-        // user space withdrew it meanwhile: the thread starts afresh
-        __builtin_memset(slot, 0, sizeof(*slot));
-        return 0;
-    }
-    return slot;
+    return taskrow_take_seed(tid, slot) ? slot : 0;
 #else
     return slot;
 #endif

@@ -182,7 +182,7 @@ class MapReader:
         hz = os.sysconf("SC_CLK_TCK")
         offset = boottime_offset_ns()
         # the hash takes seed rows where no row exists; with the array they
-        # wait in `seeds` for the thread's first event (bpf/snap.bpf.c)
+        # wait in `seeds` for the thread's first event (bpf/taskrow.h)
         table = self.seeds if self.by_tid else self.tasks
         Key, Leaf = table.Key, table.Leaf
         for tgid, tid, letter, comm, ticks in loader.seed_tasks():
