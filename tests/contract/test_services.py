@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pstate.analysis.services import Directory, container_of, unit_of
+from pstate.analysis.services import Directory
+from pstate.kernel.identity import container_of, unit_of
 from pstate.stream.filters import Filter
 from pstate.stream.reader import read_records
 

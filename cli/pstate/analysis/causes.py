@@ -168,10 +168,7 @@ class Causes:
         self._runq_kinds: dict = {}  # from-state -> latency_kind(from, running)
         # --by cgroup, unit, container, title, ppid: what the stream's process
         # and cgroup records said so far, and the keys they give, cached
-        self.directory = services.Directory(role) if by in services.BY_KEYS else None
-        self.by_cgroup = by in services.BY_CGROUP
-        self.pid_keys: dict = {}  # pid -> key
-        self.cgroup_keys: dict = {}  # cgroup id -> key (by cgroup, unit, container)
+        self.services = services.GroupKeys(by, role) if by in services.BY_KEYS else None
         self.cgroups: dict = {}  # tid -> the cgroup id its last record carried (None: none)
 
     def group(self, key) -> GroupCauses:
@@ -205,13 +202,8 @@ class Causes:
             self.stream += 1  # stack ids are per stream
         elif t in ("fork", "exec", "exit", "waker"):
             self.comms[rec["tid"]] = rec.get("comm")
-        elif self.directory is not None and t in ("process", "cgroup"):
-            pid = self.directory.note(rec)
-            if pid is not None:
-                self.pid_keys.pop(pid, None)  # its key from now on
-            else:  # a cgroup's path: the key of any pid in it from now on
-                self.pid_keys.clear()
-                self.cgroup_keys.clear()
+        elif self.services is not None and t in ("process", "cgroup"):
+            self.services.note(rec)
         elif t == "slice":  # a task a filtered recording does not follow, on a CPU a followed one waited for
             self.comms[rec["tid"]] = rec.get("comm")
             self.pids[rec["tid"]] = rec["pid"]
@@ -242,7 +234,7 @@ class Causes:
         (those lines come as records)."""
         by = self.by
         by_pid, by_tid, by_comm = by == "pid", by == "tid", by == "comm"
-        service = self.service_key if self.directory is not None else None
+        service = self.services.group if self.services is not None else None
         const = NO_REASON if by == "reason" else ALL
         groups_get = self.groups.get
         new_group = self.group
@@ -312,22 +304,9 @@ class Causes:
             return comm
         if by == "reason":
             return (rec.get("reason") if rec is not None else None) or NO_REASON
-        if self.directory is not None:
-            return self.service_key(pid, cg)
+        if self.services is not None:
+            return self.services.group(pid, cg)
         return ALL
-
-    def service_key(self, pid, cg=None):
-        """The key by cgroup, unit, container, title or ppid of a record of
-        pid carrying cgroup id cg (None: none), as the Aggregator's."""
-        if cg is not None and self.by_cgroup and type(cg) is int:
-            key = self.cgroup_keys.get(cg)
-            if key is None:
-                key = self.cgroup_keys[cg] = self.directory.cgroup_key(self.by, cg)
-            return key
-        key = self.pid_keys.get(pid)
-        if key is None:
-            key = self.pid_keys[pid] = self.directory.key(self.by, pid)
-        return key
 
     def key_of_tid(self, tid):
         """The group key of a task by its last record (None: by reason)."""
@@ -340,7 +319,7 @@ class Causes:
         self.pids[tid] = pid
         if rec is not None:
             cg = rec.get("cgroup")
-        if self.directory is not None:
+        if self.services is not None:
             self.cgroups[tid] = cg
         if not own:  # a task the filter leaves out: only its on-CPU slices count (for others' antagonists)
             if ts > self.last_ts:

@@ -44,7 +44,7 @@ class LineDigester:
             dig = _digest.Digester(agg.digest_by, agg.state_id, agg.digest_group)
             if filt is not None and filt.active:
                 dig.set_filter(*filt.native_spec())
-            if agg.directory is not None or (filt is not None and filt.needs_identities):
+            if agg.services is not None or (filt is not None and filt.needs_identities):
                 self._forget = dig.forget
             digest = dig.digest
             take = dig.take
@@ -210,7 +210,7 @@ def digest_part(path: str, start: int, end: int, by: str, clip_ts, strict: bool,
     stats = ReadStats()
     who = filt is not None and filt.needs_identities
     try:
-        if start > 0 and (agg.directory is not None or who):
+        if start > 0 and (agg.services is not None or who):
             # what the process and cgroup records before the part said
             for rec in identities_before(path, start, max_line, chunk, use_native):
                 agg.add_record(rec)

@@ -1,8 +1,8 @@
 """Services and roles: the group keys --by cgroup, unit, container, title
 and ppid, from a stream's process and cgroup records.
 
-The units and containers of paths are kernel.identity's unit_of and
-container_of (snapshots use them too). A Directory notes the process and cgroup records of a stream as they come
+The keys themselves are kernel.identity.group_key (snapshots use it too).
+A Directory notes the process and cgroup records of a stream as they come
 and answers, for a pid, the key of its group at that point of the stream:
 
 - cgroup: its cgroup's v2 path (/system.slice/nginx.service);
@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import re
 
-from pstate.kernel.identity import UNKNOWN, container_of, role_of, unit_of
+from pstate.kernel import identity
+from pstate.kernel.identity import UNKNOWN
 
-BY_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+BY_KEYS = identity.GROUP_KEYS
 BY_CGROUP = ("cgroup", "unit", "container")  # the keys a state record's own cgroup decides
 GONE = "(gone)"
 TITLE_PATTERN = "title:"  # --by 'title:REGEX'
@@ -81,25 +82,53 @@ class Directory:
             return UNKNOWN
         if rec.get("gone"):
             return GONE
-        if by == "title":
-            title = rec.get("title")
-            if type(title) is str and title:
-                return role_of(title, self.role)
-            return f"[{rec.get('comm') or UNKNOWN}]"
-        if by == "ppid":
-            ppid = rec.get("ppid")
-            return ppid if type(ppid) is int else UNKNOWN
         cgid = rec.get("cgroup")
-        return self.cgroup_key(by, cgid) if type(cgid) is int else self.path_key(by, None)
+        return identity.group_key(by, title=rec.get("title"), comm=rec.get("comm"), ppid=rec.get("ppid"),
+                                  cgroup_path=self.paths.get(cgid) if type(cgid) is int else None, role=self.role)
 
     def cgroup_key(self, by: str, cgid: int):
         """The key by cgroup, unit or container of a cgroup id."""
-        return self.path_key(by, self.paths.get(cgid))
+        return identity.group_key(by, cgroup_path=self.paths.get(cgid))
 
-    @staticmethod
-    def path_key(by: str, path):
-        if by == "cgroup":
-            return path if path is not None else UNKNOWN
-        if by == "unit":
-            return unit_of(path)
-        return container_of(path)
+
+class GroupKeys:
+    """The group of each pid (and, by cgroup, unit and container, of each
+    cgroup id a record carries) as a stream's records have said so far,
+    remembered until a process or cgroup record may change it; `of` turns a
+    key into what the caller keeps (a group id, or the key itself). `pids`
+    and `cgroups` are the remembered values, for loops that look them up
+    inline."""
+
+    def __init__(self, by: str, role: re.Pattern | None = None, of=None):
+        self.by = by
+        self.directory = Directory(role)
+        self.by_cgroup = by in BY_CGROUP  # a record's own cgroup decides its group
+        self.of = of if of is not None else (lambda key: key)
+        self.pids: dict = {}  # pid -> group
+        self.cgroups: dict = {}  # cgroup id -> group (by_cgroup)
+
+    def note(self, rec: dict) -> None:
+        """A process or cgroup record: the groups it may change are looked up anew."""
+        pid = self.directory.note(rec)
+        if pid is not None:
+            self.pids.pop(pid, None)
+        else:  # a cgroup's path: any pid's and cgroup's group may change
+            self.pids.clear()
+            self.cgroups.clear()
+
+    def forget(self) -> None:
+        """Look every group up anew (the directory was replaced)."""
+        self.pids.clear()
+        self.cgroups.clear()
+
+    def group(self, pid: int, cgroup=None):
+        """The group of a record of pid that carries cgroup (an id, or None)."""
+        if cgroup is not None and self.by_cgroup and type(cgroup) is int:
+            g = self.cgroups.get(cgroup)
+            if g is None:
+                g = self.cgroups[cgroup] = self.of(self.directory.cgroup_key(self.by, cgroup))
+            return g
+        g = self.pids.get(pid)
+        if g is None:
+            g = self.pids[pid] = self.of(self.directory.key(self.by, pid))
+        return g

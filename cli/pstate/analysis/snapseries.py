@@ -97,24 +97,26 @@ class Group:
         return out
 
 
-def _group_of(t: snapdir.TaskInterval, by: str):
+def _group_of(t: snapdir.TaskInterval, by: str, role=None):
     if by == "thread":
         return t.key, t.pid, t.tid, t.start_ts, t.key[0]
     if by == "comm":
         return ("comm", t.comm), 0, None, None, None
     if by in NAMED:  # the title, cgroup and parent rows carry
         name = snapdir.service_key(by, {"title": t.title, "comm": t.comm, "cgroup_path": t.cgroup_path,
-                                        "ppid": t.ppid})
+                                        "ppid": t.ppid}, role)
         return (by, name), 0, None, None, None
     return t.proc, t.pid, None, t.proc[2], t.proc[0]
 
 
-def groups(ivs: list[snapdir.Interval], by: str) -> list[Group]:
+def groups(ivs: list[snapdir.Interval], by: str, role=None) -> list[Group]:
+    """The groups of the intervals' tasks by `by`; role: the pattern of
+    --by 'title:REGEX'."""
     out: dict[tuple, Group] = {}
     for i, iv in enumerate(ivs):
         here: dict[tuple, Point] = {}
         for t in iv.tasks:
-            key, pid, tid, start, boot = _group_of(t, by)
+            key, pid, tid, start, boot = _group_of(t, by, role)
             g = out.get(key)
             if g is None:
                 g = out[key] = Group(key, pid, tid, str(key[1]) if by in NAMED else t.comm, start, boot)
@@ -311,9 +313,9 @@ def untraced(ivs: list[snapdir.Interval]) -> list[dict]:
     return sorted(out.values(), key=lambda u: (-u["unknown_ns"], u["tid"]))
 
 
-def analyse(snaps: list[snapdir.Snapshot], *, by: str = "process", min_run: int = MIN_RUN) -> dict:
+def analyse(snaps: list[snapdir.Snapshot], *, by: str = "process", role=None, min_run: int = MIN_RUN) -> dict:
     ivs = snapdir.intervals(snaps)
-    gs = groups(ivs, by)
+    gs = groups(ivs, by, role)
     return {
         "type": "snapstats", "by": by, "min_run": min_run,
         **summary(snaps, ivs),

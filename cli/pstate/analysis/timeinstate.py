@@ -223,10 +223,7 @@ class Aggregator:
         self.named = by in NAMED_BY
         # --by cgroup, unit, container, title, ppid: the stream's process and
         # cgroup records, and pid -> group id as they said at this point
-        self.directory = services.Directory(role) if by in services.BY_KEYS else None
-        self.pid_groups: dict = {}
-        self.by_cgroup = by in services.BY_CGROUP  # a record's own cgroup decides its group
-        self.cgroup_groups: dict = {}  # cgroup id -> group id (by_cgroup)
+        self.services = services.GroupKeys(by, role, self.comm_id) if by in services.BY_KEYS else None
 
     def sync(self) -> None:
         """Bring in what native digesters hold back (latency bucket counts,
@@ -254,7 +251,7 @@ class Aggregator:
         """The grouping the native Digester is told (by all: comm, whose
         comm_id is always 0; by cgroup, unit, container, title, ppid:
         pid_group, the group of the record's pid and cgroup)."""
-        if self.directory is not None:
+        if self.services is not None:
             return "pid_group"
         return "comm" if self.by == ALL else self.by
 
@@ -263,7 +260,7 @@ class Aggregator:
         """The group callable the native Digester is given with digest_by:
         comm_id, or pid_group (the group of a record's pid and cgroup, as
         the stream said so far)."""
-        return self.pid_group if self.directory is not None else self.comm_id
+        return self.services.group if self.services is not None else self.comm_id
 
     def comm_id(self, comm) -> int:
         if self.by == ALL:
@@ -276,21 +273,9 @@ class Aggregator:
 
     def group_of(self, pid: int, tid: int, comm, cgroup=None) -> int:
         by = self.by
-        if self.directory is not None:
-            return self.pid_group(pid, cgroup)
+        if self.services is not None:
+            return self.services.group(pid, cgroup)
         return pid if by == "pid" else (tid if by == "tid" else self.comm_id(comm))
-
-    def pid_group(self, pid: int, cgroup=None) -> int:
-        """The group of a record of pid that carries cgroup (an id, or None)."""
-        if cgroup is not None and self.by_cgroup and type(cgroup) is int:
-            g = self.cgroup_groups.get(cgroup)
-            if g is None:
-                g = self.cgroup_groups[cgroup] = self.comm_id(self.directory.cgroup_key(self.by, cgroup))
-            return g
-        g = self.pid_groups.get(pid)
-        if g is None:
-            g = self.pid_groups[pid] = self.comm_id(self.directory.key(self.by, pid))
-        return g
 
     def group_name(self, g: int):
         return self.comm_names[g] if self.named else g
@@ -313,13 +298,8 @@ class Aggregator:
             self.add_rows([state_row(rec)])
         elif t in LIFECYCLE:
             self.add_lifecycle(rec)
-        elif self.directory is not None and t in ("process", "cgroup"):
-            pid = self.directory.note(rec)
-            if pid is not None:
-                self.pid_groups.pop(pid, None)  # its key from now on
-            else:  # a cgroup's path: the key of any pid in it from now on
-                self.pid_groups.clear()
-                self.cgroup_groups.clear()
+        elif self.services is not None and t in ("process", "cgroup"):
+            self.services.note(rec)
 
     def add_state(self, rec: dict) -> None:
         self.add_rows([state_row(rec)])
@@ -337,9 +317,10 @@ class Aggregator:
         by_pid = self.by == "pid"
         by_tid = self.by == "tid"
         by_comm = self.by in ("comm", ALL)  # (by all: comm_id is always 0)
-        pg_get = self.pid_groups.get
-        by_cgroup = self.by_cgroup
-        cg_get = self.cgroup_groups.get
+        keys = self.services  # (None by pid, tid, comm and all)
+        pg_get = keys.pids.get if keys is not None else None
+        by_cgroup = keys is not None and keys.by_cgroup
+        cg_get = keys.cgroups.get if keys is not None else None
         clip = self.clip_ts
         shift = SUB_BITS + 1
         n = 0
@@ -362,11 +343,11 @@ class Aggregator:
             elif cg is not None and by_cgroup:
                 g = cg_get(cg)
                 if g is None:
-                    g = self.pid_group(pid, cg)
+                    g = keys.group(pid, cg)
             else:
                 g = pg_get(pid)
                 if g is None:
-                    g = self.pid_group(pid)
+                    g = keys.group(pid)
             task = tasks_get(tid)
             if task is None:
                 task = tasks[tid] = [pid, comm, ts, to, ts, d is None, g, clip, d or 0, cg]
@@ -551,10 +532,9 @@ class Aggregator:
             self.cuts[k] = self.cuts.get(k, 0) + n
         self.life_last_ts = max(self.life_last_ts, later.life_last_ts)
         self.events += later.events
-        if self.directory is not None:  # what the stream said of each pid by the later part's end
-            self.directory = later.directory
-            self.pid_groups = {}
-            self.cgroup_groups = {}
+        if self.services is not None:  # what the stream said of each pid by the later part's end
+            self.services.directory = later.services.directory
+            self.services.forget()
 
     # --- roll-up ----------------------------------------------------------
 

@@ -9,7 +9,7 @@ import sys
 import click
 
 from pstate.analysis import services
-from pstate.commands.options import Choice, RenamedCommand, StateName, read_filter_options
+from pstate.commands.options import ByKey, Choice, RenamedCommand, StateName, read_filter_options
 from pstate.engines.heat import heat
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.render import heatmodel as hm
@@ -62,9 +62,10 @@ class MeasureChoice(Choice):
               help="Shade each cell by the share of the bucket spent in STATE (e.g. D, preempted) "
                    "instead of showing the dominant state; rows are the tasks with the most of it. "
                    "For a snapshot directory: the measure drawn (default running).")
-@click.option("--by", type=click.Choice(["tid", "pid", "comm", *services.BY_KEYS]), default=None,
+@click.option("--by", type=ByKey(["tid", "pid", "comm", *services.BY_KEYS]), default=None,
               help="One row per thread, process or command name, or per cgroup, unit, container, "
-                   "process title or parent, from the recording's process records (a snapshot's "
+                   "process title (its role; title:REGEX, REGEX's group) or parent, from the "
+                   "recording's process records (a snapshot's "
                    "rows; by cgroup, unit and container, a state record's own cgroup where it has one, "
                    "so an interval is drawn in the row of the record that ends it) "
                    "[default: tid; pid for snapshots].")

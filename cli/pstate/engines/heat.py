@@ -15,6 +15,7 @@ import sys
 import click
 
 from pstate import lifecycle
+from pstate.analysis import services
 from pstate.engines import inputs, live
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.render import heatdraw as hr
@@ -272,7 +273,7 @@ def snapshot_map(directory, stats, strict, state, by, top, W, H, filt, style) ->
     elif not filt.include_idle:
         for s in snaps:
             s.rows = [t for t in s.rows if t["tid"] != 0]
-    unit = UNITS[by]
+    unit = UNITS[services.parse_by(by)[0]]  # (by title:REGEX: titles)
     footer_what = f"{len(snaps)} snapshots"
     if len(snaps) < 1:
         view = heatviews.View("value", f"No snapshots in {directory}", [], [],

@@ -13,7 +13,7 @@ import sys
 import click
 
 from pstate import lifecycle
-from pstate.analysis import causes, ingest, selection, snapseries, timeinstate
+from pstate.analysis import causes, ingest, selection, services, snapseries, timeinstate
 from pstate.engines import inputs
 from pstate.engines.intervals import IntervalRunner
 from pstate.exitcodes import ExitCode, PstateError
@@ -271,6 +271,7 @@ def snapshot_stats(paths: list[str], *, fmt: str, top: int | None, by: str, out,
     render.snaptables). Returns the exit code."""
     if fmt not in snaptables.RENDERERS:
         raise PstateError(f"unknown output format {fmt!r} for snapshots (table, json or csv)", ExitCode.USAGE)
+    by, role = services.parse_by(by)  # (--by 'title:REGEX': the role is REGEX's group)
     group_by = snapseries.BY_CHOICES.get(by)
     if group_by is None:
         raise PstateError(f"snapshots can be grouped by pid, tid, comm, cgroup, unit, container, title or ppid, "
@@ -290,7 +291,7 @@ def snapshot_stats(paths: list[str], *, fmt: str, top: int | None, by: str, out,
         raise PstateError(f"no complete snapshots in {', '.join(paths)}",
                           ExitCode.DATAERR if bad else ExitCode.NOINPUT,
                           hint="snapshot files are named pstate-snap-*.jsonl (written by pstate snap --dir DIR)")
-    rep = snapseries.analyse(snaps, by=group_by, min_run=min_run)
+    rep = snapseries.analyse(snaps, by=group_by, role=role, min_run=min_run)
     if rep["untraced"]:
         who = ", ".join(f"{cell(u['comm'])} {u['tid']}" for u in rep["untraced"][:5])
         print(f"pstate stats: warning: {len(rep['untraced'])} thread(s) ran through whole intervals with no "

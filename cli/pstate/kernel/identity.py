@@ -397,3 +397,33 @@ def role_of(title: str, pattern: re.Pattern | None = None) -> str:
             role = m.group(1) if pattern.groups else None
             return role if role is not None else m.group(0)
     return _NUMBER_WORD.sub("N", _CLIENT_AND_ACTIVITY.sub("", title))
+
+
+# --- the groups --by names by who a process is --------------------------------
+
+# What --by can group by beyond tid, pid and comm: what a process is (the
+# stream's process and cgroup records say it; a snapshot row carries it).
+GROUP_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+
+
+def group_key(by: str, *, title=None, comm=None, ppid=None, cgroup_path=None, role: re.Pattern | None = None):
+    """The group of a process by one of GROUP_KEYS, from what is known of it
+    (None: not known): its cgroup's path, that path's unit or container, its
+    title's role ("[comm]" for a kernel thread, which has none), its
+    parent's pid; UNKNOWN when that is not known. role: the pattern of
+    --by 'title:REGEX'. The one definition the stream readers (by a
+    process's records) and the snapshot readers (by a row's fields) share."""
+    if by == "title":
+        if type(title) is str and title:
+            return role_of(title, role)
+        return f"[{comm or UNKNOWN}]"
+    if by == "ppid":
+        return ppid if type(ppid) is int else UNKNOWN
+    path = cgroup_path if type(cgroup_path) is str else None
+    if by == "cgroup":
+        return path if path is not None else UNKNOWN
+    if by == "unit":
+        return unit_of(path)
+    if by == "container":
+        return container_of(path)
+    raise ValueError(by)

@@ -139,7 +139,7 @@ class Dashboard:
                 notes = self._notes(model, keys, visible)
             overlay = model.overlay(keys)
             rows, seen = heatviews.state_rows(model.grid, keys, c0, visible, opts.shade, overlay)
-            unit = ROW_UNITS.get(opts.by, opts.by)
+            unit = ROW_UNITS.get(model.by, model.by)  # (the key: by title:REGEX, title)
             if opts.shade is None:
                 title = f"Live: dominant state per {unit}, busiest {len(keys)} of {total}, last {win}"
                 kind = "state"

@@ -178,8 +178,9 @@ class Tracker:
     """
 
     def __init__(self, by: str = "tid", filt: Filter | None = None, measure: str | None = None):
+        by, role = services.parse_by(by)  # --by 'title:REGEX': the role is REGEX's group
         self.by = by
-        self.directory = services.Directory() if by in services.BY_KEYS else None
+        self.directory = services.Directory(role) if by in services.BY_KEYS else None
         self.keyf = key_of(by, self.directory)
         self.filt = filt if (filt is not None and filt.active) else None
         self.skip_idle = filt is None or not filt.include_idle

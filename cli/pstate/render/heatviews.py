@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pstate.analysis import services
 from pstate.render.heatmodel import Grid, NLOG2, NSTATES, key_of
 from pstate.snapshots import snapdir
 
@@ -156,7 +157,8 @@ def _interval_of(meta: dict, prev: dict | None):
 def snapshot_values(snaps: list[snapdir.Snapshot], states: tuple[str, ...], by: str = "pid"):
     """Per snapshot: (interval (start, end) or None, {key: ns in states}),
     plus labels {key: comm} (by pid or tid). by: tid, pid, comm or one of
-    snapdir.SERVICE_KEYS (what the rows say of their process).
+    snapdir.SERVICE_KEYS (what the rows say of their process), or
+    'title:REGEX'.
 
     Cumulative snapshots are differenced against the previous snapshot of
     the same run (boot, run id) and the same thread identity (pid, tid,
@@ -164,6 +166,7 @@ def snapshot_values(snaps: list[snapdir.Snapshot], states: tuple[str, ...], by: 
     thread whose times do not fit in the interval (counted since before it,
     or a counter that went back) is left out."""
     fields = tuple(f"{s}_ns" for s in states)
+    by, role = services.parse_by(by)  # --by 'title:REGEX': the role is REGEX's group
     service = by in snapdir.SERVICE_KEYS  # (what each row says of its process)
     keyf = None if service else key_of(by)
     labels: dict = {}
@@ -187,7 +190,7 @@ def snapshot_values(snaps: list[snapdir.Snapshot], states: tuple[str, ...], by: 
             ident = (t["pid"], t["tid"], t.get("start_ts"))
             rows[ident] = t
             comm = t.get("comm") if isinstance(t.get("comm"), str) else "?"
-            key = snapdir.service_key(by, t) if service else keyf(t["pid"], t["tid"], comm)
+            key = snapdir.service_key(by, t, role) if service else keyf(t["pid"], t["tid"], comm)
             if by == "pid":
                 if t["tid"] == t["pid"] or key not in labels:
                     labels[key] = comm

@@ -104,29 +104,15 @@ SNAP_META_FIELDS = {
 
 
 # Groups of threads by who their process is (--by of stats and heat on snapshots)
-SERVICE_KEYS = ("cgroup", "unit", "container", "title", "ppid")
+SERVICE_KEYS = identity.GROUP_KEYS
 
 
-def service_key(by: str, row: dict):
+def service_key(by: str, row: dict, role=None):
     """The group of a task row by one of SERVICE_KEYS, from its identity
-    fields, as the stream readers group by a process's records: the cgroup
-    path, its unit or container, the title ("[comm]" for a kernel thread),
-    the parent's pid; "?" when the row does not say."""
-    if by == "title":
-        title = row.get("title")
-        return identity.role_of(title) if type(title) is str and title else f"[{row.get('comm') or identity.UNKNOWN}]"
-    if by == "ppid":
-        ppid = row.get("ppid")
-        return ppid if type(ppid) is int else identity.UNKNOWN
-    path = row.get("cgroup_path")
-    path = path if type(path) is str else None
-    if by == "cgroup":
-        return path if path is not None else identity.UNKNOWN
-    if by == "unit":
-        return identity.unit_of(path)
-    if by == "container":
-        return identity.container_of(path)
-    raise ValueError(by)
+    fields (identity.group_key), as the stream readers group by a process's
+    records; role: the pattern of --by 'title:REGEX'."""
+    return identity.group_key(by, title=row.get("title"), comm=row.get("comm"), ppid=row.get("ppid"),
+                              cgroup_path=row.get("cgroup_path"), role=role)
 
 
 def snapshot_name(wall_ns: int, seq: int, ext: str) -> str:
