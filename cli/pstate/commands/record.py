@@ -63,7 +63,7 @@ Examples:
               help="With -p: also every process below the given ones, those living now and those they "
                    "fork from now on.")
 @click.option("--antagonists", is_flag=True,
-              help="With -p, -c or --cgroup: also write who held a CPU while a followed task waited "
+              help="With -p, -t, -c, --cgroup or -- CMD: also write who held a CPU while a followed task waited "
                    "(slice records, for stats --antagonists); many lines on a busy machine.")
 @probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
@@ -91,8 +91,6 @@ def cli(filt: Filter, output, unbuffered, flight, duration, buffer_size, max_tas
         raise click.UsageError("--children follows the processes of -p: give -p PID")
     if command and flight:
         raise click.UsageError("--flight records until stopped; it does not run a command")
-    if antagonists and not (filt.pids or filt.comms or filt.cgroups or filt.tids):
-        raise click.UsageError("--antagonists keeps what -p, -t, -c or --cgroup would leave out: give one")
     sys.exit(record(filt=filt, output=output, unbuffered=unbuffered, flight=flight, duration_ns=duration,
                     rb_bytes=rb_bytes, max_tasks=max_tasks, drain_ns=drain_interval, max_rate=max_rate,
                     kernel_headers=kernel_headers, strict=strict, quiet=quiet, stack_states=stack_states,

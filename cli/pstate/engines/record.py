@@ -77,7 +77,7 @@ def record(**options) -> int:
         check_pids(a.filt.pids, a.quiet)
     ks = loader.kernel_states(ebpf_only=a.ebpf)
     follow = tuple(a.filt.pids) if a.children else ()
-    settings = filtermaps.settings_for(a.filt, ks, follow=follow, antagonists=a.antagonists)
+    settings = filtermaps.settings_for(a.filt, ks, follow=follow, antagonists=a.antagonists, command=bool(a.command))
     if a.command and not a.ebpf:
         child.check(a.command)
     if a.stack_states:

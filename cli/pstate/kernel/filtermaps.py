@@ -55,12 +55,14 @@ def comm_key(name: str) -> bytes:
 
 
 def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = (),
-                 antagonists: bool = False) -> Settings:
+                 antagonists: bool = False, command: bool = False) -> Settings:
     """PstateError (usage) for a state this kernel does not report, a
     --cgroup that does not exist, a --title (a title is known only after a
-    process's first events) or more set members than the program's sets
-    hold. follow: processes whose descendants join them (--children,
-    record -- CMD): the descendants living now, and those forked from now."""
+    process's first events), more set members than the program's sets
+    hold, or --antagonists with no task to follow. follow: processes whose
+    descendants join them (--children, record -- CMD): the descendants
+    living now, and those forked from now; command: a command will be
+    followed (record -- CMD, before it is started)."""
     if filt.titles:
         raise PstateError("record cannot filter by --title: a process's title is read after its first events",
                           ExitCode.USAGE, hint="filter the recording: pstate stats --title PATTERN rec.jsonl")
@@ -82,8 +84,12 @@ def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()
     cg_ids, cg_pids = _cgroups(filt.cgroups)
     flags = ((TF_CPU if filt.cpus else 0) | (TF_TID if filt.tids else 0) | (TF_PID if pids else 0)
              | (TF_COMM if comms else 0) | (TF_FOLLOW if follow else 0) | (TF_CGROUP if filt.cgroups else 0))
+    followed = flags & ~TF_CPU or command  # tasks followed, others left out: their antagonists are among them
+    if antagonists and not followed:
+        raise PstateError("--antagonists keeps what -p, -t, -c, --cgroup or -- CMD would leave out: give one",
+                          ExitCode.USAGE)
     return Settings(state_mask=mask, min_dur=filt.min_dur_ns or 0, task_filters=flags,
-                    include_idle=filt.include_idle, antagonists=antagonists and bool(flags),
+                    include_idle=filt.include_idle, antagonists=antagonists and bool(followed),
                     pids=pids, tids=tuple(filt.tids), comms=comms,
                     cpus=tuple(filt.cpus), cgroup_ids=cg_ids, cgroup_pids=cg_pids)
 
