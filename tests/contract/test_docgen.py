@@ -18,6 +18,7 @@ from click.shell_completion import ShellComplete
 from pstate.docs import docgen
 from pstate.docs import formatprose, manprose
 from pstate.stream import schema
+from pstate import exitcodes
 from pstate.exitcodes import ExitCode
 from pstate.main import COMMANDS, cli
 from conftest import ROOT
@@ -134,13 +135,13 @@ def test_exit_status_lists_generic_and_command_codes():
     out = docgen.exit_status_section({ExitCode.LOSS: "lost events"}, {ExitCode.IOERR})
     assert out == ['.SH "EXIT STATUS"',
                    ".TP", "\\fB0\\fR", "Success.",
-                   ".TP", "\\fB2\\fR", *docgen.fill(manprose.EXIT_CODES[ExitCode.USAGE]),
+                   ".TP", "\\fB2\\fR", *docgen.fill(exitcodes.MEANINGS[ExitCode.USAGE]),
                    ".TP", "\\fB3\\fR", "lost events",
                    ".TP", "\\fB74\\fR", "Writing the output failed."]
 
 
 def test_every_exit_code_and_state_category_is_described():
-    assert set(manprose.EXIT_CODES) == set(ExitCode)
+    assert set(exitcodes.MEANINGS) == set(ExitCode)
     assert {cat for _l, cat, _d in schema.STATES.values()} <= set(formatprose.STATE_CATEGORIES)
     assert set(manprose.PAGES) <= {"pstate", *COMMANDS}
 
@@ -333,3 +334,14 @@ def test_option_values_complete(name, opt, typ):
         assert got == want
     else:
         assert [i.type for i in items] == ["dir" if typ.dir_okay and not typ.file_okay else "file"]
+
+
+def test_exit_status_comes_from_exitcodes_only():
+    """Every code has one meaning in exitcodes.MEANINGS; a command's own
+    notes (exitcodes.BY_COMMAND) are for commands that exist, and the man
+    pages' prose names no exit code."""
+    assert set(exitcodes.MEANINGS) == set(ExitCode) and all(exitcodes.MEANINGS.values())
+    assert set(exitcodes.BY_COMMAND) <= set(COMMANDS)
+    for notes in exitcodes.BY_COMMAND.values():
+        assert set(notes) <= set(ExitCode) and all(notes.values())
+    assert all("exit_status" not in page for page in manprose.PAGES.values())

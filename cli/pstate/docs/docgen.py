@@ -27,6 +27,7 @@ from click.shell_completion import get_completion_class
 from pstate import __version__
 from pstate.docs import commandprose, figures, flagtable, formatprose, manprose
 from pstate.stream import reports, schema
+from pstate import exitcodes
 from pstate.exitcodes import ExitCode, PstateError
 
 # Release date of each version: the date in the pages' title lines, so
@@ -379,7 +380,7 @@ def exit_status_section(notes: dict, extra: set[ExitCode] = frozenset()) -> list
     codes = sorted({ExitCode.OK, ExitCode.USAGE, *notes, *extra})
     items = []
     for code in codes:
-        text = notes.get(code) or manprose.EXIT_CODES[code]
+        text = notes.get(code) or exitcodes.MEANINGS[code]
         items.append((str(int(code)), text))
     return [section("EXIT STATUS"), *definitions(items)]
 
@@ -445,7 +446,7 @@ def command_page(parent: click.Context, name: str, cmd: click.Command, summary: 
     if cmd.epilog:
         lines += [section("EXAMPLES"), *examples_section(cmd.epilog)]
     found = codes_in_source(module_name) if module_name else set()
-    lines += exit_status_section(prose.get("exit_status", {}), found)
+    lines += exit_status_section(exitcodes.BY_COMMAND.get(name, {}), found)
     lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", [])
     lines += see_also([f"{PROG}(1)", *prose.get("see_also", []), "pstate-events(5)"])
     return "\n".join(lines) + "\n"

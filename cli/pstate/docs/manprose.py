@@ -11,41 +11,6 @@ pstate.docs.figures.overhead_figures(), read from bench/results/latest.json.
 from __future__ import annotations
 
 from pstate.stream import schema
-from pstate.exitcodes import ExitCode
-
-# Generic meaning of every exit code; pages add per-command notes.
-EXIT_CODES = {
-    ExitCode.OK: "Success.",
-    ExitCode.FAILURE: "Generic failure.",
-    ExitCode.USAGE: "Bad command line: an unknown option, a bad value or a missing argument.",
-    ExitCode.LOSS: "`record --strict`: events were lost.",
-    ExitCode.DATAERR: "Input unreadable or of a newer schema; with `--strict` also any malformed, "
-                      "truncated or skipped input line.",
-    ExitCode.NOINPUT: "An input file does not exist or cannot be opened.",
-    ExitCode.UNAVAILABLE: "bcc, kernel headers, tracefs or a needed tracepoint is missing; "
-                          "`pstate doctor` says how to fix it.",
-    ExitCode.SOFTWARE: "Internal error: a bug, please report it.",
-    ExitCode.OSERR: "The kernel refused: loading or attaching the BPF program failed.",
-    ExitCode.CANTCREAT: "An output file cannot be created (for example, the disk is full).",
-    ExitCode.IOERR: "Writing the output failed.",
-    ExitCode.TEMPFAIL: "Another instance holds the lock; try again later.",
-    ExitCode.NOPERM: "Not enough privilege (root, or CAP_BPF and CAP_PERFMON), "
-                     "or an unsafe output directory.",
-    ExitCode.SIGINT: "Interrupted by Ctrl-C before a snapshot was published.",
-    ExitCode.SIGTERM: "Interrupted by SIGTERM before a snapshot was published.",
-}
-
-_BPF_EXIT = {
-    ExitCode.UNAVAILABLE: EXIT_CODES[ExitCode.UNAVAILABLE],
-    ExitCode.OSERR: EXIT_CODES[ExitCode.OSERR],
-    ExitCode.NOPERM: "Not enough privilege: run as root, or with CAP_BPF and CAP_PERFMON "
-                     "(kernel 5.8 or later).",
-}
-
-_READER_EXIT = {
-    ExitCode.DATAERR: EXIT_CODES[ExitCode.DATAERR],
-    ExitCode.NOINPUT: EXIT_CODES[ExitCode.NOINPUT],
-}
 
 _TRACEFS_AND_HEADERS = [
     ("/sys/kernel/tracing", "tracefs (or /sys/kernel/debug/tracing): the sched tracepoints, their format "
@@ -357,16 +322,6 @@ PAGES: dict[str, dict] = {
             Test with a short `--duration` first on a busy production machine,
             and use `--max-rate` to cap the output rate.
             """,
-        "exit_status": {
-            **_BPF_EXIT,
-            ExitCode.NOPERM: "Not enough privilege: run as root, or with CAP_BPF and CAP_PERFMON "
-                             "(kernel 5.8 or later); or `-o FILE` is a link, another user's file or "
-                             "a file with several links; or the kernel header tree is not safe to "
-                             "compile as root (see FILES).",
-            ExitCode.CANTCREAT: "`-o FILE` cannot be created, or nobody reads the FIFO FILE.",
-            ExitCode.LOSS: "`--strict` was given and events were lost.",
-            ExitCode.IOERR: "Writing the output failed (a closed pipe is not an error).",
-        },
         "files": _BPF_FILES,
         "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-replay(1)", "pstate-doctor(1)"],
     },
@@ -501,19 +456,6 @@ PAGES: dict[str, dict] = {
             quarter as many groups of folded rows (at most 4096), so
             `--max-tasks` bounds the memory.
             """,
-        "exit_status": {
-            **_BPF_EXIT,
-            ExitCode.CANTCREAT: "The output directory or a snapshot file cannot be created "
-                                "(for example, the disk is full); earlier snapshots are left intact.",
-            ExitCode.IOERR: "Writing a snapshot failed.",
-            ExitCode.NOPERM: "Not enough privilege, or the output directory is unsafe: a symlink, "
-                             "group- or world-writable, or owned by another user.",
-            ExitCode.TEMPFAIL: "Another pstate snap holds the lock of the output directory.",
-            ExitCode.SIGINT: "Interrupted by Ctrl-C before the interval's snapshot was published "
-                             "(the partial file is removed).",
-            ExitCode.SIGTERM: "Interrupted by SIGTERM before the interval's snapshot was published "
-                              "(the partial file is removed).",
-        },
         "files": [
             ("DIR/pstate-snap-YYYYmmddTHHMMSS.ffffffZ-NNNNNN.jsonl",
              "One snapshot: the UTC time of the interval end and a sequence number (.csv with "
@@ -549,7 +491,6 @@ PAGES: dict[str, dict] = {
             second on one CPU of {machine} (bench/bench_replay.py); at the
             recorded pace it sleeps between events and costs little.
             """,
-        "exit_status": {**_READER_EXIT, ExitCode.IOERR: EXIT_CODES[ExitCode.IOERR]},
         "see_also": ["pstate-record(1)", "pstate-heat(1)", "pstate-stats(1)"],
     },
     "stats": {
@@ -583,12 +524,6 @@ PAGES: dict[str, dict] = {
             CPUs. Memory grows with the number of tasks, not with the length
             of the input.
             """,
-        "exit_status": {
-            **_READER_EXIT,
-            ExitCode.UNAVAILABLE: "Snapshot analysis is not available in this build of pstate.",
-            ExitCode.SIGINT: "Interrupted by Ctrl-C (the second one while reading a pipe); the "
-                             "summary of the input read so far has been printed.",
-        },
         "see_also": ["pstate-record(1)", "pstate-snap(1)", "pstate-heat(1)"],
     },
     "heat": {
@@ -604,11 +539,6 @@ PAGES: dict[str, dict] = {
             paced {heat_live_events_per_s} events per second without sampling
             (bench/bench_heat.py).
             """,
-        "exit_status": {
-            **_READER_EXIT,
-            ExitCode.OK: "Success; also when Ctrl-C or q ends `--live`.",
-            ExitCode.SIGTERM: "`--live` ended by SIGTERM (SIGHUP: 129); the terminal is restored.",
-        },
         "see_also": ["pstate-record(1)", "pstate-replay(1)", "pstate-stats(1)"],
     },
     "doctor": {
@@ -635,14 +565,6 @@ PAGES: dict[str, dict] = {
             OVERHEAD in pstate-record(1)), plus the time bcc takes to compile
             the program.
             """,
-        "exit_status": {
-            ExitCode.OK: "Every check passed (a skipped live test is a warning): record and snap can run.",
-            ExitCode.UNAVAILABLE: "A required piece is missing: bcc, kernel headers, tracefs, "
-                                  "a tracepoint, or the kernel's state format cannot be parsed.",
-            ExitCode.OSERR: "Everything was found but the live test failed: the BPF program did not "
-                            "compile, attach or report correctly decoded events.",
-            ExitCode.NOPERM: "Not root and no CAP_BPF and CAP_PERFMON (other checks still run).",
-        },
         "files": [
             *_TRACEFS_AND_HEADERS,
             _BTF,
