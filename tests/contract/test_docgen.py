@@ -345,3 +345,10 @@ def test_exit_status_comes_from_exitcodes_only():
     for notes in exitcodes.BY_COMMAND.values():
         assert set(notes) <= set(ExitCode) and all(notes.values())
     assert all("exit_status" not in page for page in manprose.PAGES.values())
+
+
+@pytest.mark.parametrize("page", ["pstate", "record", "snap", "stats", "heat", "replay"])
+def test_pages_say_their_caveats(page):
+    name = "pstate.1" if page == "pstate" else f"pstate-{page}.1"
+    text = (ROOT / "man" / name).read_text()
+    assert '.SH CAVEATS' in text and text.index(".SH CAVEATS") < text.index('.SH "SEE ALSO"')

@@ -403,6 +403,8 @@ def prose_sections(prose: dict) -> dict[str, list[str]]:
         out["REQUIREMENTS"] = [section("REQUIREMENTS"), *blocks(prose["requirements"])]
     if prose.get("security"):
         out["SECURITY"] = [section("SECURITY"), *blocks(prose["security"])]
+    if prose.get("caveats"):
+        out["CAVEATS"] = [section("CAVEATS"), *blocks(prose["caveats"])]
     return out
 
 
@@ -447,7 +449,7 @@ def command_page(parent: click.Context, name: str, cmd: click.Command, summary: 
         lines += [section("EXAMPLES"), *examples_section(cmd.epilog)]
     found = codes_in_source(module_name) if module_name else set()
     lines += exit_status_section(exitcodes.BY_COMMAND.get(name, {}), found)
-    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", [])
+    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", []) + extra.get("CAVEATS", [])
     lines += see_also([f"{PROG}(1)", *prose.get("see_also", []), "pstate-events(5)"])
     return "\n".join(lines) + "\n"
 
@@ -476,7 +478,7 @@ def overview_page(ctx: click.Context) -> str:
     if cli.epilog:
         lines += [section("EXAMPLES"), *examples_section(cli.epilog)]
     lines += exit_status_section({}, set(ExitCode))
-    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", [])
+    lines += extra.get("ENVIRONMENT", []) + extra.get("FILES", []) + extra.get("CAVEATS", [])
     lines += see_also([f"{PROG}-{name}(1)" for name in COMMANDS] + ["pstate-events(5)",
                                                                   *prose.get("see_also", [])])
     return "\n".join(lines) + "\n"

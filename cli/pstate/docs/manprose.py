@@ -201,6 +201,18 @@ PAGES: dict[str, dict] = {
                             "compiled ones (record's encoder, the readers' parsers): the same "
                             "output, slower; for comparison and debugging."),
         ],
+        "caveats": """
+            pstate sees what the scheduler's tracepoints report. A thread
+            that never switches out (a busy poller on a CPU of its own, an
+            agent the hypervisor runs) emits no event: record has no
+            interval for it and snap counts its time unknown; stats and heat
+            name such threads.
+
+            Times are wall time between two transitions. Time stolen by the
+            hypervisor and time spent in interrupts while a task runs is in
+            its running time; where the kernel's BTF says how the task's own
+            clock ran, record writes the difference (`steal_irq_ns`).
+        """,
         "see_also": ["bpftrace(8)", "perf-sched(1)", "proc(5)", "jq(1)"],
     },
     "record": {
@@ -323,6 +335,25 @@ PAGES: dict[str, dict] = {
             and use `--max-rate` to cap the output rate.
             """,
         "files": _BPF_FILES,
+        "caveats": """
+            When user space cannot keep up, events are lost, never made up:
+            `loss` records say how many and why, the trailer adds them up,
+            and `--strict` turns any loss into exit status 3.
+
+            A process's title, executable and cgroup are read from /proc when
+            the recording first meets it, again 200 ms later and after an
+            exec: a title rewritten after that is not seen, and a process
+            gone before it could be read is written as gone.
+
+            Before Linux 5.18 the state a task leaves in is read from the task
+            at the switch, not passed by the tracepoint (`probe_notes` in the
+            meta record says so); `pstate doctor` shows the path each
+            tracepoint takes on this kernel.
+
+            With `-p`, `-t`, `-c` or `--cgroup` only the followed tasks'
+            transitions are written: who held a CPU while they waited needs
+            `--antagonists`.
+        """,
         "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-replay(1)", "pstate-doctor(1)"],
     },
     "snap": {
@@ -474,6 +505,17 @@ PAGES: dict[str, dict] = {
                                     "removed by the next run."),
             *_BPF_FILES,
         ],
+        "caveats": """
+            Rows are per thread, keyed by tid and start time; a thread
+            that lived and died between two snapshots is in the next one,
+            unless the map of exited threads was full: then its counters are
+            folded into its group's row (its cgroup and command name), and
+            `--prom-by` groups still add up.
+
+            Where /proc hides other users' processes (mount option hidepid),
+            their titles and cgroups cannot be read: snap warns, and those
+            rows carry only what the kernel maps hold.
+        """,
         "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-record(1)", "cron(8)"],
     },
     "replay": {
@@ -491,6 +533,10 @@ PAGES: dict[str, dict] = {
             second on one CPU of {machine} (bench/bench_replay.py); at the
             recorded pace it sleeps between events and costs little.
             """,
+        "caveats": """
+            Replay keeps the original spacing of the records from one clock;
+            on a loaded machine a record can be written late, never early.
+        """,
         "see_also": ["pstate-record(1)", "pstate-heat(1)", "pstate-stats(1)"],
     },
     "stats": {
@@ -524,6 +570,15 @@ PAGES: dict[str, dict] = {
             CPUs. Memory grows with the number of tasks, not with the length
             of the input.
             """,
+        "caveats": """
+            Shares are of the group's total time; a group's figures are the
+            sum of its threads'. By cgroup, unit and container, an interval
+            belongs to the cgroup its closing record names, so a thread
+            moved between cgroups is split between their groups.
+
+            Latency percentiles come from log2 histograms with sub-buckets:
+            they are exact to the bucket, not to the nanosecond.
+        """,
         "see_also": ["pstate-record(1)", "pstate-snap(1)", "pstate-heat(1)"],
     },
     "heat": {
@@ -539,6 +594,13 @@ PAGES: dict[str, dict] = {
             paced {heat_live_events_per_s} events per second without sampling
             (bench/bench_heat.py).
             """,
+        "caveats": """
+            `--live` on a stream faster than it can draw keeps only some of
+            the records (the status line says `sampling 1/N`): the time
+            between two kept records of a thread goes to the state it was
+            last seen entering, so a short state can be missed, and latency
+            samples count N times.
+        """,
         "see_also": ["pstate-record(1)", "pstate-replay(1)", "pstate-stats(1)"],
     },
     "doctor": {
