@@ -13,9 +13,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import settings
 
@@ -252,3 +254,50 @@ def tid_array_rows():
     finally:
         with open(PID_MAX_PATH, "w") as f:
             f.write(str(old))
+
+
+# ru_maxrss survives exec (and vfork shares the parent's memory until then): a
+# reader started straight from pytest would report pytest's own peak. A small
+# launcher in between starts it from a small image and reports the reader's.
+_MAXRSS_LAUNCHER = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, ru = os.wait4(pid, 0)\n"
+    "with open(sys.argv[1], 'w') as f:\n"
+    "    f.write(str(ru.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def run_measured(argv: list[str], stdin=subprocess.DEVNULL, timeout: float = 60) -> tuple[int, bytes, str, int]:
+    """Run argv in a process of its own: (exit code, stdout, stderr, peak
+    RSS in KiB); the test fails if it does not finish within timeout."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as rss:
+        proc = subprocess.Popen([sys.executable, "-c", _MAXRSS_LAUNCHER, rss.name, *argv], stdin=stdin,
+                                stdout=out, stderr=err, env=clean_env())
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{argv} did not finish within {timeout} s")
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read().decode("utf-8", "replace"), int(rss.read() or 0)
+
+
+def state_record(**kw) -> dict:
+    """A valid state record (a switch-out into S), with kw's fields instead."""
+    r = {"type": "state", "ts": 1000, "cpu": 0, "pid": 10, "tid": 11, "comm": "w", "from": "running",
+         "to": "sleeping", "dur_ns": 500, "cause": "switch_out", "voluntary": True, "kstate": "S"}
+    r.update(kw)
+    return r
+
+
+def jsonl(*recs) -> bytes:
+    """The lines of records (dicts, or bytes written as they are)."""
+    return b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in recs)
+

@@ -142,17 +142,7 @@ def _read_all(f, into: list[bytes]) -> None:
 
 def record_workload(code: str, *args: str, cpu: int | None = None, during=None) -> tuple[list[dict], subprocess.Popen]:
     child = start(code, cpu)
-    try:
-        rec = Recording("-p", str(child.pid), *args)
-        go(child)
-        if during:
-            during(child)
-        child.wait(timeout=60)
-        return rec.stop(), child
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    return record_all([child], *args, during=during)[0], child
 
 
 def record_children(children: list, *args: str, cpu: int | None = None) -> list[dict]:
@@ -323,12 +313,16 @@ def kill_all(children) -> None:
             c.wait()
 
 
-def record_all(children, *args: str, by_pid: bool = True) -> tuple[list[dict], Recording]:
+def record_all(children, *args: str, by_pid: bool = True, during=None) -> tuple[list[dict], Recording]:
     """Record children (each with -p unless not by_pid, then args) from the
-    go to their end; any left running is killed."""
+    go to their end, during(child) for each meanwhile; any left running is
+    killed."""
     try:
         rec = Recording(*[a for c in children for a in (("-p", str(c.pid)) if by_pid else ())], *args)
         go(*children)
+        for c in children:
+            if during is not None:
+                during(c)
         for c in children:
             c.wait(timeout=60)
         return rec.stop(), rec

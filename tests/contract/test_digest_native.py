@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import jsonl, state_record
 from odd_lines import ODD_LINES
 from pstate import native
 from pstate.stream import streamio
@@ -72,15 +73,8 @@ def both(data: bytes, by: str = "pid", chunk: int = 1 << 20, **kw):
     return a
 
 
-def rec(**kw) -> dict:
-    r = {"type": "state", "ts": 1000, "cpu": 0, "pid": 10, "tid": 11, "comm": "w", "from": "running",
-         "to": "sleeping", "dur_ns": 500, "cause": "switch_out", "voluntary": True, "kstate": "S"}
-    r.update(kw)
-    return r
-
-
-def lines(*recs) -> bytes:
-    return b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in recs)
+rec = state_record
+lines = jsonl
 
 
 PLAIN = [rec(ts=1000 + i * 7, tid=11 + i % 3, pid=10 + i % 2, dur_ns=(i * 7919) % 100000 or None,

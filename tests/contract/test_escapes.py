@@ -452,20 +452,16 @@ for _ in range(10):
 def record_evil_process() -> tuple[list, list, int]:
     """Record a process whose title (argv[0]) and comm are evil: its
     records, lines and pid."""
-    from workloads import Recording, go
+    from workloads import kill_all, record_all
 
     child = subprocess.Popen([EVIL_TITLE, "-c", TITLED_CHILD, EVIL_COMM], executable=sys.executable,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline() == b"ready\n"  # its comm is set
-        rec = Recording("-p", str(child.pid))
-        go(child)
-        child.wait(timeout=30)
-        recs = rec.stop()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    except BaseException:
+        kill_all([child])
+        raise
+    recs, rec = record_all([child])
     assert rec.returncode == 0, rec.stderr
     return recs, rec.lines, child.pid
 

@@ -9,7 +9,6 @@ uses) agrees with one state() call per record."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import orjson
 import pytest
@@ -26,7 +25,7 @@ from pstate.stream import reader
 from pstate.exitcodes import PstateError
 from pstate.stream.filters import Filter
 from pstate.stream.streamio import ReadStats
-from conftest import TESTS
+from conftest import TESTS, jsonl, state_record
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 NATIVE = reader._parse_states if reader._parse_states is not None else getattr(
@@ -97,14 +96,10 @@ def both(data: bytes, chunk: int = 1 << 17, **kw):
 
 
 def rec(**kw) -> dict:
-    r = {"type": "state", "ts": 1_000_000, "cpu": 0, "pid": 10, "tid": 11, "comm": "w", "from": "running",
-         "to": "sleeping", "dur_ns": 500, "cause": "switch_out", "voluntary": True, "kstate": "S"}
-    r.update(kw)
-    return r
+    return state_record(**{"ts": 1_000_000, **kw})
 
 
-def lines(*recs) -> bytes:
-    return b"".join((r if isinstance(r, bytes) else orjson.dumps(r)) + b"\n" for r in recs)
+lines = jsonl
 
 
 FROM = ["running", "sleeping", "runnable", "preempted", "running", "uninterruptible"]

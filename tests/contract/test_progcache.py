@@ -585,22 +585,14 @@ def test_bypass_compiles(root_cache, monkeypatch):
 def test_cold_and_warm_record_the_same_sleeper(root_cache, monkeypatch):
     from conftest import bpf_prog_ids
     from test_reliability_stream import leftover_programs
-    from workloads import SLEEPER, Recording, go, sleeps, start, states
+    from workloads import SLEEPER, record_all, sleeps, start, states
 
     monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
     before = bpf_prog_ids()
     seen = {}
     for run in ("cold", "warm"):
         child = start(SLEEPER.format(n=10, secs=0.03))
-        try:
-            rec = Recording("-p", str(child.pid))
-            go(child)
-            child.wait(timeout=60)
-            recs = rec.stop()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        recs, rec = record_all([child])
         assert rec.returncode == 0, rec.stderr
         want = "compiled" if run == "cold" else "loaded from the program cache"
         assert f"pstate: record: {want}" in rec.stderr, rec.stderr
@@ -814,7 +806,7 @@ def test_cold_and_warm_record_the_same_stacks(root_cache, monkeypatch, disk_file
     stacks for a writer's D intervals (O_DIRECT writes, which block in
     __iomap_dio_rw until the disk completes them) are the compiled run's."""
     from test_stacks_bpf import DIRECT_WRITES
-    from workloads import Recording, go, start, states
+    from workloads import record_all, start, states
 
     monkeypatch.setenv("PSTATE_CACHE_DEBUG", "1")
     top = {}
@@ -822,15 +814,7 @@ def test_cold_and_warm_record_the_same_stacks(root_cache, monkeypatch, disk_file
         if os.path.exists(disk_file):
             os.unlink(disk_file)
         child = start(DIRECT_WRITES.format(path=disk_file, n=20_000, between="pass", blocked=60))
-        try:
-            rec = Recording("-p", str(child.pid), "--stacks", "D")  # its meta line: attached and reporting
-            go(child)
-            child.wait(timeout=60)
-            recs = rec.stop()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        recs, rec = record_all([child], "--stacks", "D")  # (its meta line: attached and reporting)
         assert rec.returncode == 0, rec.stderr
         want = "compiled" if run == "cold" else "loaded from the program cache"
         assert f"pstate: record: {want}" in rec.stderr, rec.stderr

@@ -22,7 +22,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ import click
 import orjson
 import pytest
 
-from conftest import clean_env, pstate_cmd
+from conftest import pstate_cmd, run_measured
 from pstate.main import COMMANDS, cli
 from pstate.stream import compression
 from pstate.stream.streamio import MAX_LINE
@@ -162,21 +161,6 @@ def test_the_bombs_are_bombs(bombs):
 
 # --- running a reader, measured ----------------------------------------------------
 
-# ru_maxrss survives exec (and vfork shares the parent's memory until then): a
-# reader started straight from pytest would report pytest's own peak. A small
-# launcher in between starts it from a small image and reports the reader's.
-LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execv(sys.argv[2], sys.argv[2:])\n"
-    "_, status, ru = os.wait4(pid, 0)\n"
-    "with open(sys.argv[1], 'w') as f:\n"
-    "    f.write(str(ru.ru_maxrss))\n"
-    "sys.exit(os.waitstatus_to_exitcode(status))\n"
-)
-
-
 @dataclass
 class Run:
     code: int
@@ -189,24 +173,11 @@ class Run:
 def run(args: list[str], neutral: str | None = None, timeout: float = 240) -> Run:
     """pstate ARGS in a process of its own: exit code, stdout, stderr and peak
     RSS; neutral: a directory named in the output, replaced by DIR."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r") as rss:
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, rss.name, *pstate_cmd(*args)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=clean_env())
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"pstate {' '.join(args)} did not finish within {timeout} s")
-        out.seek(0)
-        err.seek(0)
-        data, text = out.read(), err.read().decode("utf-8", "replace")
-        if neutral:
-            data = data.replace(neutral.encode(), b"DIR")
-            text = text.replace(neutral, "DIR")
-        return Run(proc.returncode, hashlib.sha256(data).hexdigest(), data[:1 << 16], text,
-                   int(rss.read() or 0) * 1024)
+    code, data, text, rss = run_measured(pstate_cmd(*args), timeout=timeout)
+    if neutral:
+        data = data.replace(neutral.encode(), b"DIR")
+        text = text.replace(neutral, "DIR")
+    return Run(code, hashlib.sha256(data).hexdigest(), data[:1 << 16], text, rss * 1024)
 
 
 def baseline() -> int:

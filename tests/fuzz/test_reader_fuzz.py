@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 import pstate.commands.heat  # noqa: F401  (imported before forking, so children start fast)
 import pstate.commands.replay  # noqa: F401
 import pstate.commands.stats  # noqa: F401
-from conftest import TESTS, clean_env, pstate_cmd
+from conftest import TESTS, clean_env, pstate_cmd, run_measured
 from pstate.stream import schema
 from pstate.exitcodes import PstateError
 from pstate.main import main as pstate_main
@@ -310,35 +310,9 @@ def _reader_cmd(cmd: str) -> list[str]:
                         "heat": ["heat"]}[cmd])
 
 
-# ru_maxrss survives exec: a reader started straight from pytest would report
-# pytest's own peak. A small launcher in between starts it from a small image.
-LAUNCHER = (
-    "import os, sys\n"
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os.execv(sys.argv[2], sys.argv[2:])\n"
-    "_, status, ru = os.wait4(pid, 0)\n"
-    "with open(sys.argv[1], 'w') as f:\n"
-    "    f.write(str(ru.ru_maxrss))\n"
-    "sys.exit(os.waitstatus_to_exitcode(status))\n"
-)
-
-
 def _run_measured(argv: list[str], stdin, timeout: float = 60) -> Run:
     """Run argv; its exit code, output and peak RSS."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-            tempfile.NamedTemporaryFile("r") as rss:
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, rss.name, *argv], stdin=stdin, stdout=out,
-                                stderr=err, env=clean_env())
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"{argv} did not finish within {timeout} s")
-        out.seek(0)
-        err.seek(0)
-        return Run(proc.returncode, out.read(), err.read().decode("utf-8", "replace"), int(rss.read() or 0))
+    return Run(*run_measured(argv, stdin, timeout))
 
 
 def _check_long_line_skipped(cmd: str, r: Run, where: str, why: str | None = None):

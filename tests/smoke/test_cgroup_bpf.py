@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from pstate.main import cli
-from workloads import SLEEPER, Recording, V2Cgroups, go, start, untraced_runs
+from workloads import SLEEPER, V2Cgroups, record_all, start, untraced_runs
 
 pytestmark = pytest.mark.bpf
 
@@ -50,16 +50,7 @@ def moved():
 
 def _record(child, during) -> list[dict]:
     """record -p the child from its go to its end, during(child) meanwhile."""
-    try:
-        rec = Recording("-p", str(child.pid))
-        go(child)
-        during(child)
-        child.wait(timeout=60)
-        return rec.stop()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    return record_all([child], during=during)[0]
 
 
 def test_state_records_carry_the_cgroup_the_task_is_in(moved):
