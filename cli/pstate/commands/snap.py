@@ -57,7 +57,8 @@ def _gid(group: str | None) -> int | None:
 @click.option("--prom-by", type=click.Choice(["unit", "cgroup", "title", "comm", "pid", "thread", "process"]),
               default="unit", show_default=True,
               help="Groups of the --format prom series and of the latency hist rows: one per systemd unit, "
-                   "cgroup, process title, command name, process (pid) or thread.")
+                   "cgroup, process title (its role, as stats --by title), command name, process (pid) "
+                   "or thread.")
 @click.option("-k", "--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="Delete pstate's own oldest snapshot files beyond the newest N.")
 @click.option("--max-age", type=Duration("s"), default=None, metavar="DURATION",

@@ -45,14 +45,13 @@ def grouping(by: str) -> str:
 
 
 def label_value(field: str, r: dict, comm: str):
+    """A row's value of one label: its process's unit, cgroup or title's
+    role (identity.group_key: as stats --by names them, so a PostgreSQL
+    backend's client does not make a series of its own), comm, pid or tid."""
     if field == "comm":
         return comm
-    if field == "unit":
-        return identity.unit_of(r.get("cgroup_path"))
-    if field == "cgroup":
-        return r.get("cgroup_path") or identity.UNKNOWN
-    if field == "title":
-        return r.get("title") or f"[{comm}]"
+    if field in ("unit", "cgroup", "title"):
+        return identity.group_key(field, title=r.get("title"), comm=comm, cgroup_path=r.get("cgroup_path") or None)
     return r[field]
 
 
@@ -198,7 +197,8 @@ HIST_RECORD = (
     {
         "by": ("string", "what groups the rows: snap --prom-by (unit, cgroup, title, comm, pid or thread)"),
         "unit, cgroup, title, comm, pid, tid": ("string|int", "the group: the fields --prom-by names (as the "
-                                                "labels of --format prom)"),
+                                                "labels of --format prom; title: the title's role, as "
+                                                "stats --by title)"),
         "kind": ("string", f"{KINDS[0]} (run-queue wait after a wake-up), {KINDS[1]} (after a "
                            f"preemption), {KINDS[2]} (blocked in S until a wake-up) or {KINDS[3]} (in D)"),
         "count": ("int", "durations counted (le_inf)"),
