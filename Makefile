@@ -12,7 +12,7 @@ APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: setup run test test-tracepoint test-waking test-fast test-kernels bench artifacts install print-install-dirs clean
+.PHONY: setup run test test-truth soak test-tracepoint test-waking test-fast test-kernels bench artifacts install print-install-dirs clean
 
 setup: $(VENV)/.installed
 	@$(PSTATE) doctor
@@ -70,9 +70,22 @@ test-fast: setup
 test: setup
 	@rc=0; \
 	$(MAKE) --no-print-directory test-fast || rc=1; \
+	$(MAKE) --no-print-directory test-truth || rc=1; \
+	exit $$rc
+
+# test-truth: the kernel-truth, reliability, load and slow suites (the part
+# of `make test` after test-fast)
+test-truth: setup
+	@rc=0; \
 	$(SUITE) "kernel, reliability, load, slow (parallel)" $(PARALLEL) -m "not ($(FAST)) and not serial" $(PYTEST_ARGS) || rc=1; \
 	$(SUITE) "kernel, reliability, load, slow (serial)" $(SERIAL) -m "not ($(FAST)) and serial" $(PYTEST_ARGS) || rc=1; \
 	exit $$rc
+
+# soak: a gate RUNS times in a row under a busy loop on each CPU (tests/soak.py)
+RUNS ?= 10
+TARGET ?= test-fast
+soak: setup
+	$(PY) tests/soak.py --runs $(RUNS) --target $(TARGET) $(SOAK_ARGS)
 
 # record's and snap's BPF tests once more on the classic tracepoint path
 # (`make test` takes the tp_btf path where the kernel has BTF; the tests that
