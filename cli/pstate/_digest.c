@@ -94,6 +94,7 @@ typedef struct {
     acc_head h;
     long long n, nnull, max, min;
     i128 sum;
+    i128 steal; /* steal_irq_ns summed */
     uint32_t no; /* cell number, for the bucket counts */
 } cell_acc;
 
@@ -284,7 +285,8 @@ static inline int skip_scalar(cursor *c)
 enum {
     K_TYPE = 1 << 0, K_TS = 1 << 1, K_CPU = 1 << 2, K_PID = 1 << 3, K_TID = 1 << 4,
     K_COMM = 1 << 5, K_FROM = 1 << 6, K_TO = 1 << 7, K_DUR = 1 << 8, K_CGROUP = 1 << 9,
-    K_EXTRA = 1 << 10, /* the first of N_EXTRA: K_EXTRA << i is extra field i */
+    K_STEAL = 1 << 10, /* steal_irq_ns: of dur_ns, what the kernel did not count as the task's (may be < 0) */
+    K_EXTRA = 1 << 11, /* the first of N_EXTRA: K_EXTRA << i is extra field i */
 };
 #define K_REQUIRED (K_TYPE | K_TS | K_CPU | K_PID | K_TID | K_FROM | K_TO)
 
@@ -306,9 +308,10 @@ typedef struct {
 } extras;
 
 typedef struct {
-    long long ts, cpu, pid, tid, dur, cgroup;
+    long long ts, cpu, pid, tid, dur, cgroup, steal;
     int has_dur;    /* dur_ns present and not null */
     int has_cgroup; /* cgroup present and not null */
+    int has_steal;  /* steal_irq_ns present and not null */
     const char *comm, *from, *to;
     Py_ssize_t comm_n, from_n, to_n; /* comm == NULL: null or absent */
 } state_rec;
@@ -333,6 +336,9 @@ static int key_of(const char *k, Py_ssize_t n)
     case 6:
         if (memcmp(k, "dur_ns", 6) == 0) return K_DUR;
         if (memcmp(k, "cgroup", 6) == 0) return K_CGROUP;
+        return 0;
+    case 12:
+        if (memcmp(k, "steal_irq_ns", 12) == 0) return K_STEAL;
         return 0;
     default:
         return 0;
@@ -415,6 +421,19 @@ static inline int read_value(cursor *c, int k, state_rec *r, extras *x)
             return 1;
         }
         return (r->has_cgroup = read_uint63(c, &r->cgroup));
+    case K_STEAL:
+        if (read_literal(c, "null", 4)) {
+            r->has_steal = 0;
+            return 1;
+        }
+        if (c->p < c->e && *c->p == '-') {
+            c->p++;
+            if (!read_uint63(c, &r->steal))
+                return 0;
+            r->steal = -r->steal;
+            return (r->has_steal = 1);
+        }
+        return (r->has_steal = read_uint63(c, &r->steal));
     default:
         if (x && k >= K_EXTRA)
             return read_extra(c, x, __builtin_ctz((unsigned)k) - __builtin_ctz(K_EXTRA));
@@ -1298,6 +1317,8 @@ static int digest_one(Digester *self, const state_rec *r, PyObject *clip, long l
         rc = 0;
         goto out;
     }
+    if (r->has_steal)
+        ca->steal += r->steal; /* (as dur_ns: only where the interval's length is known) */
     long long d = r->dur;
     if (ca->n - ca->nnull == 1 || d > ca->max)
         ca->max = d;
@@ -1334,16 +1355,20 @@ static PyObject *task_row(acc_head *h)
                          ta->head_null ? Py_True : Py_False, ta->g_first, known, cg);
 }
 
-/* A cell since the last take: (key, n, n_null, sum, max, min); max and min
- * are 0 when every dur_ns was null. */
+/* A cell since the last take: (key, n, n_null, sum, max, min, steal); max
+ * and min are 0 when every dur_ns was null. */
 static PyObject *cell_row(acc_head *h)
 {
     cell_acc *ca = (cell_acc *)h;
     int known = ca->n > ca->nnull;
     PyObject *sum = long_from_i128(ca->sum);
-    return sum ? Py_BuildValue("(LLLNLL)", ca->h.key, ca->n, ca->nnull, sum, known ? ca->max : 0LL,
-                               known ? ca->min : 0LL)
-               : NULL;
+    PyObject *steal = sum ? long_from_i128(ca->steal) : NULL;
+    if (!steal) {
+        Py_XDECREF(sum);
+        return NULL;
+    }
+    return Py_BuildValue("(LLLNLLN)", ca->h.key, ca->n, ca->nnull, sum, known ? ca->max : 0LL,
+                         known ? ca->min : 0LL, steal);
 }
 
 /* The rows of a table's live slots, in the order they were first touched. */
@@ -1727,8 +1752,9 @@ PyDoc_STRVAR(parse_states_doc,
 "parse_states(buf, pos, end, max_line, k=1, n=0, wide=False) -> (stop, lines, rows)\n\n"
 "The plain state records among the lines of buf[pos:end] (as\n"
 "buf[pos:end].split(b'\\n') cuts them) as tuples\n"
-"(ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup), comm, dur_ns\n"
-"and cgroup None when null or absent, until a line needs the careful path (or is longer\n"
+"(ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup, steal_irq_ns),\n"
+"comm, dur_ns, cgroup and steal_irq_ns None when null or absent, until a line\n"
+"needs the careful path (or is longer\n"
 "than max_line). n: the number of the line before pos. With k > 1, a\n"
 "transition into running, runnable, sleeping or preempted (by its bytes)\n"
 "on a line whose number is not a multiple of k is passed over unparsed,\n"
@@ -1788,7 +1814,7 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         extras x;
         if (!parse_state(p, e, &r, wide ? &x : NULL) || !order_ok(&order, &r))
             break;
-        Py_ssize_t size = wide ? 10 + N_EXTRA : 10;
+        Py_ssize_t size = wide ? 11 + N_EXTRA : 11;
         PyObject *t = PyTuple_New(size);
         if (!t)
             goto done;
@@ -1813,8 +1839,9 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
         Py_INCREF(weight);
         PyTuple_SET_ITEM(t, 8, weight);
         PyTuple_SET_ITEM(t, 9, r.has_cgroup ? live_int(r.cgroup) : Py_NewRef(Py_None));
+        PyTuple_SET_ITEM(t, 10, r.has_steal ? PyLong_FromLongLong(r.steal) : Py_NewRef(Py_None));
         for (int i = 0; wide && i < N_EXTRA; i++)
-            PyTuple_SET_ITEM(t, 10 + i, extra_value(&x, i));
+            PyTuple_SET_ITEM(t, 11 + i, extra_value(&x, i));
         int bad = 0;
         for (Py_ssize_t i = 0; i < size; i++)
             bad |= PyTuple_GET_ITEM(t, i) == NULL;

@@ -213,7 +213,7 @@ def test_the_digester_touches_no_python_object():
     events, tasks, cells, buckets = dig.take()
     assert events == 2 and buckets == []
     assert tasks == [(11, 10, "w", 2000, "runnable", 1000, False, 7, 500, None)]
-    assert cells == [((7 << 16) | 1, 1, 0, 500, 500, 500), ((7 << 16) | (1 << 8) | 2, 1, 1, 0, 0, 0)]
+    assert cells == [((7 << 16) | 1, 1, 0, 500, 500, 500, 0), ((7 << 16) | (1 << 8) | 2, 1, 1, 0, 0, 0, 0)]
     assert dig.take(True) == (0, [], [], [((7 << 16) | 1, {bucket_index(500): 1})])
 
 
@@ -256,7 +256,7 @@ def spelled(draw) -> bytes:
          "from": draw(names), "to": draw(names), "dur_ns": draw(st.one_of(st.none(), ints))}
     for k in draw(st.lists(st.sampled_from(list(r)), max_size=2)):
         r.pop(k, None)
-    extra = draw(st.dictionaries(st.sampled_from(["cause", "prio", "voluntary", "kstate", "x"]),
+    extra = draw(st.dictionaries(st.sampled_from(["cause", "prio", "voluntary", "kstate", "x", "steal_irq_ns"]),
                                  st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.text(max_size=5)),
                                  max_size=3))
     r.update(extra)
@@ -398,6 +398,9 @@ def who_line(draw) -> bytes:
         cg = draw(st.sampled_from(["absent", None, 1, 2, 3, 4, 9]))  # a state record's own cgroup
         if cg != "absent":
             r["cgroup"] = cg
+        steal = draw(st.sampled_from(["absent", None, 0, 7, -2, 400]))  # of dur_ns, the kernel's steal and irq
+        if steal != "absent":
+            r["steal_irq_ns"] = steal
     return orjson.dumps(r)
 
 

@@ -235,8 +235,8 @@ def test_parse_states_protocol():
     end = len(data)
     stop, n, rows = NATIVE(data, 0, end, 1 << 20)
     assert (stop, n) == (data.index(b"{odd}"), 3)
-    assert rows == [(7, 10, 11, "abc", "running", "sleeping", None, 0, 1, None),
-                    (8, 10, 12, "abc", "running", "sleeping", 500, 0, 1, None)]
+    assert rows == [(7, 10, 11, "abc", "running", "sleeping", None, 0, 1, None, None),
+                    (8, 10, 12, "abc", "running", "sleeping", 500, 0, 1, None, None)]
     assert rows[0][3] is rows[1][3] and rows[0][4] is rows[1][4] and rows[0][1] is rows[1][1]  # shared
     stop, n, rows = NATIVE(data, data.index(b"{odd}") + 6, end, 1 << 20)
     assert (stop, n, len(rows)) == (end + 1, 1, 1)
@@ -272,16 +272,16 @@ def test_parse_states_bad_arguments_raise():
 @pytest.mark.parametrize("k", [1, 4])
 def test_window_states_equals_state_calls(by, measure, k):
     rows = [(r["ts"], r["pid"], r["tid"], r["comm"] if i % 11 else None, r["from"], r["to"], r["dur_ns"],
-             r["cpu"], k, r.get("cgroup")) for i, r in enumerate(PLAIN)]
-    rows += [(90_000_000, 0, 0, "idle", "running", "idle", 5, 0, 1, None),
-             (1, 3, 3, "", "x", "reaped", 10**9, 0, 1, 42)]
+             r["cpu"], k, r.get("cgroup"), r.get("steal_irq_ns")) for i, r in enumerate(PLAIN)]
+    rows += [(90_000_000, 0, 0, "idle", "running", "idle", 5, 0, 1, None, None),
+             (1, 3, 3, "", "x", "reaped", 10**9, 0, 1, 42, None)]
     a = hm.Window(700_000, 40, by, None, measure)
     b = hm.Window(700_000, 40, by, None, measure)
     a.sample_every = b.sample_every = k
     for skip_idle in (True, False):
         for i in range(0, len(rows), 37):
             a.states(rows[i:i + 37], skip_idle)
-        for ts, pid, tid, comm, frm, to, dur, _cpu, w, cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, _cpu, w, cg, _steal in rows:
             if not (skip_idle and tid == 0):
                 b.state(ts, pid, tid, comm or "?", frm, to, dur, w, cg)
         assert model_state(a) == model_state(b)

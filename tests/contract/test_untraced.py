@@ -127,7 +127,7 @@ def test_heat_does_not_draw_a_thread_with_no_switch_out_on_a_cpu(tmp_path):
     from pstate.render import heatmodel as hm
 
     recs = [orjson.loads(x) for x in _untraced_stream().splitlines()]
-    rows = [(r["ts"], r["pid"], r["tid"], r["comm"], r["from"], r["to"], r["dur_ns"], r["cpu"], 1, None)
+    rows = [(r["ts"], r["pid"], r["tid"], r["comm"], r["from"], r["to"], r["dur_ns"], r["cpu"], 1, None, None)
             for r in recs if r["type"] == "state"]
     rec = hm.RecordedStates(by="tid")
     for r in rows:

@@ -221,7 +221,7 @@ class Causes:
         kept = []
         match = filt.match_state
         for row in rows:
-            ts, pid, tid, comm, frm, to, d, cpu, _w, cg = row
+            ts, pid, tid, comm, frm, to, d, cpu, _w, cg, _steal = row
             own = match(pid, tid, comm, cpu, frm, to, d, cg)
             state(ts, pid, tid, comm, frm, to, d, cpu, None, cg, own)
             if own:
@@ -247,7 +247,7 @@ class Causes:
         running = schema.RUNNING
         runq = self._runq_kinds
         at_end_key = by != "reason"
-        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg in rows:
+        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg, _steal in rows:
             if names:
                 comms[tid] = comm
                 pids[tid] = pid

@@ -121,6 +121,7 @@ def merged(groups: list, key: str) -> Group:
         out.voluntary += g.voluntary
         out.involuntary += g.involuntary
         out.impossible += g.impossible
+        out.steal_irq_ns += g.steal_irq_ns
         for k, n in g.lifecycle.items():
             out.lifecycle[k] = out.lifecycle.get(k, 0) + n
         for kind, h in g.latency.items():

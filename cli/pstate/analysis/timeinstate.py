@@ -94,6 +94,7 @@ class Group:
     cpu_limit_ns: int | None = None  # on-CPU above this (its threads, the CPUs, the window): flagged
     lifecycle: dict = field(default_factory=dict)  # fork/exec/exit -> count
     latency: dict = field(default_factory=dict)  # kind -> LogHist
+    steal_irq_ns: int = 0  # of the time running, what the kernel counted as steal and interrupt time
 
     @property
     def observed_ns(self) -> int:
@@ -171,8 +172,8 @@ class Summary:
 # (group: the pid or tid, or an id for a comm; state ids index a table of the
 # state names seen: at most 255, more is garbage and lands in "state_?").
 # A cell is [count, count with null dur_ns, sum of dur_ns, max dur_ns,
-# {latency bucket: count}, min dur_ns].
-C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN = range(6)
+# {latency bucket: count}, min dur_ns, sum of steal_irq_ns].
+C_N, C_NULL, C_SUM, C_MAX, C_HIST, C_MIN, C_STEAL = range(7)
 _NO_MIN = 1 << 64  # above any dur_ns
 _MAX_STATES = 255
 _OVERFLOW_STATE = "state_?"
@@ -324,7 +325,7 @@ class Aggregator:
         clip = self.clip_ts
         shift = SUB_BITS + 1
         n = 0
-        for ts, pid, tid, comm, frm, to, d, _cpu, _w, cg in rows:
+        for ts, pid, tid, comm, frm, to, d, _cpu, _w, cg, steal in rows:
             n += 1
             fi = sid_get(frm)
             if fi is None:
@@ -362,11 +363,13 @@ class Aggregator:
             key = (g << 16) | (fi << 8) | ti
             c = cells_get(key)
             if c is None:
-                c = cells[key] = [0, 0, 0, 0, {}, _NO_MIN]
+                c = cells[key] = [0, 0, 0, 0, {}, _NO_MIN, 0]
             c[C_N] += 1
             if d is None:
                 c[C_NULL] += 1
                 continue
+            if steal:  # of d, what the kernel counted as steal and interrupt time
+                c[C_STEAL] += steal
             c[C_SUM] += d
             if d > c[C_MAX]:
                 c[C_MAX] = d
@@ -378,7 +381,10 @@ class Aggregator:
             hist = c[C_HIST]
             hist[idx] = hist.get(idx, 0) + 1
             if clip is not None and d > ts - clip:
-                task[T_KNOWN] -= self._clip(g, frm, d, ts)
+                cut = self._clip(g, frm, d, ts)
+                task[T_KNOWN] -= cut
+                if steal and d:  # the clipped part's share of it
+                    c[C_STEAL] -= steal * cut // d
                 if task[T_FIRST_TS] == ts and task[T_SEEN_AT] == clip:
                     # its first record reaches back before the window: there
                     # from the window's start, nothing of it unobserved
@@ -409,12 +415,13 @@ class Aggregator:
                 task[T_KNOWN] += known
         own_cells = self.cells
         cells_get = own_cells.get
-        for key, n, nulls, total, vmax, vmin in cells:
+        for key, n, nulls, total, vmax, vmin, steal in cells:
             c = cells_get(key)
             if c is None:
-                own_cells[key] = [n, nulls, total, vmax, {}, vmin if n > nulls else _NO_MIN]
+                own_cells[key] = [n, nulls, total, vmax, {}, vmin if n > nulls else _NO_MIN, steal]
                 continue
             c[C_N] += n
+            c[C_STEAL] += steal
             if nulls:
                 c[C_NULL] += nulls
             if n > nulls:
@@ -507,6 +514,7 @@ class Aggregator:
             c[C_N] += lc[C_N]
             c[C_NULL] += lc[C_NULL]
             c[C_SUM] += lc[C_SUM]
+            c[C_STEAL] += lc[C_STEAL]
             if lc[C_MAX] > c[C_MAX]:
                 c[C_MAX] = lc[C_MAX]
             if lc[C_MIN] < c[C_MIN]:
@@ -569,8 +577,10 @@ class Aggregator:
             return grp
 
         names = self.state_names
-        for key, (n, nulls, total, vmax, hist, vmin) in self.cells.items():
+        for key, (n, nulls, total, vmax, hist, vmin, steal) in self.cells.items():
             grp = group(key >> 16)
+            if steal:
+                grp.steal_irq_ns += steal
             frm = names[(key >> 8) & 255]
             to = names[key & 255]
             grp.transitions[(frm, to)] = [n, total, n - nulls]

@@ -260,7 +260,7 @@ class Tracker:
     def rows(self, rows: list) -> None:
         """State rows (reader.ROW_FIELDS), as feed() takes state records."""
         filt, skip_idle, state = self.filt, self.skip_idle, self.state
-        for ts, pid, tid, comm, frm, to, dur, cpu, weight, cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, cpu, weight, cg, _steal in rows:
             if filt is not None:
                 if not filt.match_state(pid, tid, comm, cpu, frm, to, dur, cg):
                     continue
@@ -437,7 +437,7 @@ class Window(Tracker):
         # Tracker.state for the live window: state maps go through states();
         # latency maps (measure_states) only count samples.
         if not self.measure_states:
-            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight, cgroup),))
+            self.states(((ts, pid, tid, comm, frm, to, dur, 0, weight, cgroup, None),))
             return
         self.n_events += 1
         lt = self.last_ts
@@ -469,7 +469,7 @@ class Window(Tracker):
         only when the newest ts moves."""
         if self.measure_states:
             state = self.state
-            for ts, pid, tid, comm, frm, to, dur, _cpu, weight, cg in rows:
+            for ts, pid, tid, comm, frm, to, dur, _cpu, weight, cg, _steal in rows:
                 if tid == 0 and skip_idle:
                     continue
                 state(ts, pid, tid, comm or "?", frm, to, dur, weight, cg)
@@ -498,7 +498,7 @@ class Window(Tracker):
         cc = None  # the column last added to, and its dict
         col = None
         n = 0
-        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight, cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, _cpu, _weight, cg, _steal in rows:
             if tid == 0 and skip_idle:
                 continue
             n += 1

@@ -41,6 +41,10 @@ TABLE_STATE_COLUMNS = (
 _COLUMN_STATES = frozenset(s for _h, states in TABLE_STATE_COLUMNS for s in states)
 TABLE_LEGEND = ("RUN running, RUNQ runnable after a wake-up, PRMT preempted, SLP sleeping "
                 "(S, I, P), DISK uninterruptible (D), STOP stopped (T, t), OTHR the rest")
+# shown when the input says it (record's steal_irq_ns): a part of RUN
+STEAL_HEADER = "STEAL"
+STEAL_LEGEND = ("STEAL: of RUN, the time the kernel counted as stolen by the hypervisor or "
+                "spent in interrupts, not as the task's own")
 
 KIND_LABELS = {k.name: k.label for k in vocab.WAIT_KINDS}
 
@@ -79,6 +83,7 @@ def group_dict(g: Group, by: str, *, hist: bool = False, with_matrix: bool = Fal
     out["oncpu_exceeds_cpus"] = g.oncpu_exceeds
     out["states"] = {s: {"ns": ns, "pct": _pct(ns, observed)}
                      for s, ns in sorted(g.state_ns.items(), key=lambda kv: state_order(kv[0])) if ns}
+    out["steal_irq_ns"] = g.steal_irq_ns
     out["transitions"] = g.n_transitions
     out["voluntary"] = g.voluntary
     out["involuntary"] = g.involuntary
@@ -333,21 +338,28 @@ def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = (
     out = []
     rows = []
     extra = list(extra)
+    steal = any(g.get("steal_irq_ns") for g in groups + extra)
     for g in groups + extra:
         obs = g["observed_ns"]
         ns = {s: v["ns"] for s, v in g["states"].items()}
         cells = [_pct_cell(sum(ns.get(s, 0) for s in states), obs) for _h, states in TABLE_STATE_COLUMNS]
         other = sum(v for s, v in ns.items() if s not in _COLUMN_STATES)
         cells.append(_pct_cell(other, obs))
+        if steal:
+            cells.insert(1, _pct_cell(max(0, g.get("steal_irq_ns", 0)), obs))
         first = [_key_cell(g, by, kw)] if by in NAMED_BY else [_key_cell(g, by, kw), _comm(g["comm"])]
         rows.append(first + [fmt_ns(obs)] + cells)
-    headers = ([key_h] if by in NAMED_BY else [key_h, "COMM"]) + ["OBSERVED"] + \
-        [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
+    columns = [h for h, _s in TABLE_STATE_COLUMNS] + ["OTHR"]
+    if steal:
+        columns.insert(1, STEAL_HEADER)
+    headers = ([key_h] if by in NAMED_BY else [key_h, "COMM"]) + ["OBSERVED"] + columns
     out.append("")
     out.append("Time in state, % of the time observed:")
     out.append(_wrap(TABLE_LEGEND))
+    if steal:
+        out.append(_wrap(STEAL_LEGEND))
     out.append(tabulate(rows, headers,
-                        colalign=(key_al,) + ("left",) * (0 if by in NAMED_BY else 1) + ("right",) * 8))
+                        colalign=(key_al,) + ("left",) * (0 if by in NAMED_BY else 1) + ("right",) * (1 + len(columns))))
     return out
 
 
@@ -439,7 +451,7 @@ def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> 
     ident = CSV_IDENTITY[by]
     head = (["interval"] if pre else []) + list(ident) + ["observed_ns", "unobserved_ns"]
     head += [f"{s}_ns" for s in states]
-    head += ["transitions", "voluntary", "involuntary", "null_dur", "forks", "execs", "exits"]
+    head += ["steal_irq_ns", "transitions", "voluntary", "involuntary", "null_dur", "forks", "execs", "exits"]
     for k in kinds:
         head += [f"{k}_count"] + [f"{k}_p{p}_ns" for p in PERCENTILES] + [f"{k}_max_ns"]
     if header:
@@ -448,7 +460,7 @@ def render_csv(rep: dict, *, with_matrix: bool = False, header: bool = True) -> 
         row = pre + [_num(g["key"] if c == by else g.get(c)) for c in ident] + [g["observed_ns"],
                                                                               g["unobserved_ns"]]
         row += [g["states"].get(s, {}).get("ns", 0) if g["observed_ns"] is not None else "" for s in states]
-        row += [g["transitions"], g["voluntary"], g["involuntary"], g["null_dur"], g["forks"],
+        row += [g["steal_irq_ns"], g["transitions"], g["voluntary"], g["involuntary"], g["null_dur"], g["forks"],
                 g["execs"], g["exits"]]
         for k in kinds:
             d = g["latency"].get(k)

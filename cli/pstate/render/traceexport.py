@@ -232,7 +232,7 @@ class PerfettoWriter:
             self._start()
         comms, threads, prios, cpus = self.comms, self.threads, self.prios, self.cpus
         cpu_tracks = self.cpu_tracks
-        for ts, pid, tid, comm, frm, to, dur, cpu, _w, _cg, cause, prio, nxt, prev, kstate, target, waker in rows:
+        for ts, pid, tid, comm, frm, to, dur, cpu, _w, _cg, _steal, cause, prio, nxt, prev, kstate, target, waker in rows:
             if (pid | tid | cpu) > INT32_MAX:
                 self.out_of_range += 1
                 continue

@@ -37,9 +37,9 @@ everywhere:
 What comes out, in input order, goes to a sink with two methods:
 
 - sink.rows(rows): plain state records as state rows, tuples of ROW_FIELDS
-  (ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup); comm, dur_ns
-  and cgroup are None when null or absent, weight is 1 (k when sampling
-  keeps 1 line in k);
+  (ts, pid, tid, comm, from, to, dur_ns, cpu, weight, cgroup, steal_irq_ns);
+  comm, dur_ns, cgroup and steal_irq_ns are None when null or absent,
+  weight is 1 (k when sampling keeps 1 line in k);
   wide rows (wide=True, for the trace export) go on with the fields of
   WIDE_FIELDS (cause, prio, next_tid, prev_tid, kstate, target_cpu, waker),
   each as orjson read it, None when null or absent;
@@ -86,7 +86,7 @@ from pstate.stream.streamio import (BOM, CPU_TYPES, MAX_LINE, ReadStats, note_da
 
 CHUNK = 1 << 16  # bytes per read: read1() drains a pipe in big reads
 
-ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight", "cgroup")
+ROW_FIELDS = ("ts", "pid", "tid", "comm", "from", "to", "dur_ns", "cpu", "weight", "cgroup", "steal_irq_ns")
 WIDE_FIELDS = ("cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu", "waker")
 # The native row reader (None when not built or PSTATE_PURE=1).
 _parse_states = getattr(native.load("_digest"), "parse_states", None)
@@ -109,14 +109,18 @@ class LineError(PstateError):
 
 
 def state_row(rec: dict, weight: int = 1, wide: bool = False) -> tuple:
-    """The state row of a checked state record (wide: with WIDE_FIELDS)."""
+    """The state row of a checked state record (wide: with WIDE_FIELDS); a
+    steal_irq_ns that is not an int is None, as the native reader has it."""
     g = rec.get
+    steal = g("steal_irq_ns")
+    if type(steal) is not int:
+        steal = None
     if wide:
         return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"],
-                weight, g("cgroup"), g("cause"), g("prio"), g("next_tid"), g("prev_tid"), g("kstate"),
-                g("target_cpu"), g("waker"))
+                weight, g("cgroup"), steal, g("cause"), g("prio"), g("next_tid"), g("prev_tid"),
+                g("kstate"), g("target_cpu"), g("waker"))
     return (rec["ts"], rec["pid"], rec["tid"], g("comm"), rec["from"], rec["to"], g("dur_ns"), rec["cpu"], weight,
-            g("cgroup"))
+            g("cgroup"), steal)
 
 
 def overlong(max_line: int) -> str:
@@ -420,7 +424,7 @@ class RecordList:
 
     def rows(self, rows: list) -> None:
         add = self.out.append
-        for ts, pid, tid, comm, frm, to, dur, cpu, _w, cg in rows:
+        for ts, pid, tid, comm, frm, to, dur, cpu, _w, cg, _steal in rows:
             add({"type": "state", "ts": ts, "cpu": cpu, "pid": pid, "tid": tid, "comm": comm, "from": frm,
                  "to": to, "dur_ns": dur, "cgroup": cg})
 

@@ -307,7 +307,7 @@ class Replayer:
             i = 0
             for seg in buf[pos:stop - 1].split(b"\n"):  # one a line read; empty lines have no row
                 if seg:
-                    ts, pid, tid, comm, frm, to, dur, cpu, _w, cg = rows[i]
+                    ts, pid, tid, comm, frm, to, dur, cpu, _w, cg, _steal = rows[i]
                     i += 1
                     keep(ts, seg + b"\n", match is None or match(pid, tid, comm, cpu, frm, to, dur, cg))
                     if self.stop_reason:

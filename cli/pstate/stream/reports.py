@@ -42,6 +42,9 @@ _GROUP = {
     "oncpu_exceeds_cpus": ("bool", "on a CPU longer than its threads and the CPUs allow: inconsistent records"),
     "states.STATE.ns": ("int", "time in STATE"),
     "states.STATE.pct": ("float", "percent of observed_ns"),
+    "steal_irq_ns": ("int", "of states.running.ns, the time the kernel counted as stolen by the hypervisor "
+                            "or spent in interrupts (the switch-outs' steal_irq_ns summed; 0 where the "
+                            "recording has none: meta on_cpu_time \"wall\")"),
     "transitions": ("int", "state transitions"),
     "voluntary": ("int", "switches out that blocked"),
     "involuntary": ("int", "switches out by preemption"),
