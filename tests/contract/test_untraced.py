@@ -139,3 +139,24 @@ def test_heat_does_not_draw_a_thread_with_no_switch_out_on_a_cpu(tmp_path):
     assert tot[hm.RUNNING_IDX] == 0 and tot[hm.UNKNOWN_IDX] == 30 * MS
     cells = [col[1] for col in live.grid.cols.values() if 1 in col]
     assert sum(c[hm.RUNNING_IDX] for c in cells) == 0 and sum(c[hm.UNKNOWN_IDX] for c in cells) == 30 * MS
+
+
+def test_snap_prom_counts_a_thread_with_no_switch_as_unknown(tmp_path):
+    """snap --format prom (a run's own program or the collector's rows, one
+    writer): the agent threads' time is not on-CPU, the workers' is."""
+    import subprocess
+    import sys
+
+    from conftest import TESTS, clean_env
+
+    fake = TESTS / "data" / "snap" / "fake_snap.py"
+    r = subprocess.run([sys.executable, str(fake), "--dir", str(tmp_path), "--every", "0.05", "--count", "3",
+                        "--format", "prom", "--prom-by", "comm"], capture_output=True, text=True, timeout=60,
+                       env=clean_env() | {"FAKE_SNAP_AGENT": "2", "FAKE_SNAP_ROWS": "40"})
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / snapdir.PROM_NAME).read_text()
+    series = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines()
+              if ln.startswith("pstate_state_seconds_total{")}
+    assert 'pstate_state_seconds_total{comm="agent",state="running"}' not in series
+    assert series['pstate_state_seconds_total{comm="agent",state="unknown"}'] > 0
+    assert series['pstate_state_seconds_total{comm="w0",state="running"}'] > 0

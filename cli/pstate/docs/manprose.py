@@ -515,6 +515,12 @@ PAGES: dict[str, dict] = {
             Where /proc hides other users' processes (mount option hidepid),
             their titles and cgroups cannot be read: snap warns, and those
             rows carry only what the kernel maps hold.
+
+            A thread the kernel never reports switching out looks as if it
+            ran all the time. When an interval's threads ran longer than its
+            CPUs allow, those on a CPU through all of it with no switch are
+            why: in `--format prom` their time counts as `unknown`, not
+            `running`, as `pstate stats DIR/` counts it.
         """,
         "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-record(1)", "cron(8)"],
     },

@@ -598,26 +598,37 @@ def intervals(snapshots: list[Snapshot]) -> list[Interval]:
     return out
 
 
-def _untraced(iv, ncpu) -> None:
-    """When the threads of an interval were on a CPU longer than its CPUs
-    allow (ncpu x the interval: impossible), those on a CPU through the
-    whole interval with no switch and no wake-up in it (their rows running
-    since before it began), as the threads whose switch-outs the kernel
-    never reports show (some VM agents' threads), are why: their on-CPU
-    time is not known. It moves from running_ns to unknown_ns (no share
-    counts it) and is noted in TaskInterval.untraced."""
+def move_untraced(tasks, start_ts: int, duration_ns: int, ncpu) -> list[int]:
+    """The rule for threads whose switch-outs the kernel never reports (some
+    VM agents' threads): when the threads of an interval were on a CPU
+    longer than its CPUs allow (ncpu x the interval: impossible), those on
+    a CPU through the whole interval with no switch and no wake-up in it
+    (running since before it began) are why, and their on-CPU time is not
+    known: it moves from running_ns to unknown_ns (no share counts it).
+    tasks: (state, state_since_ts, values over the interval) of each
+    thread, values changed in place. Returns the indexes of those moved."""
     if type(ncpu) is not int or ncpu <= 0 or \
-            sum(t.values.get("running_ns", 0) for t in iv.tasks) <= ncpu * iv.duration_ns:
-        return
-    for t in iv.tasks:
-        since = t.row.get("state_since_ts") if t.row is not None else None
-        ns = t.values.get("running_ns", 0)
-        if t.state != "running" or type(since) is not int or since > iv.start_ts or not ns or \
-                any(t.values.get(k, 0) for k in COUNT_FIELDS):
+            sum(v.get("running_ns", 0) for _s, _since, v in tasks) <= ncpu * duration_ns:
+        return []
+    moved = []
+    for i, (state, since, v) in enumerate(tasks):
+        ns = v.get("running_ns", 0)
+        if state != "running" or type(since) is not int or since > start_ts or not ns or \
+                any(v.get(k, 0) for k in COUNT_FIELDS):
             continue
-        t.values["running_ns"] = 0
-        t.values["unknown_ns"] = t.values.get("unknown_ns", 0) + ns
-        t.untraced = ns
+        v["running_ns"] = 0
+        v["unknown_ns"] = v.get("unknown_ns", 0) + ns
+        moved.append(i)
+    return moved
+
+
+def _untraced(iv, ncpu) -> None:
+    """move_untraced over an interval's tasks; what moved is noted in
+    TaskInterval.untraced."""
+    before = [t.values.get("running_ns", 0) for t in iv.tasks]
+    for i in move_untraced([(t.state, t.row.get("state_since_ts") if t.row is not None else None, t.values)
+                            for t in iv.tasks], iv.start_ts, iv.duration_ns, ncpu):
+        iv.tasks[i].untraced = before[i]
 
 
 def _fold_key(rec: dict) -> tuple:

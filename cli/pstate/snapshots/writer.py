@@ -548,6 +548,7 @@ class Snapper:
         self.prom_mode = self._prom_mode() if self.prom is not None else None
         self.hists = histograms.HistTotals(plan.prom_by)  # jsonl's hist rows
         self.prev: dict[tuple, dict] = {}  # (tid, start_ts) -> row of the previous snapshot
+        self.prev_ts: int | None = None  # when the previous snapshot was taken (prom: the interval of the growth)
         self.folds = foldrows.Folds()  # the folded groups read last, and this directory's totals of them
         self.identities = identity.RowIdentities()  # each row's title and cgroup
         self.run_id = secrets.token_hex(8)
@@ -636,6 +637,12 @@ class Snapper:
         end = {"type": "end", "ts": ts, "tasks": len(rows), "reason": "interval", "wall_time": meta["wall_time"],
                "folded": meta["folded"], "fold_lost": meta["fold_lost"]}
         if self.plan.fmt == "prom":
+            # threads the kernel never reports switching out: their time is
+            # unknown, not on-CPU (as stats DIR/ counts it)
+            since = self.prev_ts if self.prev_ts is not None else start_ts
+            snapdir.move_untraced([(row["state"], row.get("state_since_ts"), d) for row, d in zip(rows, deltas)],
+                                  since, ts - since, meta.get("ncpu"))
+            self.prev_ts = ts
             self.prom.update(rows, deltas, new, run_start, hists,
                              [(k, growth, h) for k, (_rec, growth, h) in zip(fold_keys, folded)])
             self.out.seq += 1

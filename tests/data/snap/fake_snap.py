@@ -8,6 +8,8 @@ BPF, so the tests can start it hundreds of times. Environment:
   FAKE_SNAP_SLOW   seconds to sleep in collect() (to be signalled mid-way)
   FAKE_SNAP_GATE   a path: collect() waits until it exists (the run holds
                    its directory's lock until the test lets it go on)
+  FAKE_SNAP_AGENT  threads of PID 1 ("agent") on a CPU since before the run
+                   with no switch ever (as some VM agents' threads look)
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def fake_row(pid: int, tid: int, start: int, now: int, *, comm: str = "worker", 
 class FakeCollector:
     """Threads sleeping 90% and running 10% of the time since start()."""
 
-    def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0, gate: str | None = None):
+    def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0, gate: str | None = None, agent: int = 0):
         self.n = rows
+        self.agent = agent
         self.pad = "x" * pad
         self.slow = slow
         self.gate = gate
@@ -61,6 +64,8 @@ class FakeCollector:
         rows = [fake_row(1000 + i // 4, 1000 + i, 5, now, comm=f"w{i}{self.pad}", running_ns=el // 10,
                          sleeping_ns=el - el // 10, nvcsw=el // 1_000_000, wakeups=el // 1_000_000)
                 for i in range(self.n)]
+        rows += [fake_row(1, 1 + i, 1, now, comm="agent", state="running", running_ns=el)
+                 for i in range(self.agent)]
         return Sample(ts=now, rows=rows, map_full=0)
 
 
@@ -80,7 +85,8 @@ def install(collector_factory=None, setter=setattr) -> None:
     factory = collector_factory or (lambda: FakeCollector(int(os.environ.get("FAKE_SNAP_ROWS", "50")),
                                                           int(os.environ.get("FAKE_SNAP_PAD", "0")),
                                                           float(os.environ.get("FAKE_SNAP_SLOW", "0")),
-                                                          os.environ.get("FAKE_SNAP_GATE")))
+                                                          os.environ.get("FAKE_SNAP_GATE"),
+                                                          int(os.environ.get("FAKE_SNAP_AGENT", "0"))))
     setter(snap.loader, "check_privileges", lambda: None)
     setter(snap.loader, "kernel_states", lambda ebpf_only=False: KS)
     setter(snap, "load_program", lambda ks, max_tasks, kernel_headers, probes=None: FakeProgram())
