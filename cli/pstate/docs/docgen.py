@@ -26,6 +26,7 @@ from click.shell_completion import get_completion_class
 
 from pstate import __version__
 from pstate.docs import commandprose, figures, flagtable, formatprose, manprose
+from pstate.docs.commandtree import HELP_WIDTH, PROG, load_command, root_context
 from pstate.stream import reports, schema
 from pstate import exitcodes
 from pstate.exitcodes import ExitCode, PstateError
@@ -33,8 +34,6 @@ from pstate.exitcodes import ExitCode, PstateError
 # Release date of each version: the date in the pages' title lines, so
 # regenerating never changes them. A new version needs its date here.
 RELEASES = {"0.1.0": "2026-11-30"}
-PROG = "pstate"
-HELP_WIDTH = 80  # never the terminal's: output must not depend on where it runs
 REFRESH_COMMAND = "make artifacts"
 COMPLETIONS = {"bash": "completions/pstate.bash", "zsh": "completions/_pstate",
                "fish": "completions/pstate.fish"}
@@ -194,28 +193,6 @@ def name_summary(summary: str) -> str:
 
 
 # --- reading click commands ----------------------------------------------------
-
-def root_context() -> click.Context:
-    from pstate.main import cli
-
-    settings = {**cli.context_settings, "terminal_width": HELP_WIDTH,
-                "max_content_width": HELP_WIDTH}
-    return click.Context(cli, info_name=PROG, **settings)
-
-
-def load_command(ctx: click.Context, name: str) -> click.Command:
-    """The click command behind a subcommand name; a module that does not
-    import is an error, never skipped."""
-    try:
-        cmd = ctx.command.get_command(ctx, name)
-    except Exception as e:  # any import-time failure of a command module
-        raise PstateError(f"cannot import the {name!r} command (pstate.commands.{name}): "
-                          f"{type(e).__name__}: {e}", ExitCode.SOFTWARE,
-                          hint="fix the module, then run `make artifacts` again") from e
-    if cmd is None:
-        raise PstateError(f"no command {name!r} in pstate.main.COMMANDS", ExitCode.SOFTWARE)
-    return cmd
-
 
 def command_context(parent: click.Context, name: str, cmd: click.Command) -> click.Context:
     settings = {**cmd.context_settings, "terminal_width": HELP_WIDTH,

@@ -193,7 +193,7 @@ def fill_region(text: str, lines: list[str], path: str) -> str:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise PstateError(f"{path} has no generated region", ExitCode.SOFTWARE,
-                          hint=f"put the two markers of pstate.docs.figures where it goes")
+                          hint="put the two markers of pstate.docs.figures where it goes")
     head = text[:start + len(BEGIN)]
     return head + "\n" + "\n".join(lines) + "\n" + text[end:]
 

@@ -58,7 +58,7 @@ def command_rows(name: str, cmd: click.Command) -> list[OptionRow]:
 
 def option_rows() -> list[OptionRow]:
     """Every visible option of every pstate command, in command order."""
-    from pstate.docs.docgen import load_command, root_context
+    from pstate.docs.commandtree import load_command, root_context
     from pstate.main import COMMANDS
 
     ctx = root_context()

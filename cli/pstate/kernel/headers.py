@@ -549,21 +549,21 @@ def compiler_words(said: str, n: int = 3) -> str:
 def compile_check(tree: "HeaderTree | str") -> tuple[bool, str]:
     """(True, "") when BCC compiles a tiny program against the tree, else
     (False, the compiler's last meaningful lines). The tree is verified
-    first (HeadersUntrusted). Needs bcc (pstate.kernel.loader.import_bcc),
-    not root: nothing is loaded into the kernel."""
-    from pstate.kernel import loader
+    first (HeadersUntrusted). Needs bcc (pstate.kernel.bccimport), not
+    root: nothing is loaded into the kernel."""
+    from pstate.kernel.bccimport import import_bcc, quiet_fd
 
     if isinstance(tree, str):
         tree = HeaderTree(tree, "explicit")
     verify(tree)
-    bcc = loader.import_bcc()
+    bcc = import_bcc()
     before = os.environ.get("BCC_KERNEL_SOURCE")
     os.environ["BCC_KERNEL_SOURCE"] = tree.path
     said_out = said_err = None
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-        with loader._quiet_fd(1) as said_out, loader._quiet_fd(2) as said_err:
+        with quiet_fd(1) as said_out, quiet_fd(2) as said_err:
             bpf = bcc.BPF(text=b"int f(void *ctx) { return 0; }")
         bpf.cleanup()
         return True, ""

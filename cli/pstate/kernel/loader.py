@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import glob
 import importlib.resources
 import mmap
 import os
@@ -21,6 +20,7 @@ import time
 from typing import Iterable
 
 from pstate.kernel import bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
+from pstate.kernel.bccimport import import_bcc, quiet_fd
 from pstate.exitcodes import ExitCode, PstateError
 
 # Tracepoints every program needs; doctor checks each one.
@@ -53,30 +53,6 @@ CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 # What each program needs of the kernel's BPF beyond the tracepoints
 # (pstate.kernel.features): record's events pass through a ring buffer.
 NEEDS = {"record": (features.RINGBUF,)}
-
-
-def import_bcc():
-    """Import bcc; it may live in the system's dist-packages outside a venv."""
-    try:
-        import bcc  # noqa: F401
-        return bcc
-    except ImportError:
-        pass
-    # bcc's Python module is pure Python over libbcc (ctypes): the
-    # distribution's copy works from any Python 3 that can see it.
-    for d in sorted(glob.glob("/usr/lib/python3/dist-packages")) + sorted(glob.glob("/usr/lib/python3*/site-packages")):
-        if os.path.isdir(os.path.join(d, "bcc")) and d not in sys.path:
-            sys.path.append(d)
-            try:
-                import bcc  # noqa: F401
-                return bcc
-            except ImportError:
-                sys.path.remove(d)
-    raise PstateError(
-        "bcc (the BPF Compiler Collection's Python module) is not installed",
-        ExitCode.UNAVAILABLE,
-        hint="apt-get install python3-bpfcc   (not PyPI's unrelated 'bcc'); in a venv use --system-site-packages",
-    )
 
 
 def effective_caps() -> int:
@@ -336,7 +312,7 @@ class Program:
             # libbcc prints on both stdout and stderr; stdout may be the
             # JSON-lines stream, which must only ever hold records.
             sys.stdout.flush()
-            with _quiet_fd(1) as said_out, _quiet_fd(2) as said_err:
+            with quiet_fd(1) as said_out, quiet_fd(2) as said_err:
                 self.bpf = bcc.BPF(text=text.encode(), cflags=cflags)
         except Exception as e:  # bcc raises plain Exception on compile/load errors
             said = "\n".join(c.text().strip() for c in (said_out, said_err) if c)
@@ -549,32 +525,6 @@ def _trim_heap() -> None:
     """Give the compiler's freed memory back to the system (tens of MB)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-class _Captured:
-    content = ""
-
-    def text(self) -> str:
-        return self.content
-
-
-@contextlib.contextmanager
-def _quiet_fd(fd: int):
-    """Collect what libbcc prints on a file descriptor (compiler warnings about
-    the foreign header tree) and show it only if compiling fails."""
-    import tempfile
-
-    saved = os.dup(fd)
-    cap = _Captured()
-    with tempfile.TemporaryFile(prefix="pstate-bcc-") as tmp:
-        try:
-            os.dup2(tmp.fileno(), fd)
-            yield cap
-        finally:
-            os.dup2(saved, fd)
-            os.close(saved)
-            tmp.seek(0)
-            cap.content = tmp.read(1 << 20).decode(errors="replace")
 
 
 class RingReader:

@@ -169,7 +169,7 @@ def _bcc_dirs() -> list[str]:
         spec = None
     if spec and spec.submodule_search_locations:
         return list(spec.submodule_search_locations)
-    # where pstate.kernel.loader.import_bcc looks when the venv lacks it
+    # where pstate.kernel.bccimport.import_bcc looks when the venv lacks it
     return [d for d in sorted(glob.glob("/usr/lib/python3/dist-packages/bcc"))
             + sorted(glob.glob("/usr/lib/python3*/site-packages/bcc")) if os.path.isdir(d)][:1]
 
