@@ -123,7 +123,9 @@ def test_cgroup_records_only_the_processes_of_that_cgroup():
     assert rec.returncode == 0, rec.stderr
     assert _pids(recs) == {hog.pid}
     assert recs[0]["filter_cgroup"] == [cg.top + "/hog.service"]
-    assert sum(r["dur_ns"] or 0 for r in recs if r["type"] == "state" and r["from"] == "running") > 100e6
+    # its 0.4 s loop, on a CPU or waiting for one (a loaded machine gives it little of a CPU)
+    busy = ("running", "runnable", "preempted")
+    assert sum(r["dur_ns"] or 0 for r in recs if r["type"] == "state" and r["from"] in busy) >= 0.39e9
 
 
 def test_a_cgroup_that_does_not_exist_is_a_usage_error(tmp_path):
