@@ -387,7 +387,8 @@ def test_wall_clock_steps_do_not_matter(tmp_path, monkeypatch):
     ivs = orjson.loads(out.getvalue())["intervals"]
     assert [iv["seq"] for iv in ivs] == [1, 2, 3]
     # an hour's step would show; a loaded machine's late wake-ups must not
-    assert all(0.04e9 < iv["duration_ns"] < 60e9 for iv in ivs)
+    # (a late snapshot makes the next interval of the schedule shorter)
+    assert all(0 < iv["duration_ns"] < 60e9 for iv in ivs)
 
 
 # --- the directory ----------------------------------------------------------------
