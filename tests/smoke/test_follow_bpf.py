@@ -103,7 +103,9 @@ def test_without_children_the_child_is_not_recorded():
 
 
 def test_a_task_in_another_pid_namespace_shows_both_pids(tmp_path):
-    p, recs = record_cmd(tmp_path, "--", "unshare", "-p", "--fork", "sh", "-c", "sleep 0.2")
+    # alive long enough to be read from /proc (a busy machine reads it late;
+    # one gone first is written as gone, with no pids to show)
+    p, recs = record_cmd(tmp_path, "--", "unshare", "-p", "--fork", "sh", "-c", "sleep 1")
     assert p.returncode == 0, p.stderr
     inner = [r for r in recs if r["type"] == "process" and r.get("ns_pid") == 1]
     assert inner and all(r["pid"] != 1 for r in inner)
