@@ -149,6 +149,52 @@ typedef struct {
     PyObject *who; /* callable: (pid, cgroup or None) -> bool (--cgroup, --title), or NULL */
 } filter_spec;
 
+/* The why-views' sums (Digester.set_why), per task as its rows said it
+ * (tid, pid, cgroup, comm) and per what (a: WHY_* | from << 4 | waker << 10
+ * for a blocked interval; b: the waker's tid, or the antagonist's). */
+typedef struct {
+    unsigned gen;
+    int has_cg;
+    long long tid, pid, cg, a, b;
+    Py_hash_t chash;
+    PyObject *comm;    /* str or None: a strong reference while live */
+    long long count, sum, min, max, wpid, wpid_seq, seq;
+    PyObject *buckets; /* a blocked interval's {bucket: count}: strong, or NULL */
+    Py_ssize_t idx;    /* its place in the order of first touch */
+} why_entry;
+
+/* The antagonists of a run-queue wait entry (its idx): another task's
+ * on-CPU time within its waits (other: its tid; -1 the time no slice covers). */
+typedef struct {
+    unsigned gen;
+    uint32_t waiter;
+    long long other, ns, waits;
+} ov_entry;
+
+typedef struct {
+    ov_entry *slots;
+    Py_ssize_t cap, used; /* cap: a power of two */
+    Py_ssize_t *order;
+    unsigned gen;
+} ov_table;
+
+typedef struct {
+    why_entry *slots;
+    Py_ssize_t cap, used; /* cap: a power of two */
+    Py_ssize_t *order;    /* live slots by first touch */
+    unsigned gen;
+} why_table;
+
+/* The on-CPU slices of a CPU, oldest first from head, at most ring_max. */
+typedef struct {
+    long long s, e, tid;
+} why_slice;
+
+typedef struct {
+    why_slice *v;
+    Py_ssize_t cap, n, head; /* cap: a power of two */
+} why_ring;
+
 typedef struct {
     PyObject_HEAD
     PyObject *state_id; /* callable: state name -> id (ids never change) */
@@ -170,7 +216,28 @@ typedef struct {
     cell_no_slot *cell_nos;  /* cell key -> cell number */
     long long *cell_keys;    /* cell number -> cell key */
     Py_ssize_t nos_cap, nos_used;
+    /* set_why: what the why-views (analysis.causes) read, summed */
+    int why, why_stacks;     /* on; lines with a stack_id or reason are the careful path's */
+    PyObject *why_select;    /* callable: (from, to) -> the kind of a row of that pair (WHY_*) */
+    signed char *why_sel;    /* [NAME_CACHE * NAME_CACHE] by state name cache entries: -1 not asked */
+    why_table wt;            /* the sums since the last take_why */
+    ov_table ov;             /* and the antagonists' */
+    why_ring *rings;         /* per CPU: the latest on-CPU slices */
+    Py_ssize_t nrings, ring_max;
+    long long why_seq;       /* rows summed so far */
+    acc_table seen;          /* tid -> seen_acc: every record's, the filter's left-outs too */
+    long long why_last_ts;   /* of the records the filter left out (-1: none) */
 } Digester;
+
+/* What the why-views need of a task's last record (its names) and of its
+ * last one the filter kept (where the task was at the end): kept for the
+ * whole input, the careful path's records noted too (why_note). */
+typedef struct {
+    acc_head h;
+    int has_pid, has_cg, has_own;
+    long long pid, cg, own_ts;
+    PyObject *comm, *own_to; /* strong references while live */
+} seen_acc;
 
 /* --- a strict reader for the plain subset of JSON -------------------------- */
 
@@ -294,17 +361,21 @@ enum {
  * in this order: tests/contract/test_one_reader.py holds the two equal), what the
  * trace export reads of a switch or a wake-up. */
 enum { X_CAUSE, X_PRIO, X_NEXT_TID, X_PREV_TID, X_KSTATE, X_TARGET_CPU, X_WAKER, N_EXTRA };
-static const char *const EXTRA_NAMES[N_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate", "target_cpu",
-                                                 "waker"};
+/* After them, what the why-views read of a state record (Digester.set_why):
+ * read by every reader that asks for extras, handed out by none but that. */
+enum { X_WAKER_TID = N_EXTRA, X_WAKER_PID, X_STACK_ID, X_REASON, N_ALL_EXTRA };
+static const char *const EXTRA_NAMES[N_ALL_EXTRA] = {"cause", "prio", "next_tid", "prev_tid", "kstate",
+                                                     "target_cpu", "waker", "waker_tid", "waker_pid",
+                                                     "stack_id", "reason"};
 
 /* The values of the extra fields as orjson reads them: a plain string (kind
  * 's', s and n its contents), an int with -2^63 < v < 2^63 ('i', v), true
  * ('t'), false ('f'), null ('n'); kind 0: absent. */
 typedef struct {
-    char kind[N_EXTRA]; /* 0 absent, 's' string, 'i' int, 't' true, 'f' false, 'n' null */
-    const char *s[N_EXTRA];
-    Py_ssize_t n[N_EXTRA];
-    long long v[N_EXTRA];
+    char kind[N_ALL_EXTRA]; /* 0 absent, 's' string, 'i' int, 't' true, 'f' false, 'n' null */
+    const char *s[N_ALL_EXTRA];
+    Py_ssize_t n[N_ALL_EXTRA];
+    long long v[N_ALL_EXTRA];
 } extras;
 
 typedef struct {
@@ -349,7 +420,7 @@ static int key_of(const char *k, Py_ssize_t n)
  * asked only for wide rows, so that the other loops compare no more keys. */
 static int extra_of(const char *k, Py_ssize_t n)
 {
-    for (int i = 0; i < N_EXTRA; i++)
+    for (int i = 0; i < N_ALL_EXTRA; i++)
         if ((size_t)n == strlen(EXTRA_NAMES[i]) && memcmp(k, EXTRA_NAMES[i], (size_t)n) == 0)
             return K_EXTRA << i;
     return 0;
@@ -526,12 +597,12 @@ after_value:
  * read into *r, with *next where the line after it starts (end + 1 after the
  * last one). */
 static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_line, state_rec *r,
-                             Py_ssize_t *next)
+                             Py_ssize_t *next, extras *x)
 {
     const char *p = buf + pos;
     const char *nl = memchr(p, '\n', (size_t)(end - pos));
     const char *e = nl ? nl : buf + end;
-    if (e - p > max_line || !parse_state(p, e, r, NULL))
+    if (e - p > max_line || !parse_state(p, e, r, x))
         return 0;
     *next = (e - buf) + 1;
     return 1;
@@ -1339,6 +1410,486 @@ out:
     return rc;
 }
 
+/* --- the why-views' sums (set_why) ----------------------------------------- */
+
+/* The kinds of row Causes.select names (analysis.causes: NONE, BLOCKED, ...). */
+enum { WHY_NONE, WHY_BLOCKED, WHY_SLICE, WHY_WAIT_WAKEUP, WHY_WAIT_PREEMPTED };
+#define WHY_MAX_CPU (1 << 16)
+
+/* 1: the why-views' fields of a record are as the fast path reads them
+ * (waker_tid, waker_pid: null or an int >= 0; waker: null or a short string;
+ * with why_stacks, no stack_id or reason; its states' and waker's names in
+ * the name cache; cpu < WHY_MAX_CPU); 0: leave the line to Python. *fe, *te,
+ * *we: the cache entries (*we NULL: no waker). */
+static int why_plain(Digester *self, const state_rec *r, const extras *x, name_entry **fe, name_entry **te,
+                     name_entry **we)
+{
+    for (int i = X_WAKER_TID; i <= X_WAKER_PID; i++)
+        if (x->kind[i] && x->kind[i] != 'n' && !(x->kind[i] == 'i' && x->v[i] >= 0))
+            return 0;
+    if (x->kind[X_WAKER] && x->kind[X_WAKER] != 'n' && x->kind[X_WAKER] != 's')
+        return 0;
+    if (self->why_stacks && ((x->kind[X_STACK_ID] && x->kind[X_STACK_ID] != 'n') ||
+                             (x->kind[X_REASON] && x->kind[X_REASON] != 'n')))
+        return 0;
+    if (r->cpu >= WHY_MAX_CPU)
+        return 0;
+    PyObject *o;
+    if (!(o = name_str(self->names, &self->n_names, r->from, r->from_n, fe)))
+        return -1;
+    Py_DECREF(o);
+    if (!(o = name_str(self->names, &self->n_names, r->to, r->to_n, te)))
+        return -1;
+    Py_DECREF(o);
+    *we = NULL;
+    if (x->kind[X_WAKER] == 's' && x->n[X_WAKER] > 0) { /* ("" is no waker, as in Python) */
+        if (!(o = name_str(self->names, &self->n_names, x->s[X_WAKER], x->n[X_WAKER], we)))
+            return -1;
+        Py_DECREF(o);
+        if (!*we)
+            return 0;
+    }
+    return *fe && *te;
+}
+
+/* The kind of row (WHY_*) from `from` to `to`, through the cache; -1 on error. */
+static int why_kind(Digester *self, name_entry *fe, name_entry *te)
+{
+    signed char *slot = &self->why_sel[(fe - self->names) * NAME_CACHE + (te - self->names)];
+    if (*slot >= 0)
+        return *slot;
+    PyObject *argv[2] = {fe->name, te->name};
+    PyObject *res = PyObject_Vectorcall(self->why_select, argv, 2, NULL);
+    if (!res)
+        return -1;
+    long v = PyLong_AsLong(res);
+    Py_DECREF(res);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < WHY_NONE || v > WHY_WAIT_PREEMPTED) {
+        PyErr_SetString(PyExc_ValueError, "select must return a kind of row (0 to 4)");
+        return -1;
+    }
+    *slot = (signed char)v;
+    return (int)v;
+}
+
+static int wt_init(why_table *t)
+{
+    t->cap = ACC_MIN_CAP;
+    t->used = 0;
+    t->gen = 1;
+    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(why_entry));
+    t->order = PyMem_Malloc((size_t)t->cap / 2 * sizeof(Py_ssize_t));
+    if (!t->slots || !t->order) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Forget the live entries (their references dropped). */
+static void wt_clear(why_table *t)
+{
+    for (Py_ssize_t k = 0; t->slots && k < t->used; k++) {
+        why_entry *w = &t->slots[t->order[k]];
+        Py_CLEAR(w->comm);
+        Py_CLEAR(w->buckets);
+    }
+    t->used = 0;
+    if (++t->gen == 0) {
+        memset(t->slots, 0, (size_t)t->cap * sizeof(why_entry));
+        t->gen = 1;
+    }
+}
+
+static inline size_t wt_hash(long long tid, long long pid, long long cg, Py_hash_t ch, long long a, long long b)
+{
+    return mix64((unsigned long long)tid ^ (unsigned long long)pid * 0x9E3779B97F4A7C15ULL ^
+                 (unsigned long long)cg * 0xC2B2AE3D27D4EB4FULL ^ (unsigned long long)ch * 0x165667B19E3779F9ULL ^
+                 (unsigned long long)a * 0x27D4EB2F165667C5ULL ^ (unsigned long long)b * 0x85EBCA77C2B2AE63ULL);
+}
+
+static int wt_grow(why_table *t)
+{
+    Py_ssize_t cap = t->cap * 2;
+    why_entry *slots = PyMem_Calloc((size_t)cap, sizeof(why_entry));
+    Py_ssize_t *order = PyMem_Malloc((size_t)cap / 2 * sizeof(Py_ssize_t));
+    if (!slots || !order) {
+        PyMem_Free(slots);
+        PyMem_Free(order);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < t->used; k++) {
+        why_entry *old = &t->slots[t->order[k]];
+        size_t i = wt_hash(old->tid, old->pid, old->cg, old->chash, old->a, old->b) & (size_t)(cap - 1);
+        while (slots[i].gen == t->gen)
+            i = (i + 1) & (size_t)(cap - 1);
+        slots[i] = *old;
+        order[k] = (Py_ssize_t)i;
+    }
+    PyMem_Free(t->slots);
+    PyMem_Free(t->order);
+    t->slots = slots;
+    t->order = order;
+    t->cap = cap;
+    return 0;
+}
+
+/* The entry of a task as a record gave it (r) and of what (a, b), made when new. */
+static why_entry *wt_get(why_table *t, const state_rec *r, PyObject *comm, long long a, long long b)
+{
+    Py_hash_t ch = comm == Py_None ? 0 : PyObject_Hash(comm);
+    if (ch == -1)
+        return NULL;
+    long long cg = r->has_cgroup ? r->cgroup : -1;
+    for (;;) {
+        size_t mask = (size_t)t->cap - 1, i = wt_hash(r->tid, r->pid, cg, ch, a, b) & mask;
+        for (;;) {
+            why_entry *w = &t->slots[i];
+            if (w->gen != t->gen)
+                break;
+            if (w->tid == r->tid && w->a == a && w->b == b && w->pid == r->pid && w->has_cg == r->has_cgroup &&
+                w->cg == cg && w->chash == ch) {
+                if (w->comm == comm)
+                    return w;
+                if (w->comm != Py_None && comm != Py_None) {
+                    int eq = PyUnicode_Compare(w->comm, comm);
+                    if (eq == -1 && PyErr_Occurred())
+                        return NULL;
+                    if (eq == 0)
+                        return w;
+                }
+            }
+            i = (i + 1) & mask;
+        }
+        if (2 * (t->used + 1) <= t->cap) {
+            why_entry *w = &t->slots[i];
+            memset(w, 0, sizeof(*w));
+            w->gen = t->gen;
+            w->tid = r->tid;
+            w->pid = r->pid;
+            w->has_cg = r->has_cgroup;
+            w->cg = cg;
+            w->chash = ch;
+            w->a = a;
+            w->b = b;
+            Py_INCREF(comm);
+            w->comm = comm;
+            w->idx = t->used;
+            t->order[t->used++] = (Py_ssize_t)i;
+            return w;
+        }
+        if (wt_grow(t) < 0)
+            return NULL;
+    }
+}
+
+/* Add v to an entry's sums (and, with buckets, to its bucket counts). */
+static int wt_add(why_entry *w, long long v, long long seq, int buckets)
+{
+    if (w->count == 0 || v > w->max)
+        w->max = v;
+    if (w->count == 0 || v < w->min)
+        w->min = v;
+    w->count++;
+    w->sum += v;
+    w->seq = seq;
+    if (!buckets)
+        return 0;
+    if (!w->buckets && !(w->buckets = PyDict_New()))
+        return -1;
+    int sh = (v ? 64 - __builtin_clzll((unsigned long long)v) : 0) - (BUCKET_SUB_BITS + 1);
+    long long idx = sh > 0 ? (((long long)sh << BUCKET_SUB_BITS) + (v >> sh)) : v;
+    PyObject *k = PyLong_FromLongLong(idx);
+    if (!k)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(w->buckets, k);
+    long long n = 0;
+    if (old)
+        n = PyLong_AsLongLong(old);
+    else if (PyErr_Occurred()) {
+        Py_DECREF(k);
+        return -1;
+    }
+    PyObject *nv = PyLong_FromLongLong(n + 1);
+    int rc = nv ? PyDict_SetItem(w->buckets, k, nv) : -1;
+    Py_XDECREF(nv);
+    Py_DECREF(k);
+    return rc;
+}
+
+static int ov_init(ov_table *t)
+{
+    t->cap = ACC_MIN_CAP;
+    t->used = 0;
+    t->gen = 1;
+    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(ov_entry));
+    t->order = PyMem_Malloc((size_t)t->cap / 2 * sizeof(Py_ssize_t));
+    if (!t->slots || !t->order) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void ov_clear(ov_table *t)
+{
+    t->used = 0;
+    if (++t->gen == 0) {
+        memset(t->slots, 0, (size_t)t->cap * sizeof(ov_entry));
+        t->gen = 1;
+    }
+}
+
+static inline size_t ov_hash(uint32_t waiter, long long other)
+{
+    return mix64((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^ ((unsigned long long)waiter >> 24));
+}
+
+/* Add ns to the antagonist `other` of the wait entry `waiter`. */
+static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns)
+{
+    for (;;) {
+        size_t mask = (size_t)t->cap - 1, i = ov_hash(waiter, other) & mask;
+        for (;;) {
+            ov_entry *o = &t->slots[i];
+            if (o->gen != t->gen)
+                break;
+            if (o->waiter == waiter && o->other == other) {
+                o->ns += ns;
+                o->waits++;
+                return 0;
+            }
+            i = (i + 1) & mask;
+        }
+        if (2 * (t->used + 1) <= t->cap) {
+            ov_entry *o = &t->slots[i];
+            *o = (ov_entry){t->gen, waiter, other, ns, 1};
+            t->order[t->used++] = (Py_ssize_t)i;
+            return 0;
+        }
+        Py_ssize_t cap = t->cap * 2;
+        ov_entry *slots = PyMem_Calloc((size_t)cap, sizeof(ov_entry));
+        Py_ssize_t *order = PyMem_Malloc((size_t)cap / 2 * sizeof(Py_ssize_t));
+        if (!slots || !order) {
+            PyMem_Free(slots);
+            PyMem_Free(order);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < t->used; k++) {
+            ov_entry *old = &t->slots[t->order[k]];
+            size_t j = ov_hash(old->waiter, old->other) & (size_t)(cap - 1);
+            while (slots[j].gen == t->gen)
+                j = (j + 1) & (size_t)(cap - 1);
+            slots[j] = *old;
+            order[k] = (Py_ssize_t)j;
+        }
+        PyMem_Free(t->slots);
+        PyMem_Free(t->order);
+        t->slots = slots;
+        t->order = order;
+        t->cap = cap;
+    }
+}
+
+static why_ring *ring_of(Digester *self, long long cpu)
+{
+    if (cpu >= self->nrings) {
+        Py_ssize_t n = self->nrings ? self->nrings : 8;
+        while (n <= cpu)
+            n *= 2;
+        why_ring *rings = PyMem_Realloc(self->rings, (size_t)n * sizeof(why_ring));
+        if (!rings) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memset(rings + self->nrings, 0, (size_t)(n - self->nrings) * sizeof(why_ring));
+        self->rings = rings;
+        self->nrings = n;
+    }
+    return &self->rings[cpu];
+}
+
+/* An on-CPU slice of tid on cpu, the oldest forgotten beyond ring_max. */
+static int why_slice_add(Digester *self, long long cpu, long long s, long long e, long long tid)
+{
+    why_ring *q = ring_of(self, cpu);
+    if (!q)
+        return -1;
+    if (q->n == q->cap && q->cap < self->ring_max) { /* grow, oldest first from 0 */
+        Py_ssize_t cap = q->cap ? q->cap * 2 : 256;
+        why_slice *v = PyMem_Malloc((size_t)cap * sizeof(why_slice));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < q->n; i++)
+            v[i] = q->v[(q->head + i) & (q->cap - 1)];
+        PyMem_Free(q->v);
+        q->v = v;
+        q->cap = cap;
+        q->head = 0;
+    }
+    why_slice sl = {s, e, tid};
+    if (q->n == q->cap) { /* full at ring_max: the oldest goes */
+        q->v[q->head] = sl;
+        q->head = (q->head + 1) & (q->cap - 1);
+    } else {
+        q->v[(q->head + q->n) & (q->cap - 1)] = sl;
+        q->n++;
+    }
+    return 0;
+}
+
+/* The other tasks' slices on cpu within [start, end], newest first, as
+ * Causes._wait reads its deque: fn(ctx, other tid, overlap) for each. */
+typedef int (*overlap_fn)(void *ctx, long long other, long long ov);
+
+static int why_overlaps(Digester *self, long long cpu, long long start, long long end, long long tid,
+                        overlap_fn fn, void *ctx)
+{
+    if (cpu >= self->nrings)
+        return 0;
+    why_ring *q = &self->rings[cpu];
+    for (Py_ssize_t i = q->n - 1; i >= 0; i--) {
+        const why_slice *sl = &q->v[(q->head + i) & (q->cap - 1)];
+        if (sl->e <= start)
+            break;
+        if (sl->tid == tid)
+            continue;
+        long long ov = (sl->e < end ? sl->e : end) - (sl->s > start ? sl->s : start);
+        if (ov <= 0)
+            continue;
+        if (fn(ctx, sl->tid, ov) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    ov_table *t;
+    uint32_t waiter;
+    long long seen;
+} wait_ctx;
+
+static int overlap_sum(void *p, long long other, long long ov)
+{
+    wait_ctx *c = p;
+    c->seen += ov;
+    return ov_add(c->t, c->waiter, other, ov);
+}
+
+/* A record the fast path has read (own: one the filter keeps, summed too),
+ * with its names' cache entries (why_plain): its task's names and place
+ * noted, and, its dur_ns known, what its kind of row adds. 0, or -1. */
+static int why_one(Digester *self, const state_rec *r, const extras *x, int own, name_entry *fe,
+                   name_entry *te, name_entry *we)
+{
+    comm_entry *ce;
+    PyObject *comm = comm_str(self->comms, r, &ce);
+    int fresh, rc = -1;
+    if (!comm)
+        return -1;
+    seen_acc *sa = acc_get(&self->seen, r->tid, &fresh);
+    if (!sa)
+        goto out;
+    sa->pid = r->pid;
+    sa->has_pid = 1;
+    sa->has_cg = r->has_cgroup;
+    sa->cg = r->cgroup;
+    Py_INCREF(comm);
+    Py_XSETREF(sa->comm, comm);
+    if (own) {
+        sa->has_own = 1;
+        sa->own_ts = r->ts;
+        Py_INCREF(te->name);
+        Py_XSETREF(sa->own_to, te->name);
+    } else if (r->ts > self->why_last_ts) {
+        self->why_last_ts = r->ts;
+    }
+    rc = 0;
+    if (!r->has_dur)
+        goto out;
+    int kind = why_kind(self, fe, te);
+    if (kind <= WHY_NONE) {
+        rc = kind;
+        goto out;
+    }
+    rc = -1;
+    long long d = r->dur, seq = ++self->why_seq;
+    if (kind == WHY_SLICE) {
+        rc = why_slice_add(self, r->cpu, r->ts - d, r->ts, r->tid);
+        goto out;
+    }
+    if (!own) {
+        rc = 0;
+        goto out;
+    }
+    if (kind == WHY_BLOCKED) {
+        long long a = WHY_BLOCKED | (long long)(fe - self->names) << 4 | (long long)(we ? we - self->names + 1 : 0) << 10;
+        long long wtid = x->kind[X_WAKER_TID] == 'i' ? x->v[X_WAKER_TID] : 0;
+        why_entry *w = wt_get(&self->wt, r, comm, a, we ? 0 : wtid);
+        if (!w || wt_add(w, d, seq, 1) < 0)
+            goto out;
+        if (x->kind[X_WAKER_PID] == 'i' && x->v[X_WAKER_PID] > 0) {
+            w->wpid = x->v[X_WAKER_PID];
+            w->wpid_seq = seq;
+        }
+        rc = 0;
+        goto out;
+    }
+    /* a run-queue wait: its kind's sums, and who held the CPU meanwhile */
+    why_entry *w = wt_get(&self->wt, r, comm, kind, 0);
+    if (!w)
+        goto out;
+    wt_add(w, d, seq, 0);
+    if (d > 0) {
+        wait_ctx c = {&self->ov, (uint32_t)w->idx, 0};
+        if (why_overlaps(self, r->cpu, r->ts - d, r->ts, r->tid, overlap_sum, &c) < 0)
+            goto out;
+        if (d - c.seen > 0 && ov_add(&self->ov, c.waiter, -1, d - c.seen) < 0)
+            goto out;
+    }
+    rc = 0;
+out:
+    Py_DECREF(comm);
+    return rc;
+}
+
+/* (tid, pid, comm, cgroup or None, a, b, count, sum, min, max, buckets or
+ * None, waker_pid, its seq, seq): an entry of why_table. */
+static PyObject *why_row(why_entry *w)
+{
+    PyObject *cg = w->has_cg ? PyLong_FromLongLong(w->cg) : Py_NewRef(Py_None);
+    return Py_BuildValue("(LLONLLLLLLOLLL)", w->tid, w->pid, w->comm, cg, w->a, w->b, w->count, w->sum, w->min,
+                         w->max, w->buckets ? w->buckets : Py_None, w->wpid, w->wpid_seq, w->seq);
+}
+
+static void seen_release(acc_table *t)
+{
+    for (Py_ssize_t k = 0; k < t->used; k++) {
+        seen_acc *sa = (seen_acc *)SLOT(t, t->order[k]);
+        Py_CLEAR(sa->comm);
+        Py_CLEAR(sa->own_to);
+    }
+}
+
+/* (tid, pid or None, comm, cgroup or None, ts or None, to or None): the
+ * names a task's last records gave, and ts and to of its last one the
+ * filter kept. */
+static PyObject *seen_row(acc_head *h)
+{
+    seen_acc *sa = (seen_acc *)h;
+    PyObject *pid = sa->has_pid ? PyLong_FromLongLong(sa->pid) : Py_NewRef(Py_None);
+    PyObject *cg = sa->has_cg ? PyLong_FromLongLong(sa->cg) : Py_NewRef(Py_None);
+    PyObject *ts = sa->has_own ? PyLong_FromLongLong(sa->own_ts) : Py_NewRef(Py_None);
+    return Py_BuildValue("(LNONNO)", sa->h.key, pid, sa->comm ? sa->comm : Py_None, cg, ts,
+                         sa->own_to ? sa->own_to : Py_None);
+}
+
 /* The tasks since the last take: (tid, pid, comm, last_ts, to, first_ts,
  * head_null, first_group, known, the last record's cgroup or None). */
 static PyObject *task_row(acc_head *h)
@@ -1452,6 +2003,20 @@ static void Digester_dealloc(Digester *self)
     PyMem_Free(self->cell_keys);
     Py_XDECREF(self->state_id);
     Py_XDECREF(self->comm_id);
+    if (self->seen.slots)
+        seen_release(&self->seen);
+    acc_free(&self->seen);
+    PyMem_Free(self->why_sel);
+    if (self->wt.slots)
+        wt_clear(&self->wt);
+    PyMem_Free(self->wt.slots);
+    PyMem_Free(self->wt.order);
+    PyMem_Free(self->ov.slots);
+    PyMem_Free(self->ov.order);
+    for (Py_ssize_t i = 0; i < self->nrings; i++)
+        PyMem_Free(self->rings[i].v);
+    PyMem_Free(self->rings);
+    Py_XDECREF(self->why_select);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1503,14 +2068,25 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     /* Segments as bytes.split(b"\n") makes them: the last one ends at end. */
     while (pos <= end && !self->hist_flush_due) {
         state_rec r;
+        extras x;
         Py_ssize_t next;
-        if (!next_state(buf, pos, end, max_line, &r, &next) || !order_ok(&order, &r))
+        if (!next_state(buf, pos, end, max_line, &r, &next, self->why ? &x : NULL) || !order_ok(&order, &r))
             break;
+        name_entry *fe = NULL, *te = NULL, *we = NULL;
+        if (self->why) {
+            int plain = why_plain(self, &r, &x, &fe, &te, &we);
+            if (plain < 0)
+                goto done;
+            if (!plain)
+                break;
+        }
         if (self->filt.on) {
             int ok = filter_passes(self, &r);
             if (ok < 0)
                 goto done;
             if (!ok) { /* read, and left out as the careful path leaves it out */
+                if (self->why && why_one(self, &r, &x, 0, fe, te, we) < 0)
+                    goto done;
                 order_note(&order, &r);
                 lines++;
                 pos = next;
@@ -1522,6 +2098,8 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
             goto done;
         if (rc > 0)
             break;
+        if (self->why && why_one(self, &r, &x, 1, fe, te, we) < 0)
+            goto done;
         order_note(&order, &r);
         lines++;
         digested++;
@@ -1650,7 +2228,244 @@ static PyObject *Digester_set_filter(Digester *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(set_why_doc,
+"set_why(select, stacks, slices_per_cpu)\n\n"
+"From now on, also sum what the why-views (analysis.causes.Causes) read of\n"
+"each record digest() reads, the filter's left-outs too, for take_why().\n"
+"select(from, to): the kind of row of a transition (0 none, 1 leaving a\n"
+"blocked state, 2 leaving running: an on-CPU slice, 3 and 4 a run-queue\n"
+"wait after a wake-up and after a preemption), asked once per pair; the\n"
+"latest slices_per_cpu slices per CPU are kept for the waits. A record\n"
+"whose waker fields are not plain (waker_tid, waker_pid: null or an int\n"
+">= 0; waker: null or a string) is left to the careful path, and with\n"
+"stacks one with a stack_id or a reason too.");
+
+static PyObject *Digester_set_why(Digester *self, PyObject *args)
+{
+    PyObject *select;
+    int stacks;
+    Py_ssize_t ring_max;
+    if (!self->state_id) {
+        PyErr_SetString(PyExc_RuntimeError, "Digester not initialised");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "Opn:set_why", &select, &stacks, &ring_max))
+        return NULL;
+    if (!PyCallable_Check(select)) {
+        PyErr_SetString(PyExc_TypeError, "select must be a callable");
+        return NULL;
+    }
+    if (ring_max < 1 || (ring_max & (ring_max - 1)) || ring_max < 256) {
+        PyErr_SetString(PyExc_ValueError, "slices_per_cpu must be a power of two, at least 256");
+        return NULL;
+    }
+    if (self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was called already");
+        return NULL;
+    }
+    self->why_sel = PyMem_Malloc(NAME_CACHE * NAME_CACHE);
+    if (!self->why_sel || wt_init(&self->wt) < 0 || ov_init(&self->ov) < 0 ||
+        acc_init(&self->seen, sizeof(seen_acc)) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return NULL;
+    }
+    memset(self->why_sel, -1, NAME_CACHE * NAME_CACHE);
+    self->why_last_ts = -1;
+    self->ring_max = ring_max;
+    Py_INCREF(select);
+    self->why_select = select;
+    self->why_stacks = stacks;
+    self->why = 1;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(take_why_doc,
+"take_why() -> (sums, antagonists, last_ts, names)\n\n"
+"What set_why sums, since the last take_why, which is then forgotten here.\n"
+"sums: [(tid, pid, comm, cgroup, a, b, count, sum, min, max, buckets,\n"
+"waker_pid, waker_pid_seq, seq)], per task as its rows gave it and per\n"
+"what, a: the kind of row (1 blocked: | from << 4 | waker << 10, names\n"
+"indices, the waker's + 1, 0 none; b: the waker's tid; 3, 4: run-queue\n"
+"waits); buckets: a blocked interval's {bucket: count}, else None; seq: the\n"
+"row number (why_seq) of its last row, waker_pid_seq of the last that gave\n"
+"a waker_pid (0: none did). antagonists: [(wait, other, ns, waits)]: the\n"
+"on-CPU time of the task other within the waits of the sums' entry number\n"
+"wait (other -1: the time no slice covers). last_ts: the latest ts of a\n"
+"record the filter left out (None: none); names: the names the indices\n"
+"number.");
+
+static PyObject *Digester_take_why(Digester *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return NULL;
+    }
+    PyObject *sums = PyList_New(self->wt.used);
+    for (Py_ssize_t k = 0; sums && k < self->wt.used; k++) {
+        PyObject *row = why_row(&self->wt.slots[self->wt.order[k]]);
+        if (!row)
+            Py_CLEAR(sums);
+        else
+            PyList_SET_ITEM(sums, k, row);
+    }
+    PyObject *ovs = sums ? PyList_New(self->ov.used) : NULL;
+    for (Py_ssize_t k = 0; ovs && k < self->ov.used; k++) {
+        ov_entry *o = &self->ov.slots[self->ov.order[k]];
+        PyObject *row = Py_BuildValue("(ILLL)", o->waiter, o->other, o->ns, o->waits);
+        if (!row)
+            Py_CLEAR(ovs);
+        else
+            PyList_SET_ITEM(ovs, k, row);
+    }
+    if (sums && !ovs)
+        Py_CLEAR(sums);
+    PyObject *names = sums ? PyTuple_New(self->n_names) : NULL;
+    for (int i = 0; names && i < self->n_names; i++)
+        PyTuple_SET_ITEM(names, i, Py_NewRef(self->names[i].name));
+    PyObject *last = names ? (self->why_last_ts >= 0 ? PyLong_FromLongLong(self->why_last_ts) : Py_NewRef(Py_None))
+                           : NULL;
+    if (!last) {
+        Py_XDECREF(sums);
+        Py_XDECREF(ovs);
+        Py_XDECREF(names);
+        return NULL;
+    }
+    wt_clear(&self->wt);
+    ov_clear(&self->ov);
+    self->why_last_ts = -1;
+    return Py_BuildValue("(NNNN)", sums, ovs, last, names);
+}
+
+PyDoc_STRVAR(why_tasks_doc,
+"why_tasks() -> [(tid, pid, comm, cgroup, ts, to)]\n\n"
+"Every task's names as its last records gave them, from digest() and\n"
+"why_note() (pid, cgroup: None when none did), and ts and to of its last\n"
+"state record the filter kept (None: none).");
+
+static PyObject *Digester_why_tasks(Digester *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return NULL;
+    }
+    return acc_rows(&self->seen, seen_row);
+}
+
+PyDoc_STRVAR(why_note_doc,
+"why_note(tid, what, comm, pid, cgroup, ts, to)\n\n"
+"What a record the careful path read says of a task, in its place among\n"
+"those digest() reads: what is a mask of the fields it sets (1 comm,\n"
+"2 pid, 4 cgroup (None: none), 8 ts and to of a state record the filter\n"
+"kept).");
+
+static PyObject *Digester_why_note(Digester *self, PyObject *args)
+{
+    long long tid, ts = 0;
+    int what;
+    PyObject *comm, *pid, *cg, *tso, *to;
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "LiOOOOO:why_note", &tid, &what, &comm, &pid, &cg, &tso, &to))
+        return NULL;
+    long long pv = 0, cv = 0;
+    if ((what & 2) && (pv = PyLong_AsLongLong(pid)) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((what & 4) && cg != Py_None && (cv = PyLong_AsLongLong(cg)) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((what & 8) && (ts = PyLong_AsLongLong(tso)) == -1 && PyErr_Occurred())
+        return NULL;
+    int fresh;
+    seen_acc *sa = acc_get(&self->seen, tid, &fresh);
+    if (!sa)
+        return NULL;
+    if (what & 1) {
+        Py_INCREF(comm);
+        Py_XSETREF(sa->comm, comm);
+    }
+    if (what & 2) {
+        sa->pid = pv;
+        sa->has_pid = 1;
+    }
+    if (what & 4) {
+        sa->has_cg = cg != Py_None;
+        sa->cg = cv;
+    }
+    if (what & 8) {
+        sa->has_own = 1;
+        sa->own_ts = ts;
+        Py_INCREF(to);
+        Py_XSETREF(sa->own_to, to);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Digester_why_seq(Digester *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(self->why_seq);
+}
+
+static int why_args(Digester *self, PyObject *args, const char *fmt, long long v[4])
+{
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, fmt, &v[0], &v[1], &v[2], &v[3]))
+        return -1;
+    if (v[0] < 0 || v[0] >= WHY_MAX_CPU) {
+        PyErr_SetString(PyExc_ValueError, "cpu out of range");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(why_slice_doc,
+"why_slice(cpu, start, end, tid)\n\n"
+"An on-CPU slice the careful path read, kept with those digest() reads.");
+
+static PyObject *Digester_why_slice(Digester *self, PyObject *args)
+{
+    long long v[4];
+    if (why_args(self, args, "LLLL:why_slice", v) < 0 || why_slice_add(self, v[0], v[1], v[2], v[3]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static int overlap_list(void *p, long long other, long long ov)
+{
+    PyObject *t = Py_BuildValue("(LL)", other, ov);
+    int rc = t ? PyList_Append((PyObject *)p, t) : -1;
+    Py_XDECREF(t);
+    return rc;
+}
+
+PyDoc_STRVAR(why_wait_doc,
+"why_wait(cpu, start, end, tid) -> [(other tid, overlap)]\n\n"
+"The other tasks' on-CPU slices on cpu within a run-queue wait of tid\n"
+"[start, end] the careful path read, newest first.");
+
+static PyObject *Digester_why_wait(Digester *self, PyObject *args)
+{
+    long long v[4];
+    if (why_args(self, args, "LLLL:why_wait", v) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out && why_overlaps(self, v[0], v[1], v[2], v[3], overlap_list, out) < 0)
+        Py_CLEAR(out);
+    return out;
+}
+
 static PyMethodDef Digester_methods[] = {
+    {"set_why", (PyCFunction)Digester_set_why, METH_VARARGS, set_why_doc},
+    {"take_why", (PyCFunction)Digester_take_why, METH_NOARGS, take_why_doc},
+    {"why_slice", (PyCFunction)Digester_why_slice, METH_VARARGS, why_slice_doc},
+    {"why_tasks", (PyCFunction)Digester_why_tasks, METH_NOARGS, why_tasks_doc},
+    {"why_note", (PyCFunction)Digester_why_note, METH_VARARGS, why_note_doc},
+    {"why_seq", (PyCFunction)Digester_why_seq, METH_NOARGS, "why_seq() -> the number of rows set_why has summed"},
+    {"why_wait", (PyCFunction)Digester_why_wait, METH_VARARGS, why_wait_doc},
     {"digest", (PyCFunction)Digester_digest, METH_VARARGS, digest_doc},
     {"take", (PyCFunction)Digester_take, METH_VARARGS, take_doc},
     {"forget", (PyCFunction)Digester_forget, METH_VARARGS, forget_doc},
@@ -1894,7 +2709,7 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
         PyBuffer_Release(&view);
         return NULL;
     }
-    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next) && order_ok(&order, &r)) {
+    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next, NULL) && order_ok(&order, &r)) {
         order_note(&order, &r);
         lines++;
         if (r.ts > max_ts)

@@ -4,12 +4,15 @@ task waited on a run queue (its antagonists).
 
 A Causes digests what the one reader hands out, in stream order, next to
 the timeinstate.Aggregator that reads the same (digest()): plain state
-records as state rows, read in bulk by pstate._digest.parse_states when it
-is built, and as records (dicts, the careful path) the lines that hold what
-a row has not (record_keys(): stack_id, reason, the waker fields), with the
-same results either way. Its size grows with the number of groups,
-distinct stacks, wakers and antagonists, not of events (the run-queue
-slices it keeps per CPU are bounded: SLICES_PER_CPU).
+records in bulk by the native Digester when it is built (_digest.Digester
+set_why: it sums for the Aggregator as plain stats does, and, per task as
+its rows gave it, what select() says each transition adds to the views;
+add_native takes those sums), every other line as a record (a dict, the
+careful path: a stack_id or reason with --stacks or --by reason, escaped
+strings, ...), with the same results either way, which the tests hold
+(tests/fuzz/test_why_native.py). Its size grows with the number of
+groups, distinct stacks, wakers and antagonists, not of events (the
+run-queue slices it keeps per CPU are bounded: SLICES_PER_CPU).
 
 - Stacks: a state record leaving a blocked state (timeinstate.latency_kind
   says which; a wake-up, or a switch-in whose wake-up was not seen) adds its dur_ns to (state, stack) of its group, the stack
@@ -19,8 +22,7 @@ slices it keeps per CPU are bounded: SLICES_PER_CPU).
   blocked time stats reports for it. Stacks are keyed by their frames, so
   the same stack in two concatenated recordings is one.
 - Reasons: the same intervals by the record's reason (NO_REASON without).
-- Wakers: the same intervals by who ended them: a task (waker_tid, with its
-  pid, and the comm last seen for that tid), or irq/softirq (the record's
+- Wakers: the same intervals by who ended them: a task (waker_tid), or irq/softirq (the record's
   waker), or UNKNOWN_WAKER (waker_tid 0 without waker, or no wake-up seen).
 - Antagonists: every switch-out (running -> anything) leaves an on-CPU
   slice [ts - dur_ns, ts] on its CPU; a switch-in after a wake-up or a
@@ -28,6 +30,10 @@ slices it keeps per CPU are bounded: SLICES_PER_CPU).
   other tasks on that CPU within that wait are the time they caused. The
   part no recorded slice covers (the CPU idle, a task the recording
   filtered out, or older than the slices kept) is NOT_SEEN.
+
+A waker's and an antagonist's pid, comm and group are those of the task's
+last record in the input (a waker's pid as the recording said it where the
+task itself was not seen), named once the input is read (finish()).
 
 Group keys are those of the Aggregator, every one of timeinstate.BY_KEYS
 (pid, tid, comm, all, and the services' cgroup, unit, container, title,
@@ -44,10 +50,11 @@ import functools
 from collections import deque
 from dataclasses import dataclass, field
 
+from pstate import native
 from pstate.analysis import services
 from pstate.analysis.ingest import feed_file
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import ALL, RUNQ_PREEMPTED, RUNQ_WAKEUP, Aggregator, latency_kind
+from pstate.analysis.timeinstate import ALL, LIFECYCLE, RUNQ_PREEMPTED, RUNQ_WAKEUP, Aggregator, latency_kind
 from pstate.stream import schema, vocab
 from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats
@@ -58,7 +65,13 @@ NO_REASON = "-"
 UNKNOWN_WAKER = "[unknown]"
 NOT_SEEN = "[idle or unseen]"
 WHY_BY_KEYS = ("reason",)  # groupings of their own, besides timeinstate.BY_KEYS
+# The kinds of row Causes.select names (as _digest's set_why reads them):
+# none, leaving a blocked state, leaving running (an on-CPU slice), a
+# run-queue wait after a wake-up, after a preemption; and, in the native
+# sums only, another task's slices within waits, and the rest of them.
+NONE, BLOCKED, SLICE, WAIT_WAKEUP, WAIT_PREEMPTED, OVERLAP, UNSEEN = range(7)
 SLICES_PER_CPU = 1 << 16  # on-CPU slices kept per CPU for --antagonists
+NATIVE_CPUS = 1 << 16  # the CPUs whose slices the native reader keeps (others: the careful path's)
 
 
 def aggregation_key(by: str) -> str:
@@ -79,9 +92,10 @@ class Waker:
     count: int = 0
     ended_ns: int = 0
     group: object = None  # the key of the waker's own group (a task's)
+    pid_seq: int = field(default=0, repr=False, compare=False)  # (the native row number pid was set at)
 
 
-@dataclass
+@dataclass(slots=True)
 class Antagonist:
     tid: int
     pid: int = 0
@@ -103,6 +117,9 @@ class GroupCauses:
     runq_waits: int = 0
     runq_kind_ns: dict = field(default_factory=dict)  # RUNQ_WAKEUP / RUNQ_PREEMPTED -> ns
     antagonists: dict = field(default_factory=dict)  # tid or NOT_SEEN -> Antagonist
+    # (tid -> (pid, comm, group)): how antagonist_rows names a task, once the input is read
+    namer: object = field(default=None, repr=False, compare=False)
+    comm_seq: int = field(default=0, repr=False, compare=False)  # (the native row number comm was set at)
 
     def blocked_ns(self, states=None) -> int:
         total = sum(h.total for (s, _f), h in self.stacks.items() if states is None or s in states)
@@ -129,8 +146,15 @@ class GroupCauses:
     def waker_rows(self) -> list:
         return sorted(self.wakers.values(), key=lambda w: (-w.ended_ns, -w.count, w.kind, w.tid))
 
-    def antagonist_rows(self) -> list:
-        return sorted(self.antagonists.values(), key=lambda a: (-a.ns, a.tid == NOT_SEEN, str(a.tid)))
+    def antagonist_rows(self, named: int | None = None) -> list:
+        """The antagonists by time held, longest first; the first `named`
+        (all: None) with the pid, comm and group of their last record."""
+        rows = sorted(self.antagonists.values(), key=lambda a: (-a.ns, a.tid == NOT_SEEN, str(a.tid)))
+        if self.namer is not None:
+            for a in rows[:named]:
+                if a.tid != NOT_SEEN:
+                    a.pid, a.comm, a.group = self.namer(a.tid)
+        return rows
 
 
 @functools.lru_cache(maxsize=512)
@@ -140,8 +164,9 @@ def blocked_state(state: str) -> bool:
 
 
 class Causes:
-    """See the module docstring. add(rec) for every record in order, then
-    finish(end_ts) once; groups holds a GroupCauses per group key."""
+    """See the module docstring. add(rec) for every record in order (or,
+    from the native reader, add_native), then finish(end_ts) once; groups
+    holds a GroupCauses per group key."""
 
     def __init__(self, by: str = "pid", *, stacks: bool = False, wakers: bool = False, antagonists: bool = False,
                  filt=None):
@@ -160,16 +185,16 @@ class Causes:
         self.stream = 0
         self.comms: dict = {}  # tid -> comm last seen
         self.pids: dict = {}  # tid -> pid last seen
-        self.last: dict = {}  # tid -> (ts, state entered, group key)
+        self.cgroups: dict = {}  # tid -> the cgroup id its last record carried (None: none)
+        self.last: dict = {}  # tid -> (ts, state entered) of its last record the filter kept
         self.slices: dict = {}  # cpu -> deque of (start, end, tid)
         self.has_stacks = False  # the input had stack records
         self.stacked: set = set()  # the states whose intervals came with a stack_id
-        self._blocked: dict = {}  # state -> blocked_state(state)
-        self._runq_kinds: dict = {}  # from-state -> latency_kind(from, running)
+        self._selected: dict = {}  # (from, to) -> select(from, to)
+        self.native = None  # the native Digester whose slices the careful path's records join
         # --by cgroup, unit, container, title, ppid: what the stream's process
         # and cgroup records said so far, and the keys they give, cached
         self.services = services.GroupKeys(by, role) if by in services.BY_KEYS else None
-        self.cgroups: dict = {}  # tid -> the cgroup id its last record carried (None: none)
 
     def group(self, key) -> GroupCauses:
         g = self.groups.get(key)
@@ -177,124 +202,175 @@ class Causes:
             g = self.groups[key] = GroupCauses(key=key)
         return g
 
-    def record_keys(self) -> tuple:
-        """What a state line must hold to be wanted whole (as a record)
-        rather than as a row: the fields of the views asked for."""
-        keys = []
-        if self.want_stacks or self.by == "reason":
-            keys.append(b'"stack_id"')
-            keys.append(b'"reason"')
-        if self.want_wakers:
-            keys.append(b'"waker')
-        return tuple(keys)
+    @property
+    def careful_stacks(self) -> bool:
+        """Whether a state record's stack_id and reason are read (--stacks,
+        --by reason): such a record is not a plain row."""
+        return self.want_stacks or self.by == "reason"
+
+    def select(self, frm: str, to: str) -> int:
+        """The kind of row a transition (with its dur_ns known) is to the
+        views asked for: BLOCKED (leaving a blocked state: stacks, reasons,
+        wakers), SLICE (leaving running) or WAIT_* (a run-queue wait:
+        antagonists), or NONE."""
+        if blocked_state(frm):
+            return BLOCKED if self.want_stacks or self.want_wakers or self.by == "reason" else NONE
+        if not self.want_antagonists:
+            return NONE
+        if frm == schema.RUNNING:
+            return SLICE
+        if to == schema.RUNNING:
+            kind = latency_kind(frm, to)
+            if kind == RUNQ_WAKEUP:
+                return WAIT_WAKEUP
+            if kind == RUNQ_PREEMPTED:
+                return WAIT_PREEMPTED
+        return NONE
 
     def add(self, rec: dict, own: bool = True) -> None:
         """A record from the reader (a state record whole: its fields beyond
         a row's are used); own: a state record the filter keeps."""
         t = rec["type"]
         if t == "state":
-            self._state(rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"],
-                        rec.get("dur_ns"), rec["cpu"], rec, None, own)
+            self._state(rec, own)
         elif t == "stack":
             self.frames[(self.stream, rec["stack_id"])] = rec["frames"]
             self.has_stacks = True
         elif t == "meta":
             self.stream += 1  # stack ids are per stream
         elif t in ("fork", "exec", "exit", "waker"):
-            self.comms[rec["tid"]] = rec.get("comm")
+            self._note(rec["tid"], 1, rec.get("comm"))
         elif self.services is not None and t in ("process", "cgroup"):
             self.services.note(rec)
         elif t == "slice":  # a task a filtered recording does not follow, on a CPU a followed one waited for
-            self.comms[rec["tid"]] = rec.get("comm")
-            self.pids[rec["tid"]] = rec["pid"]
+            self._note(rec["tid"], 3, rec.get("comm"), rec["pid"])
             if self.want_antagonists and type(rec.get("dur_ns")) is int:
                 self._slice(rec["cpu"], rec["ts"] - rec["dur_ns"], rec["ts"], rec["tid"])
 
-    def add_rows(self, rows) -> list:
-        """State rows (reader.ROW_FIELDS) of lines without record_keys();
-        those the filter keeps (all without one)."""
-        state = self._state
-        filt = self.filt
-        if filt is None:
-            self._plain_rows(rows)
-            return rows
-        kept = []
-        match = filt.match_state
-        for row in rows:
-            ts, pid, tid, comm, frm, to, d, cpu, _w, cg, _steal = row
-            own = match(pid, tid, comm, cpu, frm, to, d, cg)
-            state(ts, pid, tid, comm, frm, to, d, cpu, None, cg, own)
-            if own:
-                kept.append(row)
-        return kept
+    def _state(self, rec: dict, own: bool) -> None:
+        ts, pid, tid, comm, frm, to = rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"]
+        d, cg = rec.get("dur_ns"), rec.get("cgroup")
+        self._note(tid, 15 if own else 7, comm, pid, cg, ts, to)
+        if not own and ts > self.last_ts:
+            self.last_ts = ts
+        if d is None:
+            return
+        sid = rec.get("stack_id")
+        if sid is not None and self.want_stacks and blocked_state(frm):
+            self.stacked.add(frm)  # the states the recording took stacks of
+        kind = self._selected.get((frm, to))
+        if kind is None:
+            kind = self._selected[(frm, to)] = self.select(frm, to)
+        if not kind:
+            return
+        frames = NO_STACK
+        if sid is not None and self.want_stacks:
+            frames = self.frames.get((self.stream, sid), NO_STACK)
+        self._row(kind, ts, pid, tid, comm, frm, to, d, rec["cpu"], cg, own, rec.get("waker"),
+                  rec.get("waker_tid"), rec.get("waker_pid"), frames, rec.get("reason") or NO_REASON)
 
-    def _plain_rows(self, rows) -> None:
-        """_state of rows, every one the Causes' own (no filter), inlined:
-        the bulk of a stream. A row has no stack_id, reason or waker
-        (those lines come as records)."""
-        by = self.by
-        by_pid, by_tid, by_comm = by == "pid", by == "tid", by == "comm"
-        service = self.services.group if self.services is not None else None
-        const = NO_REASON if by == "reason" else ALL
-        groups_get = self.groups.get
-        new_group = self.group
-        names = self.want_wakers or self.want_antagonists
-        comms, pids, last = self.comms, self.pids, self.last
-        cgroups = self.cgroups if service is not None else None
-        stacks, wakers, antagonists = self.want_stacks, self.want_wakers, self.want_antagonists
-        blocked = self._blocked
-        slices = self.slices
-        running = schema.RUNNING
-        runq = self._runq_kinds
-        at_end_key = by != "reason"
-        for ts, pid, tid, comm, frm, to, d, cpu, _w, cg, _steal in rows:
-            if names:
-                comms[tid] = comm
-                pids[tid] = pid
-            if cgroups is not None:
-                cgroups[tid] = cg
-            if by_pid:
-                key = pid
-            elif by_tid:
-                key = tid
-            elif by_comm:
-                key = comm
-            elif service is not None:
-                key = service(pid, cg)
-            else:
-                key = const
-            g = groups_get(key)
+    def _note(self, tid: int, what: int, comm, pid=None, cg=None, ts=None, to=None) -> None:
+        """What a record says of a task (what: 1 comm, 2 pid, 4 cgroup, 8
+        where it is, of a record the filter keeps), for naming it at the end."""
+        if self.native is not None:
+            self.native.why_note(tid, what, comm, pid, cg, ts, to)
+            return
+        if what & 1:
+            self.comms[tid] = comm
+        if what & 2:
+            self.pids[tid] = pid
+        if what & 4:
+            self.cgroups[tid] = cg
+        if what & 8:
+            self.last[tid] = (ts, to)
+
+    def add_native(self, sums: list, antagonists: list, last_ts, names: tuple) -> None:
+        """What the native reader summed for the views since it last said
+        (_digest.Digester.take_why): per task as its rows gave it and per
+        what, the antagonists of its waits, and the latest ts of a record
+        the filter left out. The same as _row of each row, in order (the
+        careful path's rows since count as later where they set a name)."""
+        if last_ts is not None and last_ts > self.last_ts:
+            self.last_ts = last_ts
+        latest: dict = {}  # group key -> (seq, comm) of its last row
+        waker_pids: dict = {}  # id(Waker) -> (seq, pid, Waker) of the last row that named its process
+        groups = []  # per entry of sums, its group
+        for tid, pid, comm, cg, a, b, count, total, vmin, vmax, buckets, wpid, wpid_seq, seq in sums:
+            key = self._key(pid, tid, comm, NO_REASON, cg)
+            g = self.groups.get(key)
             if g is None:
-                g = new_group(key)
-            g.comm = comm or ""
-            if stacks:
-                last[tid] = (ts, to, key if at_end_key else NO_REASON)
-            if d is None:
-                continue
-            b = blocked.get(frm)
-            if b is None:
-                b = blocked[frm] = blocked_state(frm)
-            if b:
-                if stacks:
-                    _hist(g.stacks, (frm, NO_STACK)).add(d)
-                    _hist(g.reasons, (frm, NO_REASON)).add(d)
-                if wakers:
-                    self._waker(g, {}, d)
-            elif antagonists:
-                if frm == running:
-                    q = slices.get(cpu)
-                    if q is None:
-                        q = slices[cpu] = deque(maxlen=SLICES_PER_CPU)
-                    q.append((ts - d, ts, tid))
-                elif to == running:
-                    kind = runq.get(frm)
-                    if kind is None:
-                        kind = runq[frm] = latency_kind(frm, to)
-                    if kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
-                        g.runq_kind_ns[kind] = g.runq_kind_ns.get(kind, 0) + d
-                        self._wait(g, cpu, ts - d, ts, tid)
+                g = self.group(key)
+            groups.append(g)
+            if seq > latest.get(key, (0,))[0]:
+                latest[key] = (seq, comm)
+            kind = a & 15
+            if kind == BLOCKED:
+                frm = names[(a >> 4) & 63]
+                if self.want_stacks:
+                    _hist(g.stacks, (frm, NO_STACK)).add_counts(buckets, count, total, vmin, vmax)
+                    _hist(g.reasons, (frm, NO_REASON)).add_counts(buckets, count, total, vmin, vmax)
+                if self.want_wakers:
+                    w = self._waker_of(g, names[(a >> 10) - 1] if a >> 10 else None, b)
+                    w.count += count
+                    w.ended_ns += total
+                    if wpid_seq > max(w.pid_seq, waker_pids.get(id(w), (0,))[0]):
+                        waker_pids[id(w)] = (wpid_seq, wpid, w)
+            else:
+                rk = RUNQ_WAKEUP if kind == WAIT_WAKEUP else RUNQ_PREEMPTED
+                g.runq_kind_ns[rk] = g.runq_kind_ns.get(rk, 0) + total
+                g.runq_ns += total
+                g.runq_waits += count
+        for wait, other, ns, waits in antagonists:
+            held = groups[wait].antagonists
+            if other < 0:
+                other = NOT_SEEN
+            ant = held.get(other)
+            if ant is None:
+                held[other] = Antagonist(other, 0, "", ns, waits)
+            else:
+                ant.ns += ns
+                ant.waits += waits
+        for key, (seq, comm) in latest.items():
+            g = self.groups[key]
+            if seq > g.comm_seq:
+                g.comm, g.comm_seq = comm or "", seq
+        for seq, wpid, w in waker_pids.values():
+            if w.kind == "task":
+                w.pid, w.pid_seq = wpid, seq
 
-    def _key(self, pid, tid, comm, rec, cg=None):
+    def _row(self, kind, ts, pid, tid, comm, frm, to, d, cpu, cg, own, irq, wtid, wpid, frames=NO_STACK,
+             reason=NO_REASON) -> None:
+        """A transition of a kind select() names, its dur_ns known; own: the
+        filter keeps it (a task it leaves out adds only its on-CPU slices,
+        for others' antagonists)."""
+        if kind == SLICE:
+            self._slice(cpu, ts - d, ts, tid)
+            return
+        if not own:
+            return
+        key = self._key(pid, tid, comm, reason, cg)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.group(key)
+        # (after the native rows read so far: they count as earlier)
+        stamp = self.native.why_seq() if self.native is not None else 0
+        g.comm, g.comm_seq = comm or "", stamp
+        if kind == BLOCKED:  # a wake-up, or a switch-in whose wake-up was not seen
+            if self.want_stacks:
+                _hist(g.stacks, (frm, frames)).add(d)
+                _hist(g.reasons, (frm, reason)).add(d)
+            if self.want_wakers:
+                w = self._waker_of(g, irq, wtid or 0)
+                w.count += 1
+                w.ended_ns += d
+                if wpid and w.kind == "task":
+                    w.pid, w.pid_seq = wpid, stamp  # (what the recording said of the waker's process)
+        else:
+            rk = RUNQ_WAKEUP if kind == WAIT_WAKEUP else RUNQ_PREEMPTED
+            g.runq_kind_ns[rk] = g.runq_kind_ns.get(rk, 0) + d
+            self._wait(g, cpu, ts - d, ts, tid)
+
+    def _key(self, pid, tid, comm, reason=NO_REASON, cg=None):
         by = self.by
         if by == "pid":
             return pid
@@ -303,7 +379,7 @@ class Causes:
         if by == "comm":
             return comm
         if by == "reason":
-            return (rec.get("reason") if rec is not None else None) or NO_REASON
+            return reason
         if self.services is not None:
             return self.services.group(pid, cg)
         return ALL
@@ -312,51 +388,10 @@ class Causes:
         """The group key of a task by its last record (None: by reason)."""
         if self.by == "reason":
             return None
-        return self._key(self.pids.get(tid, 0), tid, self.comms.get(tid), None, self.cgroups.get(tid))
+        return self._key(self.pids.get(tid, 0), tid, self.comms.get(tid), NO_REASON, self.cgroups.get(tid))
 
-    def _state(self, ts, pid, tid, comm, frm, to, d, cpu, rec, cg=None, own=True) -> None:
-        self.comms[tid] = comm
-        self.pids[tid] = pid
-        if rec is not None:
-            cg = rec.get("cgroup")
-        if self.services is not None:
-            self.cgroups[tid] = cg
-        if not own:  # a task the filter leaves out: only its on-CPU slices count (for others' antagonists)
-            if ts > self.last_ts:
-                self.last_ts = ts
-            if rec is not None and rec.get("stack_id") is not None and d is not None and blocked_state(frm):
-                self.stacked.add(frm)  # the states the recording took stacks of
-            if self.want_antagonists and d is not None and frm == schema.RUNNING:
-                self._slice(cpu, ts - d, ts, tid)
-            return
-        key = self._key(pid, tid, comm, rec, cg)
-        g = self.group(key)
-        g.comm = comm or ""
-        self.last[tid] = (ts, to, key if self.by != "reason" else NO_REASON)
-        if d is None:
-            return
-        if blocked_state(frm):  # a wake-up, or a switch-in whose wake-up was not seen
-            if self.want_stacks:
-                sid = rec.get("stack_id") if rec is not None else None
-                if sid is not None:
-                    self.stacked.add(frm)
-                frames = self.frames.get((self.stream, sid), NO_STACK) if sid is not None else NO_STACK
-                _hist(g.stacks, (frm, frames)).add(d)
-                _hist(g.reasons, (frm, (rec.get("reason") if rec is not None else None) or NO_REASON)).add(d)
-            if self.want_wakers:
-                self._waker(g, rec or {}, d)
-        elif self.want_antagonists:
-            if frm == schema.RUNNING:
-                self._slice(cpu, ts - d, ts, tid)
-            elif to == schema.RUNNING:
-                kind = latency_kind(frm, to)
-                if kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
-                    g.runq_kind_ns[kind] = g.runq_kind_ns.get(kind, 0) + d
-                    self._wait(g, cpu, ts - d, ts, tid)
-
-    def _waker(self, g: GroupCauses, rec: dict, d: int) -> None:
-        irq = rec.get("waker")
-        wtid = rec.get("waker_tid") or 0
+    @staticmethod
+    def _waker_of(g: GroupCauses, irq, wtid: int) -> Waker:
         if irq:
             wkey = (irq, 0)
         elif wtid:
@@ -366,19 +401,32 @@ class Causes:
         w = g.wakers.get(wkey)
         if w is None:
             w = g.wakers[wkey] = Waker(kind=wkey[0], tid=wtid if wkey[0] == "task" else 0)
-        if w.kind == "task":
-            w.pid = rec.get("waker_pid") or self.pids.get(wtid, 0)
-            w.comm = self.comms.get(wtid) or w.comm
-            if self.by != "reason":
-                w.group = self._key(w.pid, wtid, w.comm or None, None, self.cgroups.get(wtid))
-        w.count += 1
-        w.ended_ns += d
+        return w
 
     def _slice(self, cpu: int, start: int, end: int, tid: int) -> None:
+        if self.native is not None and 0 <= cpu < NATIVE_CPUS:
+            self.native.why_slice(cpu, start, end, tid)
+            return
         q = self.slices.get(cpu)
         if q is None:
             q = self.slices[cpu] = deque(maxlen=SLICES_PER_CPU)
         q.append((start, end, tid))
+
+    def _overlaps(self, cpu: int, start: int, end: int, tid: int) -> list:
+        """[(other tid, overlap)]: the other tasks' slices on cpu within
+        [start, end], newest first."""
+        if self.native is not None and 0 <= cpu < NATIVE_CPUS:
+            return self.native.why_wait(cpu, start, end, tid)
+        out = []
+        for s, e, other in reversed(self.slices.get(cpu, ())):
+            if e <= start:
+                break
+            if other == tid:
+                continue
+            ov = min(e, end) - max(s, start)
+            if ov > 0:
+                out.append((other, ov))
+        return out
 
     def _wait(self, g: GroupCauses, cpu: int, start: int, end: int, tid: int) -> None:
         g.runq_ns += end - start
@@ -386,19 +434,10 @@ class Causes:
         if end <= start:
             return
         seen = 0
-        for s, e, other in reversed(self.slices.get(cpu, ())):
-            if e <= start:
-                break
-            if other == tid:
-                continue
-            ov = min(e, end) - max(s, start)
-            if ov <= 0:
-                continue
+        for other, ov in self._overlaps(cpu, start, end, tid):
             a = g.antagonists.get(other)
             if a is None:
-                a = g.antagonists[other] = Antagonist(tid=other, group=self.key_of_tid(other))
-            a.pid = self.pids.get(other, 0)
-            a.comm = self.comms.get(other) or ""
+                a = g.antagonists[other] = Antagonist(tid=other)
             a.ns += ov
             a.waits += 1
             seen += ov
@@ -411,16 +450,41 @@ class Causes:
             a.waits += 1
 
     def finish(self, end_ts: int | None) -> None:
-        """The time tasks are still blocked at the end of the window, under
-        the group of their last record."""
-        if end_ts is None or not self.want_stacks:
-            return
-        for ts, state, key in self.last.values():
-            if not blocked_state(state):
-                continue
-            if end_ts > ts:
-                g = self.group(key)
-                g.at_end[state] = g.at_end.get(state, 0) + (end_ts - ts)
+        """At the end of the input: the time tasks are still blocked at the
+        end of the window, under the group of their last record; the names,
+        processes and groups of the wakers and antagonists, as their last
+        records gave them (a waker's process as the recording said it when
+        the task itself was not seen)."""
+        if self.native is not None:  # the names the native reader kept
+            for tid, pid, comm, cg, ts, to in self.native.why_tasks():
+                self.comms[tid] = comm
+                if pid is not None:
+                    self.pids[tid] = pid
+                self.cgroups[tid] = cg
+                if ts is not None:
+                    self.last[tid] = (ts, to)
+        if end_ts is not None and self.want_stacks:
+            for tid, (ts, state) in self.last.items():
+                if end_ts > ts and blocked_state(state):
+                    g = self.group(NO_REASON if self.by == "reason" else self.key_of_tid(tid))
+                    g.at_end[state] = g.at_end.get(state, 0) + (end_ts - ts)
+        named = self.by != "reason"
+        known: dict = {}  # tid -> (pid, comm, group) by its last record
+
+        def of(tid):
+            k = known.get(tid)
+            if k is None:
+                k = known[tid] = (self.pids.get(tid, 0), self.comms.get(tid) or "", self.key_of_tid(tid))
+            return k
+
+        for g in self.groups.values():
+            g.namer = of  # (the antagonists, many: named when shown)
+            for w in g.wakers.values():
+                if w.kind == "task":
+                    w.pid = w.pid or self.pids.get(w.tid, 0)
+                    w.comm = self.comms.get(w.tid) or ""
+                    if named:
+                        w.group = self._key(w.pid, w.tid, w.comm or None, NO_REASON, self.cgroups.get(w.tid))
 
     def stack_states(self) -> frozenset | None:
         """The states the input took stacks of (None: it took none)."""
@@ -452,8 +516,12 @@ def callers(frames: str, reason: str | None, n: int = 3) -> list[str]:
 
 
 class _Sink:
-    """The reader's rows and records to the Aggregator (state rows in
-    batches, whichever path read them) and to the Causes, in order."""
+    """The reader's records to the Aggregator (state rows in batches) and to
+    the Causes, in order; with the native Digester (native()), what it read
+    in bulk to each before the next record the careful path read that
+    depends on it: to the Aggregator before a lifecycle or state record (as
+    ingest.LineDigester), to the Causes before a process or cgroup record
+    that may move a task to another group (--by a service)."""
 
     BATCH = 4096
 
@@ -462,19 +530,62 @@ class _Sink:
         self.causes = causes
         self.filt = causes.filt  # applied here, after the Causes have seen each record
         self.pending: list = []  # state rows the Aggregator has not had yet
+        self.dig = None  # the native Digester, in why mode
+        self.agg_due = False  # it read what the Aggregator has not had
+        self.causes_due = False  # and the Causes
+        self.forget = None  # its forget: what it knows of pids may change with a process or cgroup record
+
+    def native(self, max_line: int):
+        """A bulk reader for StreamReader (fast): the native Digester,
+        summing for the Aggregator and for the views the Causes select();
+        None when it is not built."""
+        if _digest is None:
+            return None
+        agg, causes, filt = self.agg, self.causes, self.filt
+        dig = self.dig = _digest.Digester(agg.digest_by, agg.state_id, agg.digest_group)
+        dig.set_why(causes.select, causes.careful_stacks, SLICES_PER_CPU)
+        causes.native = dig
+        if filt is not None:
+            dig.set_filter(*filt.native_spec())
+        if agg.services is not None or (filt is not None and filt.needs_identities):
+            self.forget = dig.forget
+        digest = dig.digest
+
+        def fast(buf, pos, end, _n):
+            self.flush()  # the careful rows before
+            stop, n, due = digest(buf, pos, end, max_line, agg.clip_ts)
+            if n:
+                self.agg_due = self.causes_due = True
+            if due:
+                self.settle_agg(True)
+            return stop, n, n
+
+        return fast
+
+    def settle_agg(self, flush: bool = False) -> None:
+        if self.dig is not None and (self.agg_due or flush):
+            self.agg_due = False
+            self.agg.add_digested(*self.dig.take(flush))
+
+    def settle_causes(self) -> None:
+        if self.causes_due:
+            self.causes_due = False
+            self.causes.add_native(*self.dig.take_why())
 
     def flush(self) -> None:
         if self.pending:
             rows, self.pending = self.pending, []
             self.agg.add_rows(rows)
 
-    def rows(self, rows: list) -> None:
-        self.pending.extend(self.causes.add_rows(rows))
-        if len(self.pending) >= self.BATCH:
-            self.flush()
+    def end(self) -> None:
+        self.flush()
+        self.settle_agg(True)
+        self.settle_causes()
 
     def record(self, rec: dict, weight: int) -> None:
         t = rec["type"]
+        if self.agg_due and (t == "state" or t in LIFECYCLE):
+            self.settle_agg()
         filt = self.filt
         if t == "state":
             own = filt is None or filt.match(rec)
@@ -485,6 +596,11 @@ class _Sink:
                     self.flush()
             return
         self.flush()
+        if t in ("process", "cgroup"):
+            if self.causes_due and self.causes.services is not None:
+                self.settle_causes()  # (its sums are of the groups as they were)
+            if self.forget is not None:
+                self.forget(rec.get("pid") if t == "process" and type(rec.get("pid")) is int else None)
         if filt is not None:  # as the reader applies a filter (reader.StreamReader)
             if t == "meta":
                 rec.update(filt.read_fields())
@@ -508,10 +624,14 @@ def digest(sources, agg: Aggregator, causes: Causes, stats: ReadStats, *, strict
     if filt is not None and filt.active:
         causes.filt = filt
     sink = _Sink(agg, causes)
-    reader = StreamReader(sink, stats, strict=strict, max_line=MAX_LINE, native_rows=use_native, dicts=True,
-                          careful_keys=causes.record_keys())
+    fast = sink.native(MAX_LINE) if use_native else None
+    reader = StreamReader(sink, stats, strict=strict, max_line=MAX_LINE, fast=fast, dicts=True)
     try:
         for src in sources:
             feed_file(src, reader, stats, chunk)
     finally:  # also on an error or ^C: what was read counts
-        sink.flush()
+        sink.end()
+
+
+# The native reader (None when not built or PSTATE_PURE=1; tests switch it).
+_digest = native.load("_digest")

@@ -73,7 +73,7 @@ def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool,
         for kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
             out[f"{kind}_ns"] = gc.runq_kind_ns.get(kind, 0)
         out["runq_waits"] = gc.runq_waits
-        every = gc.antagonist_rows()
+        every = gc.antagonist_rows(named=rows)
         out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
                                "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
                                "group": a.group, "ns": a.ns, "pct": tables._pct(a.ns, gc.runq_ns),
