@@ -218,10 +218,13 @@ typedef struct {
     Py_ssize_t nos_cap, nos_used;
     /* set_why: what the why-views (analysis.causes) read, summed */
     int why, why_stacks;     /* on; lines with a stack_id or reason are the careful path's */
+    int why_hist, why_wakers; /* blocked intervals: their bucket counts; by waker */
     PyObject *why_select;    /* callable: (from, to) -> the kind of a row of that pair (WHY_*) */
     signed char *why_sel;    /* [NAME_CACHE * NAME_CACHE] by state name cache entries: -1 not asked */
     why_table wt;            /* the sums since the last take_why */
-    ov_table ov;             /* and the antagonists' */
+    ov_table ov;             /* and the antagonists' of its waits (waiter: a wt entry's idx) */
+    ov_table ga;             /* the antagonists per group (waiter: the caller's group number), why_fold */
+    int fold_due;            /* take_why handed out the sums ov refers to: why_fold comes next */
     why_ring *rings;         /* per CPU: the latest on-CPU slices */
     Py_ssize_t nrings, ring_max;
     long long why_seq;       /* rows summed so far */
@@ -1648,8 +1651,8 @@ static inline size_t ov_hash(uint32_t waiter, long long other)
     return mix64((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^ ((unsigned long long)waiter >> 24));
 }
 
-/* Add ns to the antagonist `other` of the wait entry `waiter`. */
-static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns)
+/* Add ns (over `waits` waits) to the antagonist `other` of `waiter`. */
+static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns, long long waits)
 {
     for (;;) {
         size_t mask = (size_t)t->cap - 1, i = ov_hash(waiter, other) & mask;
@@ -1659,14 +1662,14 @@ static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns)
                 break;
             if (o->waiter == waiter && o->other == other) {
                 o->ns += ns;
-                o->waits++;
+                o->waits += waits;
                 return 0;
             }
             i = (i + 1) & mask;
         }
         if (2 * (t->used + 1) <= t->cap) {
             ov_entry *o = &t->slots[i];
-            *o = (ov_entry){t->gen, waiter, other, ns, 1};
+            *o = (ov_entry){t->gen, waiter, other, ns, waits};
             t->order[t->used++] = (Py_ssize_t)i;
             return 0;
         }
@@ -1779,7 +1782,7 @@ static int overlap_sum(void *p, long long other, long long ov)
 {
     wait_ctx *c = p;
     c->seen += ov;
-    return ov_add(c->t, c->waiter, other, ov);
+    return ov_add(c->t, c->waiter, other, ov, 1);
 }
 
 /* A record the fast path has read (own: one the filter keeps, summed too),
@@ -1829,12 +1832,16 @@ static int why_one(Digester *self, const state_rec *r, const extras *x, int own,
         goto out;
     }
     if (kind == WHY_BLOCKED) {
-        long long a = WHY_BLOCKED | (long long)(fe - self->names) << 4 | (long long)(we ? we - self->names + 1 : 0) << 10;
-        long long wtid = x->kind[X_WAKER_TID] == 'i' ? x->v[X_WAKER_TID] : 0;
-        why_entry *w = wt_get(&self->wt, r, comm, a, we ? 0 : wtid);
-        if (!w || wt_add(w, d, seq, 1) < 0)
+        long long a = WHY_BLOCKED | (long long)(fe - self->names) << 4;
+        long long wtid = 0;
+        if (self->why_wakers) {
+            a |= (long long)(we ? we - self->names + 1 : 0) << 10;
+            wtid = we || x->kind[X_WAKER_TID] != 'i' ? 0 : x->v[X_WAKER_TID];
+        }
+        why_entry *w = wt_get(&self->wt, r, comm, a, wtid);
+        if (!w || wt_add(w, d, seq, self->why_hist) < 0)
             goto out;
-        if (x->kind[X_WAKER_PID] == 'i' && x->v[X_WAKER_PID] > 0) {
+        if (self->why_wakers && x->kind[X_WAKER_PID] == 'i' && x->v[X_WAKER_PID] > 0) {
             w->wpid = x->v[X_WAKER_PID];
             w->wpid_seq = seq;
         }
@@ -1850,7 +1857,7 @@ static int why_one(Digester *self, const state_rec *r, const extras *x, int own,
         wait_ctx c = {&self->ov, (uint32_t)w->idx, 0};
         if (why_overlaps(self, r->cpu, r->ts - d, r->ts, r->tid, overlap_sum, &c) < 0)
             goto out;
-        if (d - c.seen > 0 && ov_add(&self->ov, c.waiter, -1, d - c.seen) < 0)
+        if (d - c.seen > 0 && ov_add(&self->ov, c.waiter, -1, d - c.seen, 1) < 0)
             goto out;
     }
     rc = 0;
@@ -2013,6 +2020,8 @@ static void Digester_dealloc(Digester *self)
     PyMem_Free(self->wt.order);
     PyMem_Free(self->ov.slots);
     PyMem_Free(self->ov.order);
+    PyMem_Free(self->ga.slots);
+    PyMem_Free(self->ga.order);
     for (Py_ssize_t i = 0; i < self->nrings; i++)
         PyMem_Free(self->rings[i].v);
     PyMem_Free(self->rings);
@@ -2040,6 +2049,11 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
     }
     if (!PyArg_ParseTuple(args, "y*nnn|O:digest", &view, &pos, &end, &max_line, &clip))
         return NULL;
+    if (self->fold_due) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "why_fold must follow take_why");
+        return NULL;
+    }
     PyObject *result = NULL;
     Py_ssize_t lines = 0, digested = 0;
     long long clip_v = 0;
@@ -2229,13 +2243,15 @@ static PyObject *Digester_set_filter(Digester *self, PyObject *args)
 }
 
 PyDoc_STRVAR(set_why_doc,
-"set_why(select, stacks, slices_per_cpu)\n\n"
+"set_why(select, stacks, slices_per_cpu, hist, wakers)\n\n"
 "From now on, also sum what the why-views (analysis.causes.Causes) read of\n"
 "each record digest() reads, the filter's left-outs too, for take_why().\n"
 "select(from, to): the kind of row of a transition (0 none, 1 leaving a\n"
 "blocked state, 2 leaving running: an on-CPU slice, 3 and 4 a run-queue\n"
 "wait after a wake-up and after a preemption), asked once per pair; the\n"
-"latest slices_per_cpu slices per CPU are kept for the waits. A record\n"
+"latest slices_per_cpu slices per CPU are kept for the waits; blocked\n"
+"intervals are summed with their bucket counts (hist) and by waker\n"
+"(wakers), or without. A record\n"
 "whose waker fields are not plain (waker_tid, waker_pid: null or an int\n"
 ">= 0; waker: null or a string) is left to the careful path, and with\n"
 "stacks one with a stack_id or a reason too.");
@@ -2243,13 +2259,13 @@ PyDoc_STRVAR(set_why_doc,
 static PyObject *Digester_set_why(Digester *self, PyObject *args)
 {
     PyObject *select;
-    int stacks;
+    int stacks, hist, wakers;
     Py_ssize_t ring_max;
     if (!self->state_id) {
         PyErr_SetString(PyExc_RuntimeError, "Digester not initialised");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Opn:set_why", &select, &stacks, &ring_max))
+    if (!PyArg_ParseTuple(args, "Opnpp:set_why", &select, &stacks, &ring_max, &hist, &wakers))
         return NULL;
     if (!PyCallable_Check(select)) {
         PyErr_SetString(PyExc_TypeError, "select must be a callable");
@@ -2264,7 +2280,7 @@ static PyObject *Digester_set_why(Digester *self, PyObject *args)
         return NULL;
     }
     self->why_sel = PyMem_Malloc(NAME_CACHE * NAME_CACHE);
-    if (!self->why_sel || wt_init(&self->wt) < 0 || ov_init(&self->ov) < 0 ||
+    if (!self->why_sel || wt_init(&self->wt) < 0 || ov_init(&self->ov) < 0 || ov_init(&self->ga) < 0 ||
         acc_init(&self->seen, sizeof(seen_acc)) < 0) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
@@ -2276,12 +2292,14 @@ static PyObject *Digester_set_why(Digester *self, PyObject *args)
     Py_INCREF(select);
     self->why_select = select;
     self->why_stacks = stacks;
+    self->why_hist = hist;
+    self->why_wakers = wakers;
     self->why = 1;
     Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(take_why_doc,
-"take_why() -> (sums, antagonists, last_ts, names)\n\n"
+"take_why() -> (sums, last_ts, names)\n\n"
 "What set_why sums, since the last take_why, which is then forgotten here.\n"
 "sums: [(tid, pid, comm, cgroup, a, b, count, sum, min, max, buckets,\n"
 "waker_pid, waker_pid_seq, seq)], per task as its rows gave it and per\n"
@@ -2289,9 +2307,8 @@ PyDoc_STRVAR(take_why_doc,
 "indices, the waker's + 1, 0 none; b: the waker's tid; 3, 4: run-queue\n"
 "waits); buckets: a blocked interval's {bucket: count}, else None; seq: the\n"
 "row number (why_seq) of its last row, waker_pid_seq of the last that gave\n"
-"a waker_pid (0: none did). antagonists: [(wait, other, ns, waits)]: the\n"
-"on-CPU time of the task other within the waits of the sums' entry number\n"
-"wait (other -1: the time no slice covers). last_ts: the latest ts of a\n"
+"a waker_pid (0: none did); the antagonists of their waits wait for\n"
+"why_fold, which must come next. last_ts: the latest ts of a\n"
 "record the filter left out (None: none); names: the names the indices\n"
 "number.");
 
@@ -2309,17 +2326,6 @@ static PyObject *Digester_take_why(Digester *self, PyObject *Py_UNUSED(ignored))
         else
             PyList_SET_ITEM(sums, k, row);
     }
-    PyObject *ovs = sums ? PyList_New(self->ov.used) : NULL;
-    for (Py_ssize_t k = 0; ovs && k < self->ov.used; k++) {
-        ov_entry *o = &self->ov.slots[self->ov.order[k]];
-        PyObject *row = Py_BuildValue("(ILLL)", o->waiter, o->other, o->ns, o->waits);
-        if (!row)
-            Py_CLEAR(ovs);
-        else
-            PyList_SET_ITEM(ovs, k, row);
-    }
-    if (sums && !ovs)
-        Py_CLEAR(sums);
     PyObject *names = sums ? PyTuple_New(self->n_names) : NULL;
     for (int i = 0; names && i < self->n_names; i++)
         PyTuple_SET_ITEM(names, i, Py_NewRef(self->names[i].name));
@@ -2327,14 +2333,141 @@ static PyObject *Digester_take_why(Digester *self, PyObject *Py_UNUSED(ignored))
                            : NULL;
     if (!last) {
         Py_XDECREF(sums);
-        Py_XDECREF(ovs);
         Py_XDECREF(names);
         return NULL;
     }
     wt_clear(&self->wt);
-    ov_clear(&self->ov);
+    self->fold_due = self->ov.used > 0;
     self->why_last_ts = -1;
-    return Py_BuildValue("(NNNN)", sums, ovs, last, names);
+    return Py_BuildValue("(NNN)", sums, last, names);
+}
+
+PyDoc_STRVAR(why_fold_doc,
+"why_fold(groups)\n\n"
+"After take_why (and before the next digest): the antagonists of the\n"
+"waits of the sums it handed out, added to those of their groups: groups[i]\n"
+"is the group number (an int >= 0, the caller's) of sums[i].");
+
+static PyObject *Digester_why_fold(Digester *self, PyObject *groups)
+{
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(groups, "groups must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < self->ov.used; k++) {
+        ov_entry *o = &self->ov.slots[self->ov.order[k]];
+        if ((Py_ssize_t)o->waiter >= n) {
+            PyErr_SetString(PyExc_ValueError, "groups is shorter than the sums");
+            goto fail;
+        }
+        long long g = PyLong_AsLongLong(items[o->waiter]);
+        if (g == -1 && PyErr_Occurred())
+            goto fail;
+        if (g < 0 || g > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a group number is out of range");
+            goto fail;
+        }
+        if (ov_add(&self->ga, (uint32_t)g, o->other, o->ns, o->waits) < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    ov_clear(&self->ov);
+    self->fold_due = 0;
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* The order of antagonist rows: time held, longest first; the time no slice
+ * covers after a task's of the same length; then by the tid as text (as
+ * GroupCauses.antagonist_rows sorts). */
+static void tid_text(long long v, char *buf, size_t n)
+{
+    snprintf(buf, n, "%lld", v);
+}
+
+static int ga_cmp(const void *pa, const void *pb)
+{
+    const ov_entry *a = *(const ov_entry *const *)pa, *b = *(const ov_entry *const *)pb;
+    if (a->waiter != b->waiter)
+        return a->waiter < b->waiter ? -1 : 1;
+    if (a->ns != b->ns)
+        return a->ns > b->ns ? -1 : 1;
+    if ((a->other < 0) != (b->other < 0))
+        return a->other < 0 ? 1 : -1;
+    char x[24], y[24];
+    tid_text(a->other, x, sizeof(x));
+    tid_text(b->other, y, sizeof(y));
+    return strcmp(x, y);
+}
+
+PyDoc_STRVAR(why_antagonists_doc,
+"why_antagonists(top) -> {group: (rows, rest_tasks, rest_ns)}\n\n"
+"Per group number (why_fold), its antagonists in the order stats shows\n"
+"them: rows: the first top (all: -1) as [(tid, ns, waits)], tid -1 for the\n"
+"time no slice covered; rest_tasks, rest_ns: how many more, and their time.");
+
+static PyObject *Digester_why_antagonists(Digester *self, PyObject *args)
+{
+    Py_ssize_t top;
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "n:why_antagonists", &top))
+        return NULL;
+    ov_table *t = &self->ga;
+    ov_entry **all = PyMem_Malloc((size_t)(t->used ? t->used : 1) * sizeof(ov_entry *));
+    PyObject *out = PyDict_New();
+    if (!all || !out) {
+        PyMem_Free(all);
+        Py_XDECREF(out);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < t->used; k++)
+        all[k] = &t->slots[t->order[k]];
+    qsort(all, (size_t)t->used, sizeof(ov_entry *), ga_cmp);
+    for (Py_ssize_t k = 0; k < t->used;) {
+        uint32_t g = all[k]->waiter;
+        Py_ssize_t end = k;
+        while (end < t->used && all[end]->waiter == g)
+            end++;
+        Py_ssize_t shown = top < 0 || end - k < top ? end - k : top;
+        long long rest_ns = 0;
+        for (Py_ssize_t j = k + shown; j < end; j++)
+            rest_ns += all[j]->ns;
+        PyObject *rows = PyList_New(shown);
+        for (Py_ssize_t j = 0; rows && j < shown; j++) {
+            ov_entry *o = all[k + j];
+            PyObject *row = Py_BuildValue("(LLL)", o->other, o->ns, o->waits);
+            if (!row)
+                Py_CLEAR(rows);
+            else
+                PyList_SET_ITEM(rows, j, row);
+        }
+        PyObject *key = rows ? PyLong_FromUnsignedLong(g) : NULL;
+        PyObject *val = key ? Py_BuildValue("(NnL)", rows, end - k - shown, rest_ns) : NULL;
+        if (!val || PyDict_SetItem(out, key, val) < 0) {
+            if (!key)
+                Py_XDECREF(rows);
+            Py_XDECREF(key);
+            Py_XDECREF(val);
+            Py_DECREF(out);
+            PyMem_Free(all);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(val);
+        k = end;
+    }
+    PyMem_Free(all);
+    return out;
 }
 
 PyDoc_STRVAR(why_tasks_doc,
@@ -2434,28 +2567,31 @@ static PyObject *Digester_why_slice(Digester *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static int overlap_list(void *p, long long other, long long ov)
-{
-    PyObject *t = Py_BuildValue("(LL)", other, ov);
-    int rc = t ? PyList_Append((PyObject *)p, t) : -1;
-    Py_XDECREF(t);
-    return rc;
-}
-
 PyDoc_STRVAR(why_wait_doc,
-"why_wait(cpu, start, end, tid) -> [(other tid, overlap)]\n\n"
-"The other tasks' on-CPU slices on cpu within a run-queue wait of tid\n"
-"[start, end] the careful path read, newest first.");
+"why_wait(group, cpu, start, end, tid)\n\n"
+"A run-queue wait of tid [start, end] on cpu the careful path read: the\n"
+"other tasks' on-CPU slices within it, and the rest, added to the\n"
+"antagonists of the group number `group` (why_fold).");
 
 static PyObject *Digester_why_wait(Digester *self, PyObject *args)
 {
-    long long v[4];
-    if (why_args(self, args, "LLLL:why_wait", v) < 0)
+    long long g, v[4];
+    if (!self->why) {
+        PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
         return NULL;
-    PyObject *out = PyList_New(0);
-    if (out && why_overlaps(self, v[0], v[1], v[2], v[3], overlap_list, out) < 0)
-        Py_CLEAR(out);
-    return out;
+    }
+    if (!PyArg_ParseTuple(args, "LLLLL:why_wait", &g, &v[0], &v[1], &v[2], &v[3]))
+        return NULL;
+    if (v[0] < 0 || v[0] >= WHY_MAX_CPU || g < 0 || g > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "cpu or group out of range");
+        return NULL;
+    }
+    wait_ctx c = {&self->ga, (uint32_t)g, 0};
+    if (why_overlaps(self, v[0], v[1], v[2], v[3], overlap_sum, &c) < 0)
+        return NULL;
+    if (v[2] - v[1] - c.seen > 0 && ov_add(&self->ga, c.waiter, -1, v[2] - v[1] - c.seen, 1) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef Digester_methods[] = {
@@ -2466,6 +2602,8 @@ static PyMethodDef Digester_methods[] = {
     {"why_note", (PyCFunction)Digester_why_note, METH_VARARGS, why_note_doc},
     {"why_seq", (PyCFunction)Digester_why_seq, METH_NOARGS, "why_seq() -> the number of rows set_why has summed"},
     {"why_wait", (PyCFunction)Digester_why_wait, METH_VARARGS, why_wait_doc},
+    {"why_fold", (PyCFunction)Digester_why_fold, METH_O, why_fold_doc},
+    {"why_antagonists", (PyCFunction)Digester_why_antagonists, METH_VARARGS, why_antagonists_doc},
     {"digest", (PyCFunction)Digester_digest, METH_VARARGS, digest_doc},
     {"take", (PyCFunction)Digester_take, METH_VARARGS, take_doc},
     {"forget", (PyCFunction)Digester_forget, METH_VARARGS, forget_doc},

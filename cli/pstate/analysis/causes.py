@@ -117,9 +117,11 @@ class GroupCauses:
     runq_waits: int = 0
     runq_kind_ns: dict = field(default_factory=dict)  # RUNQ_WAKEUP / RUNQ_PREEMPTED -> ns
     antagonists: dict = field(default_factory=dict)  # tid or NOT_SEEN -> Antagonist
-    # (tid -> (pid, comm, group)): how antagonist_rows names a task, once the input is read
+    # (tid -> (pid, comm, group)): how antagonist_cut names a task, once the input is read
     namer: object = field(default=None, repr=False, compare=False)
     comm_seq: int = field(default=0, repr=False, compare=False)  # (the native row number comm was set at)
+    # (rows -> (the first rows, rest_tasks, rest_ns)): where the native reader's antagonists are
+    native: object = field(default=None, repr=False, compare=False)
 
     def blocked_ns(self, states=None) -> int:
         total = sum(h.total for (s, _f), h in self.stacks.items() if states is None or s in states)
@@ -146,15 +148,27 @@ class GroupCauses:
     def waker_rows(self) -> list:
         return sorted(self.wakers.values(), key=lambda w: (-w.ended_ns, -w.count, w.kind, w.tid))
 
-    def antagonist_rows(self, named: int | None = None) -> list:
-        """The antagonists by time held, longest first; the first `named`
-        (all: None) with the pid, comm and group of their last record."""
-        rows = sorted(self.antagonists.values(), key=lambda a: (-a.ns, a.tid == NOT_SEEN, str(a.tid)))
+    def antagonist_cut(self, rows: int | None = None) -> tuple:
+        """(shown, rest_tasks, rest_ns): the first `rows` antagonists (all:
+        None) by time held, longest first, with the pid, comm and group of
+        their last record; how many more there are, and their time."""
+        if self.native is not None:
+            shown, rest_n, rest_ns = self.native(rows)
+        else:
+            every = sorted(self.antagonists.values(), key=antagonist_order)
+            shown, rest = every[:rows], every[rows:] if rows is not None else []
+            rest_n, rest_ns = len(rest), sum(a.ns for a in rest)
         if self.namer is not None:
-            for a in rows[:named]:
+            for a in shown:
                 if a.tid != NOT_SEEN:
                     a.pid, a.comm, a.group = self.namer(a.tid)
-        return rows
+        return shown, rest_n, rest_ns
+
+
+def antagonist_order(a: Antagonist) -> tuple:
+    """Time held, longest first; the time no slice covers after a task's of
+    the same length; then by the tid as text (_digest's ga_cmp, the same)."""
+    return (-a.ns, a.tid == NOT_SEEN, str(a.tid))
 
 
 @functools.lru_cache(maxsize=512)
@@ -191,6 +205,8 @@ class Causes:
         self.has_stacks = False  # the input had stack records
         self.stacked: set = set()  # the states whose intervals came with a stack_id
         self._selected: dict = {}  # (from, to) -> select(from, to)
+        self.numbers: dict = {}  # group key -> its number (the native reader's name for it)
+        self._native_cuts: dict = {}  # rows -> what _digest's why_antagonists said
         self.native = None  # the native Digester whose slices the careful path's records join
         # --by cgroup, unit, container, title, ppid: what the stream's process
         # and cgroup records said so far, and the keys they give, cached
@@ -200,6 +216,7 @@ class Causes:
         g = self.groups.get(key)
         if g is None:
             g = self.groups[key] = GroupCauses(key=key)
+            self.numbers[key] = len(self.numbers)
         return g
 
     @property
@@ -284,23 +301,24 @@ class Causes:
         if what & 8:
             self.last[tid] = (ts, to)
 
-    def add_native(self, sums: list, antagonists: list, last_ts, names: tuple) -> None:
+    def add_native(self, sums: list, last_ts, names: tuple) -> None:
         """What the native reader summed for the views since it last said
         (_digest.Digester.take_why): per task as its rows gave it and per
-        what, the antagonists of its waits, and the latest ts of a record
-        the filter left out. The same as _row of each row, in order (the
-        careful path's rows since count as later where they set a name)."""
+        what, and the latest ts of a record the filter left out: the same as
+        _row of each row, in order (the careful path's rows since count as
+        later where they set a name); the antagonists of the waits are
+        added to their groups' in the native reader (why_fold)."""
         if last_ts is not None and last_ts > self.last_ts:
             self.last_ts = last_ts
         latest: dict = {}  # group key -> (seq, comm) of its last row
         waker_pids: dict = {}  # id(Waker) -> (seq, pid, Waker) of the last row that named its process
-        groups = []  # per entry of sums, its group
+        numbers = []  # per entry of sums, its group's number
         for tid, pid, comm, cg, a, b, count, total, vmin, vmax, buckets, wpid, wpid_seq, seq in sums:
             key = self._key(pid, tid, comm, NO_REASON, cg)
             g = self.groups.get(key)
             if g is None:
                 g = self.group(key)
-            groups.append(g)
+            numbers.append(self.numbers[key])
             if seq > latest.get(key, (0,))[0]:
                 latest[key] = (seq, comm)
             kind = a & 15
@@ -320,16 +338,7 @@ class Causes:
                 g.runq_kind_ns[rk] = g.runq_kind_ns.get(rk, 0) + total
                 g.runq_ns += total
                 g.runq_waits += count
-        for wait, other, ns, waits in antagonists:
-            held = groups[wait].antagonists
-            if other < 0:
-                other = NOT_SEEN
-            ant = held.get(other)
-            if ant is None:
-                held[other] = Antagonist(other, 0, "", ns, waits)
-            else:
-                ant.ns += ns
-                ant.waits += waits
+        self.native.why_fold(numbers)
         for key, (seq, comm) in latest.items():
             g = self.groups[key]
             if seq > g.comm_seq:
@@ -415,8 +424,6 @@ class Causes:
     def _overlaps(self, cpu: int, start: int, end: int, tid: int) -> list:
         """[(other tid, overlap)]: the other tasks' slices on cpu within
         [start, end], newest first."""
-        if self.native is not None and 0 <= cpu < NATIVE_CPUS:
-            return self.native.why_wait(cpu, start, end, tid)
         out = []
         for s, e, other in reversed(self.slices.get(cpu, ())):
             if e <= start:
@@ -432,6 +439,9 @@ class Causes:
         g.runq_ns += end - start
         g.runq_waits += 1
         if end <= start:
+            return
+        if self.native is not None and 0 <= cpu < NATIVE_CPUS:
+            self.native.why_wait(self.numbers[g.key], cpu, start, end, tid)
             return
         seen = 0
         for other, ov in self._overlaps(cpu, start, end, tid):
@@ -479,12 +489,38 @@ class Causes:
 
         for g in self.groups.values():
             g.namer = of  # (the antagonists, many: named when shown)
+            if self.native is not None:
+                g.native = functools.partial(self._native_cut, g)
             for w in g.wakers.values():
                 if w.kind == "task":
                     w.pid = w.pid or self.pids.get(w.tid, 0)
                     w.comm = self.comms.get(w.tid) or ""
                     if named:
                         w.group = self._key(w.pid, w.tid, w.comm or None, NO_REASON, self.cgroups.get(w.tid))
+
+    def _native_cut(self, g: GroupCauses, rows: int | None) -> tuple:
+        """GroupCauses.antagonist_cut of a group whose antagonists the
+        native reader holds (with those the careful path kept of CPUs it
+        does not, merged)."""
+        top = -1 if rows is None or g.antagonists else rows
+        cuts = self._native_cuts.get(top)
+        if cuts is None:
+            cuts = self._native_cuts[top] = self.native.why_antagonists(top)
+        shown, rest_n, rest_ns = cuts.get(self.numbers[g.key], ([], 0, 0))
+        shown = [Antagonist(NOT_SEEN if tid < 0 else tid, 0, "", ns, waits) for tid, ns, waits in shown]
+        if g.antagonists:  # (a CPU beyond NATIVE_CPUS: the careful path's own)
+            merged = {a.tid: a for a in shown}
+            for a in g.antagonists.values():
+                m = merged.get(a.tid)
+                if m is None:
+                    merged[a.tid] = Antagonist(a.tid, 0, "", a.ns, a.waits)
+                else:
+                    m.ns += a.ns
+                    m.waits += a.waits
+            every = sorted(merged.values(), key=antagonist_order)
+            shown, rest = every[:rows], every[rows:] if rows is not None else []
+            rest_n, rest_ns = len(rest), sum(a.ns for a in rest)
+        return shown, rest_n, rest_ns
 
     def stack_states(self) -> frozenset | None:
         """The states the input took stacks of (None: it took none)."""
@@ -543,7 +579,7 @@ class _Sink:
             return None
         agg, causes, filt = self.agg, self.causes, self.filt
         dig = self.dig = _digest.Digester(agg.digest_by, agg.state_id, agg.digest_group)
-        dig.set_why(causes.select, causes.careful_stacks, SLICES_PER_CPU)
+        dig.set_why(causes.select, causes.careful_stacks, SLICES_PER_CPU, causes.want_stacks, causes.want_wakers)
         causes.native = dig
         if filt is not None:
             dig.set_filter(*filt.native_spec())

@@ -73,16 +73,14 @@ def group_rows(gc: GroupCauses, *, rows: int | None, stacks: bool, wakers: bool,
         for kind in (RUNQ_WAKEUP, RUNQ_PREEMPTED):
             out[f"{kind}_ns"] = gc.runq_kind_ns.get(kind, 0)
         out["runq_waits"] = gc.runq_waits
-        every = gc.antagonist_rows(named=rows)
+        shown, rest_n, ns = gc.antagonist_cut(rows)
         out["antagonists"] = [{"tid": None if a.tid == NOT_SEEN else a.tid, "pid": a.pid, "comm": a.comm,
                                "name": NOT_SEEN if a.tid == NOT_SEEN else f"{(a.comm or '?')[:15]} {a.tid}",
                                "group": a.group, "ns": a.ns, "pct": tables._pct(a.ns, gc.runq_ns),
                                "waits": a.waits}
-                              for a in every[:rows]]
-        rest = every[rows:] if rows is not None else []
-        ns = sum(a.ns for a in rest)
-        out["antagonists_other"] = {"tasks": len(rest), "ns": ns, "pct": tables._pct(ns, gc.runq_ns)} \
-            if rest else None
+                              for a in shown]
+        out["antagonists_other"] = {"tasks": rest_n, "ns": ns, "pct": tables._pct(ns, gc.runq_ns)} \
+            if rest_n else None
     return out
 
 
