@@ -186,9 +186,11 @@ def test_one_shot_sleeper_time_matches_the_truth(tmp_path):
     # until time.sleep() returns, which on a busy machine is not short.
     truth = sum(max(0, min(t1, t0 + 20_000_000, b) - max(t0, a)) for t0, t1 in spans)
     (row,) = [x for x in s.rows if x["tid"] == sleeper.pid]
-    assert truth > 0.7e9
+    assert truth > 0.3 * (b - a)  # mostly asleep, however long its waits for a CPU after each sleep
     assert abs(row["sleeping_ns"] - truth) <= 0.10 * truth, (row["sleeping_ns"], truth)
-    assert row["running_ns"] > 0.05 * (b - a) and row["nvcsw"] >= 30 and row["wakeups"] >= 30
+    # each sleep inside the interval is a voluntary switch and a wake-up of its own
+    inside = sum(1 for t0, t1 in spans if a <= t0 and t1 <= b)
+    assert inside >= 5 and row["nvcsw"] >= inside and row["wakeups"] >= inside and row["running_ns"] > 0
 
 
 def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
