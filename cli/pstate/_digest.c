@@ -2318,6 +2318,10 @@ static PyObject *Digester_take_why(Digester *self, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "set_why was not called");
         return NULL;
     }
+    if (self->fold_due) { /* the last take's fold never came (an interrupted read): its antagonists go */
+        ov_clear(&self->ov);
+        self->fold_due = 0;
+    }
     PyObject *sums = PyList_New(self->wt.used);
     for (Py_ssize_t k = 0; sums && k < self->wt.used; k++) {
         PyObject *row = why_row(&self->wt.slots[self->wt.order[k]]);

@@ -165,3 +165,30 @@ def test_the_recordings_hold_what_they_are_for(recordings):
     json = orjson.loads(stats(recordings[0], "--antagonists", "--wakers", "-f", "json")[1])
     assert any(a["tid"] for g in json["groups"] for a in g["antagonists"])
     assert any(w["kind"] == "task" and w["pid"] for g in json["groups"] for w in g["wakers"])
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native reader is not built (PSTATE_PURE=1)")
+def test_a_fold_comes_between_a_take_and_the_next_read():
+    # the antagonists of a take's sums wait for why_fold; a read before it is refused, and a take
+    # after an interrupted one (no fold came) drops them rather than give them to the wrong groups
+    agg = timeinstate.Aggregator("pid")
+    found = causes.Causes("pid", antagonists=True)
+    dig = causes._digest.Digester("pid", agg.state_id, agg.comm_id)
+    dig.set_why(found.select, False, causes.SLICES_PER_CPU, False, False)
+    lines = [{"type": "state", "ts": T0 + 10, "cpu": 0, "pid": 1, "tid": 1, "comm": "a", "from": "running",
+              "to": "preempted", "dur_ns": 10},
+             {"type": "state", "ts": T0 + 20, "cpu": 0, "pid": 2, "tid": 2, "comm": "b", "from": "preempted",
+              "to": "running", "dur_ns": 15}]
+    buf = b"\n".join(orjson.dumps(x) for x in lines) + b"\n"
+    assert dig.digest(buf, 0, len(buf) - 1, 1 << 20)[1] == 2
+    sums, _last, _names = dig.take_why()
+    assert [s[4] for s in sums] == [causes.WAIT_PREEMPTED]
+    with pytest.raises(RuntimeError, match="why_fold"):
+        dig.digest(buf, 0, len(buf) - 1, 1 << 20)
+    assert dig.take_why()[0] == [] and dig.why_antagonists(-1) == {}
+    dig.why_fold([])
+    later = b"\n".join(orjson.dumps({**x, "ts": x["ts"] + 100}) for x in lines) + b"\n"
+    assert dig.digest(later, 0, len(later) - 1, 1 << 20)[1] == 2
+    dig.why_fold([5] * len(dig.take_why()[0]))
+    # a's slice [T0+100, T0+110] lies within b's wait [T0+105, T0+120] for 5 ns; no slice covers the rest
+    assert dig.why_antagonists(-1) == {5: ([(-1, 10, 1), (1, 5, 1)], 0, 0)}
