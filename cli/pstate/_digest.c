@@ -158,7 +158,8 @@ typedef struct {
     long long tid, pid, cg, a, b;
     Py_hash_t chash;
     PyObject *comm;    /* str or None: a strong reference while live */
-    long long count, sum, min, max, wpid, wpid_seq, seq;
+    long long count, min, max, wpid, wpid_seq, seq;
+    i128 sum;
     PyObject *buckets; /* a blocked interval's {bucket: count}: strong, or NULL */
     Py_ssize_t idx;    /* its place in the order of first touch */
 } why_entry;
@@ -168,7 +169,8 @@ typedef struct {
 typedef struct {
     unsigned gen;
     uint32_t waiter;
-    long long other, ns, waits;
+    long long other, waits;
+    i128 ns;
 } ov_entry;
 
 typedef struct {
@@ -1652,7 +1654,7 @@ static inline size_t ov_hash(uint32_t waiter, long long other)
 }
 
 /* Add ns (over `waits` waits) to the antagonist `other` of `waiter`. */
-static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns, long long waits)
+static int ov_add(ov_table *t, uint32_t waiter, long long other, i128 ns, long long waits)
 {
     for (;;) {
         size_t mask = (size_t)t->cap - 1, i = ov_hash(waiter, other) & mask;
@@ -1669,7 +1671,7 @@ static int ov_add(ov_table *t, uint32_t waiter, long long other, long long ns, l
         }
         if (2 * (t->used + 1) <= t->cap) {
             ov_entry *o = &t->slots[i];
-            *o = (ov_entry){t->gen, waiter, other, ns, waits};
+            *o = (ov_entry){t->gen, waiter, other, waits, ns};
             t->order[t->used++] = (Py_ssize_t)i;
             return 0;
         }
@@ -1775,7 +1777,7 @@ static int why_overlaps(Digester *self, long long cpu, long long start, long lon
 typedef struct {
     ov_table *t;
     uint32_t waiter;
-    long long seen;
+    i128 seen;
 } wait_ctx;
 
 static int overlap_sum(void *p, long long other, long long ov)
@@ -1871,7 +1873,13 @@ out:
 static PyObject *why_row(why_entry *w)
 {
     PyObject *cg = w->has_cg ? PyLong_FromLongLong(w->cg) : Py_NewRef(Py_None);
-    return Py_BuildValue("(LLONLLLLLLOLLL)", w->tid, w->pid, w->comm, cg, w->a, w->b, w->count, w->sum, w->min,
+    PyObject *sum = long_from_i128(w->sum);
+    if (!cg || !sum) {
+        Py_XDECREF(cg);
+        Py_XDECREF(sum);
+        return NULL;
+    }
+    return Py_BuildValue("(LLONLLLNLLOLLL)", w->tid, w->pid, w->comm, cg, w->a, w->b, w->count, sum, w->min,
                          w->max, w->buckets ? w->buckets : Py_None, w->wpid, w->wpid_seq, w->seq);
 }
 
@@ -2443,22 +2451,24 @@ static PyObject *Digester_why_antagonists(Digester *self, PyObject *args)
         while (end < t->used && all[end]->waiter == g)
             end++;
         Py_ssize_t shown = top < 0 || end - k < top ? end - k : top;
-        long long rest_ns = 0;
+        i128 rest_ns = 0;
         for (Py_ssize_t j = k + shown; j < end; j++)
             rest_ns += all[j]->ns;
         PyObject *rows = PyList_New(shown);
         for (Py_ssize_t j = 0; rows && j < shown; j++) {
             ov_entry *o = all[k + j];
-            PyObject *row = Py_BuildValue("(LLL)", o->other, o->ns, o->waits);
+            PyObject *ns = long_from_i128(o->ns);
+            PyObject *row = ns ? Py_BuildValue("(LNL)", o->other, ns, o->waits) : NULL;
             if (!row)
                 Py_CLEAR(rows);
             else
                 PyList_SET_ITEM(rows, j, row);
         }
         PyObject *key = rows ? PyLong_FromUnsignedLong(g) : NULL;
-        PyObject *val = key ? Py_BuildValue("(NnL)", rows, end - k - shown, rest_ns) : NULL;
+        PyObject *rest = key ? long_from_i128(rest_ns) : NULL;
+        PyObject *val = rest ? Py_BuildValue("(NnN)", rows, end - k - shown, rest) : NULL;
         if (!val || PyDict_SetItem(out, key, val) < 0) {
-            if (!key)
+            if (!rest) /* (else Py_BuildValue took rows, done or not) */
                 Py_XDECREF(rows);
             Py_XDECREF(key);
             Py_XDECREF(val);

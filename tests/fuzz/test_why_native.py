@@ -9,6 +9,7 @@ report, byte for byte."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import orjson
@@ -192,3 +193,37 @@ def test_a_fold_comes_between_a_take_and_the_next_read():
     dig.why_fold([5] * len(dig.take_why()[0]))
     # a's slice [T0+100, T0+110] lies within b's wait [T0+105, T0+120] for 5 ns; no slice covers the rest
     assert dig.why_antagonists(-1) == {5: ([(-1, 10, 1), (1, 5, 1)], 0, 0)}
+
+
+ODD = [  # lines record never writes, which the reader takes as they are
+    {"type": "state", "ts": T0 + 5 * US, "cpu": 0, "pid": 500, "tid": 500, "comm": "db", "from": "sleeping",
+     "to": "runnable", "dur_ns": 7, "cause": "wakeup", "waker": "task", "waker_tid": 520, "waker_pid": 520},
+    {"type": "state", "ts": T0 + 6 * US, "cpu": 0, "pid": 500, "tid": 501, "comm": "db", "from": "sleeping",
+     "to": "runnable", "dur_ns": 7, "cause": "wakeup", "cgroup": "x"},
+    {"type": "state", "ts": T0 + 7 * US, "cpu": 0, "pid": 500, "tid": 502, "comm": "db", "from": "sleeping",
+     "to": "runnable", "dur_ns": 7, "cause": "wakeup", "cgroup": 2**64},
+    {"type": "waker", "ts": T0, "tid": "x", "pid": 1, "comm": "w"},
+    {"type": "waker", "ts": T0, "comm": "w"},
+    {"type": "slice", "ts": T0 + 8 * US, "cpu": 0, "pid": 77, "tid": -1, "comm": "neg", "dur_ns": 5},
+    {"type": "slice", "ts": 1.5, "cpu": 0, "pid": 77, "tid": 78, "comm": "float", "dur_ns": 1},
+    {"type": "slice", "ts": T0 + 9 * US, "cpu": 0, "tid": 79, "comm": "nopid", "dur_ns": 1},
+    {"type": "slice", "ts": T0 + 9 * US, "cpu": 0, "pid": 80, "tid": 80, "comm": "long", "dur_ns": T0 * 2},
+]
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native reader is not built (PSTATE_PURE=1)")
+@pytest.mark.parametrize("view", list(WHY_VIEWS))
+def test_odd_records_read_the_same_both_ways(recordings, tmp_path, view):
+    lines = open(recordings[0], "rb").read().splitlines()
+    odd = tmp_path / "odd.jsonl"
+    odd.write_bytes(b"\n".join(lines[:40] + [json.dumps(x).encode() for x in ODD] + lines[40:]) + b"\n")
+    for by in ("pid", "unit"):
+        args = ["--by", by, *WHY_VIEWS[view], "--stacks", "--wakers", "--antagonists"]
+        fast = stats(str(odd), *args, "-f", "json") if view != "folded" else stats(str(odd), *args)
+        careful = (stats(str(odd), *args, "-f", "json", "--reader", "careful") if view != "folded"
+                   else stats(str(odd), *args, "--reader", "careful"))
+        assert fast == careful
+        assert fast[0] == 0, fast[2]
+    report = orjson.loads(stats(str(odd), "--wakers", "-f", "json")[1])
+    named = [w for g in report["groups"] for w in g["wakers"] if w["kind"] == "task" and w["tid"] == 0]
+    assert named  # (a waker string "task" is a kind, with no tid, both ways)

@@ -256,18 +256,23 @@ class Causes:
         elif t == "meta":
             self.stream += 1  # stack ids are per stream
         elif t in ("fork", "exec", "exit", "waker"):
-            self._note(rec["tid"], 1, rec.get("comm"))
+            if _id(rec.get("tid")):  # (the reader checks fork, exec and exit; a waker record is taken as it is)
+                self._note(rec["tid"], 1, rec.get("comm"))
         elif self.services is not None and t in ("process", "cgroup"):
             self.services.note(rec)
         elif t == "slice":  # a task a filtered recording does not follow, on a CPU a followed one waited for
-            self._note(rec["tid"], 3, rec.get("comm"), rec["pid"])
-            if self.want_antagonists and type(rec.get("dur_ns")) is int:
-                self._slice(rec["cpu"], rec["ts"] - rec["dur_ns"], rec["ts"], rec["tid"])
+            tid, pid, ts, d, cpu = rec.get("tid"), rec.get("pid"), rec.get("ts"), rec.get("dur_ns"), rec.get("cpu")
+            if not (_id(tid) and _id(pid)):
+                return  # (not as record writes it)
+            self._note(tid, 3, rec.get("comm"), pid)
+            if self.want_antagonists and _id(ts) and _id(d) and _id(cpu) and d <= ts:
+                self._slice(cpu, ts - d, ts, tid)
 
     def _state(self, rec: dict, own: bool) -> None:
         ts, pid, tid, comm, frm, to = rec["ts"], rec["pid"], rec["tid"], rec.get("comm"), rec["from"], rec["to"]
         d, cg = rec.get("dur_ns"), rec.get("cgroup")
-        self._note(tid, 15 if own else 7, comm, pid, cg, ts, to)
+        # (a cgroup that is not an id names no service: services.GroupKeys takes it as none)
+        self._note(tid, 15 if own else 7, comm, pid, cg if _id(cg) else None, ts, to)
         if not own and ts > self.last_ts:
             self.last_ts = ts
         if d is None:
@@ -409,7 +414,7 @@ class Causes:
             wkey = ("unknown", 0)
         w = g.wakers.get(wkey)
         if w is None:
-            w = g.wakers[wkey] = Waker(kind=wkey[0], tid=wtid if wkey[0] == "task" else 0)
+            w = g.wakers[wkey] = Waker(kind=wkey[0], tid=wkey[1])
         return w
 
     def _slice(self, cpu: int, start: int, end: int, tid: int) -> None:
@@ -531,6 +536,11 @@ class Causes:
         return sorted(self.groups.values(), key=lambda g: (-(g.blocked_ns() + g.runq_ns), str(g.key)))
 
 
+def _id(v) -> bool:
+    """Whether v is an int as record writes ids, times and CPUs (0 <= v < 2^63)."""
+    return type(v) is int and 0 <= v < 1 << 63
+
+
 def _hist(table: dict, key) -> LogHist:
     h = table.get(key)
     if h is None:
@@ -589,9 +599,8 @@ class _Sink:
 
         def fast(buf, pos, end, _n):
             self.flush()  # the careful rows before
+            self.agg_due = self.causes_due = True  # (also if a callback it makes is interrupted)
             stop, n, due = digest(buf, pos, end, max_line, agg.clip_ts)
-            if n:
-                self.agg_due = self.causes_due = True
             if due:
                 self.settle_agg(True)
             return stop, n, n
