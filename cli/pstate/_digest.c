@@ -74,11 +74,13 @@ typedef struct {
     PyObject *gid;  /* by comm: the group id (int), or NULL until known */
 } comm_entry;
 
-/* What one call did to a task (keyed by tid) and to a cell (keyed by the
- * cell key). Both start with acc_head; gen tells live slots from stale ones. */
+/* The head of a slot of an acc_table (what one call did to a task, keyed by
+ * tid, or to a cell, keyed by the cell key; the why-views' sums): gen tells
+ * live slots from stale ones; aux is the slot's own (in what would be padding). */
 typedef struct {
     long long key;
     unsigned gen;
+    uint32_t aux;
 } acc_head;
 
 typedef struct {
@@ -151,9 +153,10 @@ typedef struct {
 
 /* The why-views' sums (Digester.set_why), per task as its rows said it
  * (tid, pid, cgroup, comm) and per what (a: WHY_* | from << 4 | waker << 10
- * for a blocked interval; b: the waker's tid, or the antagonist's). */
+ * for a blocked interval; b: the waker's tid): slots of an acc_table whose
+ * key is the hash of all that (acc_probe compares the rest). */
 typedef struct {
-    unsigned gen;
+    acc_head h;
     int has_cg;
     long long tid, pid, cg, a, b;
     Py_hash_t chash;
@@ -164,28 +167,14 @@ typedef struct {
     Py_ssize_t idx;    /* its place in the order of first touch */
 } why_entry;
 
-/* The antagonists of a run-queue wait entry (its idx): another task's
- * on-CPU time within its waits (other: its tid; -1 the time no slice covers). */
+/* The antagonists of a waiter (a run-queue wait entry's idx, or a group
+ * number): another task's on-CPU time within its waits (other: its tid;
+ * -1 the time no slice covers). */
 typedef struct {
-    unsigned gen;
-    uint32_t waiter;
+    acc_head h; /* h.aux: the waiter */
     long long other, waits;
     i128 ns;
 } ov_entry;
-
-typedef struct {
-    ov_entry *slots;
-    Py_ssize_t cap, used; /* cap: a power of two */
-    Py_ssize_t *order;
-    unsigned gen;
-} ov_table;
-
-typedef struct {
-    why_entry *slots;
-    Py_ssize_t cap, used; /* cap: a power of two */
-    Py_ssize_t *order;    /* live slots by first touch */
-    unsigned gen;
-} why_table;
 
 /* The on-CPU slices of a CPU, oldest first from head, at most ring_max. */
 typedef struct {
@@ -223,9 +212,9 @@ typedef struct {
     int why_hist, why_wakers; /* blocked intervals: their bucket counts; by waker */
     PyObject *why_select;    /* callable: (from, to) -> the kind of a row of that pair (WHY_*) */
     signed char *why_sel;    /* [NAME_CACHE * NAME_CACHE] by state name cache entries: -1 not asked */
-    why_table wt;            /* the sums since the last take_why */
-    ov_table ov;             /* and the antagonists' of its waits (waiter: a wt entry's idx) */
-    ov_table ga;             /* the antagonists per group (waiter: the caller's group number), why_fold */
+    acc_table wt;            /* why_entry: the sums since the last take_why */
+    acc_table ov;            /* ov_entry: and the antagonists of their waits (waiter: a wt entry's idx) */
+    acc_table ga;            /* ov_entry: the antagonists per group (waiter: the caller's group number), why_fold */
     int fold_due;            /* take_why handed out the sums ov refers to: why_fold comes next */
     why_ring *rings;         /* per CPU: the latest on-CPU slices */
     Py_ssize_t nrings, ring_max;
@@ -923,32 +912,47 @@ static int acc_grow(acc_table *t)
     return 0;
 }
 
-/* The live slot of key, claimed (zeroed, *fresh = 1) when new in this call. */
-static void *acc_get(acc_table *t, long long key, int *fresh)
+/* The live slot of key (and, with eq, the one eq(slot, ctx) says is the
+ * same: 1 yes, 0 no, -1 an error), claimed (zeroed, *fresh = 1) when new in
+ * this call; NULL on an error. */
+static inline __attribute__((always_inline)) void *acc_probe(acc_table *t, long long key,
+                                                             int (*eq)(const acc_head *, const void *),
+                                                             const void *ctx, int *fresh)
 {
-    size_t mask = (size_t)t->cap - 1, i = mix64((unsigned long long)key) & mask;
     for (;;) {
-        acc_head *h = SLOT(t, i);
-        if (h->gen != t->gen)
-            break;
-        if (h->key == key) {
-            *fresh = 0;
+        size_t mask = (size_t)t->cap - 1, i = mix64((unsigned long long)key) & mask;
+        for (;;) {
+            acc_head *h = SLOT(t, i);
+            if (h->gen != t->gen)
+                break;
+            if (h->key == key) {
+                int same = eq ? eq(h, ctx) : 1;
+                if (same < 0)
+                    return NULL;
+                if (same) {
+                    *fresh = 0;
+                    return h;
+                }
+            }
+            i = (i + 1) & mask;
+        }
+        if (2 * (t->used + 1) <= t->cap) {
+            acc_head *h = SLOT(t, i);
+            memset(h, 0, t->size);
+            h->key = key;
+            h->gen = t->gen;
+            t->order[t->used++] = (Py_ssize_t)i;
+            *fresh = 1;
             return h;
         }
-        i = (i + 1) & mask;
-    }
-    if (2 * (t->used + 1) > t->cap) {
         if (acc_grow(t) < 0)
             return NULL;
-        return acc_get(t, key, fresh);
     }
-    acc_head *h = SLOT(t, i);
-    memset(h, 0, t->size);
-    h->key = key;
-    h->gen = t->gen;
-    t->order[t->used++] = (Py_ssize_t)i;
-    *fresh = 1;
-    return h;
+}
+
+static void *acc_get(acc_table *t, long long key, int *fresh)
+{
+    return acc_probe(t, key, NULL, NULL, fresh);
 }
 
 /* Drop the references live task slots hold. */
@@ -1479,116 +1483,67 @@ static int why_kind(Digester *self, name_entry *fe, name_entry *te)
     return (int)v;
 }
 
-static int wt_init(why_table *t)
-{
-    t->cap = ACC_MIN_CAP;
-    t->used = 0;
-    t->gen = 1;
-    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(why_entry));
-    t->order = PyMem_Malloc((size_t)t->cap / 2 * sizeof(Py_ssize_t));
-    if (!t->slots || !t->order) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
-
 /* Forget the live entries (their references dropped). */
-static void wt_clear(why_table *t)
+static void wt_clear(acc_table *t)
 {
     for (Py_ssize_t k = 0; t->slots && k < t->used; k++) {
-        why_entry *w = &t->slots[t->order[k]];
+        why_entry *w = (why_entry *)SLOT(t, t->order[k]);
         Py_CLEAR(w->comm);
         Py_CLEAR(w->buckets);
     }
-    t->used = 0;
-    if (++t->gen == 0) {
-        memset(t->slots, 0, (size_t)t->cap * sizeof(why_entry));
-        t->gen = 1;
-    }
+    acc_begin(t);
 }
 
-static inline size_t wt_hash(long long tid, long long pid, long long cg, Py_hash_t ch, long long a, long long b)
+static inline long long wt_hash(long long tid, long long pid, long long cg, Py_hash_t ch, long long a, long long b)
 {
-    return mix64((unsigned long long)tid ^ (unsigned long long)pid * 0x9E3779B97F4A7C15ULL ^
-                 (unsigned long long)cg * 0xC2B2AE3D27D4EB4FULL ^ (unsigned long long)ch * 0x165667B19E3779F9ULL ^
-                 (unsigned long long)a * 0x27D4EB2F165667C5ULL ^ (unsigned long long)b * 0x85EBCA77C2B2AE63ULL);
+    return (long long)((unsigned long long)tid ^ (unsigned long long)pid * 0x9E3779B97F4A7C15ULL ^
+                       (unsigned long long)cg * 0xC2B2AE3D27D4EB4FULL ^ (unsigned long long)ch * 0x165667B19E3779F9ULL ^
+                       (unsigned long long)a * 0x27D4EB2F165667C5ULL ^ (unsigned long long)b * 0x85EBCA77C2B2AE63ULL);
 }
 
-static int wt_grow(why_table *t)
+typedef struct {
+    const state_rec *r;
+    PyObject *comm;
+    Py_hash_t ch;
+    long long cg, a, b;
+} wt_key;
+
+static int wt_same(const acc_head *h, const void *ctx)
 {
-    Py_ssize_t cap = t->cap * 2;
-    why_entry *slots = PyMem_Calloc((size_t)cap, sizeof(why_entry));
-    Py_ssize_t *order = PyMem_Malloc((size_t)cap / 2 * sizeof(Py_ssize_t));
-    if (!slots || !order) {
-        PyMem_Free(slots);
-        PyMem_Free(order);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (Py_ssize_t k = 0; k < t->used; k++) {
-        why_entry *old = &t->slots[t->order[k]];
-        size_t i = wt_hash(old->tid, old->pid, old->cg, old->chash, old->a, old->b) & (size_t)(cap - 1);
-        while (slots[i].gen == t->gen)
-            i = (i + 1) & (size_t)(cap - 1);
-        slots[i] = *old;
-        order[k] = (Py_ssize_t)i;
-    }
-    PyMem_Free(t->slots);
-    PyMem_Free(t->order);
-    t->slots = slots;
-    t->order = order;
-    t->cap = cap;
-    return 0;
+    const why_entry *w = (const why_entry *)h;
+    const wt_key *k = ctx;
+    if (w->tid != k->r->tid || w->a != k->a || w->b != k->b || w->pid != k->r->pid ||
+        w->has_cg != k->r->has_cgroup || w->cg != k->cg || w->chash != k->ch)
+        return 0;
+    if (w->comm == k->comm)
+        return 1;
+    if (w->comm == Py_None || k->comm == Py_None)
+        return 0;
+    int eq = PyUnicode_Compare(w->comm, k->comm);
+    return eq == -1 && PyErr_Occurred() ? -1 : eq == 0;
 }
 
 /* The entry of a task as a record gave it (r) and of what (a, b), made when new. */
-static why_entry *wt_get(why_table *t, const state_rec *r, PyObject *comm, long long a, long long b)
+static why_entry *wt_get(acc_table *t, const state_rec *r, PyObject *comm, long long a, long long b)
 {
-    Py_hash_t ch = comm == Py_None ? 0 : PyObject_Hash(comm);
-    if (ch == -1)
+    wt_key k = {r, comm, comm == Py_None ? 0 : PyObject_Hash(comm), r->has_cgroup ? r->cgroup : -1, a, b};
+    if (k.ch == -1)
         return NULL;
-    long long cg = r->has_cgroup ? r->cgroup : -1;
-    for (;;) {
-        size_t mask = (size_t)t->cap - 1, i = wt_hash(r->tid, r->pid, cg, ch, a, b) & mask;
-        for (;;) {
-            why_entry *w = &t->slots[i];
-            if (w->gen != t->gen)
-                break;
-            if (w->tid == r->tid && w->a == a && w->b == b && w->pid == r->pid && w->has_cg == r->has_cgroup &&
-                w->cg == cg && w->chash == ch) {
-                if (w->comm == comm)
-                    return w;
-                if (w->comm != Py_None && comm != Py_None) {
-                    int eq = PyUnicode_Compare(w->comm, comm);
-                    if (eq == -1 && PyErr_Occurred())
-                        return NULL;
-                    if (eq == 0)
-                        return w;
-                }
-            }
-            i = (i + 1) & mask;
-        }
-        if (2 * (t->used + 1) <= t->cap) {
-            why_entry *w = &t->slots[i];
-            memset(w, 0, sizeof(*w));
-            w->gen = t->gen;
-            w->tid = r->tid;
-            w->pid = r->pid;
-            w->has_cg = r->has_cgroup;
-            w->cg = cg;
-            w->chash = ch;
-            w->a = a;
-            w->b = b;
-            Py_INCREF(comm);
-            w->comm = comm;
-            w->idx = t->used;
-            t->order[t->used++] = (Py_ssize_t)i;
-            return w;
-        }
-        if (wt_grow(t) < 0)
-            return NULL;
+    int fresh;
+    why_entry *w = acc_probe(t, wt_hash(r->tid, r->pid, k.cg, k.ch, a, b), wt_same, &k, &fresh);
+    if (w && fresh) {
+        w->tid = r->tid;
+        w->pid = r->pid;
+        w->has_cg = r->has_cgroup;
+        w->cg = k.cg;
+        w->chash = k.ch;
+        w->a = a;
+        w->b = b;
+        Py_INCREF(comm);
+        w->comm = comm;
+        w->idx = t->used - 1;
     }
+    return w;
 }
 
 /* Add v to an entry's sums (and, with buckets, to its bucket counts). */
@@ -1625,79 +1580,35 @@ static int wt_add(why_entry *w, long long v, long long seq, int buckets)
     return rc;
 }
 
-static int ov_init(ov_table *t)
-{
-    t->cap = ACC_MIN_CAP;
-    t->used = 0;
-    t->gen = 1;
-    t->slots = PyMem_Calloc((size_t)t->cap, sizeof(ov_entry));
-    t->order = PyMem_Malloc((size_t)t->cap / 2 * sizeof(Py_ssize_t));
-    if (!t->slots || !t->order) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
+typedef struct {
+    uint32_t waiter;
+    long long other;
+} ov_key;
 
-static void ov_clear(ov_table *t)
+static inline int ov_same(const acc_head *h, const void *ctx)
 {
-    t->used = 0;
-    if (++t->gen == 0) {
-        memset(t->slots, 0, (size_t)t->cap * sizeof(ov_entry));
-        t->gen = 1;
-    }
-}
-
-static inline size_t ov_hash(uint32_t waiter, long long other)
-{
-    return mix64((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^ ((unsigned long long)waiter >> 24));
+    const ov_entry *o = (const ov_entry *)h;
+    const ov_key *k = ctx;
+    return o->h.aux == k->waiter && o->other == k->other;
 }
 
 /* Add ns (over `waits` waits) to the antagonist `other` of `waiter`. */
-static int ov_add(ov_table *t, uint32_t waiter, long long other, i128 ns, long long waits)
+static int ov_add(acc_table *t, uint32_t waiter, long long other, i128 ns, long long waits)
 {
-    for (;;) {
-        size_t mask = (size_t)t->cap - 1, i = ov_hash(waiter, other) & mask;
-        for (;;) {
-            ov_entry *o = &t->slots[i];
-            if (o->gen != t->gen)
-                break;
-            if (o->waiter == waiter && o->other == other) {
-                o->ns += ns;
-                o->waits += waits;
-                return 0;
-            }
-            i = (i + 1) & mask;
-        }
-        if (2 * (t->used + 1) <= t->cap) {
-            ov_entry *o = &t->slots[i];
-            *o = (ov_entry){t->gen, waiter, other, waits, ns};
-            t->order[t->used++] = (Py_ssize_t)i;
-            return 0;
-        }
-        Py_ssize_t cap = t->cap * 2;
-        ov_entry *slots = PyMem_Calloc((size_t)cap, sizeof(ov_entry));
-        Py_ssize_t *order = PyMem_Malloc((size_t)cap / 2 * sizeof(Py_ssize_t));
-        if (!slots || !order) {
-            PyMem_Free(slots);
-            PyMem_Free(order);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t k = 0; k < t->used; k++) {
-            ov_entry *old = &t->slots[t->order[k]];
-            size_t j = ov_hash(old->waiter, old->other) & (size_t)(cap - 1);
-            while (slots[j].gen == t->gen)
-                j = (j + 1) & (size_t)(cap - 1);
-            slots[j] = *old;
-            order[k] = (Py_ssize_t)j;
-        }
-        PyMem_Free(t->slots);
-        PyMem_Free(t->order);
-        t->slots = slots;
-        t->order = order;
-        t->cap = cap;
+    ov_key k = {waiter, other};
+    int fresh;
+    long long key = (long long)((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^
+                                ((unsigned long long)waiter >> 24));
+    ov_entry *o = acc_probe(t, key, ov_same, &k, &fresh);
+    if (!o)
+        return -1;
+    if (fresh) {
+        o->h.aux = waiter;
+        o->other = other;
     }
+    o->ns += ns;
+    o->waits += waits;
+    return 0;
 }
 
 static why_ring *ring_of(Digester *self, long long cpu)
@@ -1775,7 +1686,7 @@ static int why_overlaps(Digester *self, long long cpu, long long start, long lon
 }
 
 typedef struct {
-    ov_table *t;
+    acc_table *t;
     uint32_t waiter;
     i128 seen;
 } wait_ctx;
@@ -1869,7 +1780,7 @@ out:
 }
 
 /* (tid, pid, comm, cgroup or None, a, b, count, sum, min, max, buckets or
- * None, waker_pid, its seq, seq): an entry of why_table. */
+ * None, waker_pid, its seq, seq): a why_entry. */
 static PyObject *why_row(why_entry *w)
 {
     PyObject *cg = w->has_cg ? PyLong_FromLongLong(w->cg) : Py_NewRef(Py_None);
@@ -2024,12 +1935,9 @@ static void Digester_dealloc(Digester *self)
     PyMem_Free(self->why_sel);
     if (self->wt.slots)
         wt_clear(&self->wt);
-    PyMem_Free(self->wt.slots);
-    PyMem_Free(self->wt.order);
-    PyMem_Free(self->ov.slots);
-    PyMem_Free(self->ov.order);
-    PyMem_Free(self->ga.slots);
-    PyMem_Free(self->ga.order);
+    acc_free(&self->wt);
+    acc_free(&self->ov);
+    acc_free(&self->ga);
     for (Py_ssize_t i = 0; i < self->nrings; i++)
         PyMem_Free(self->rings[i].v);
     PyMem_Free(self->rings);
@@ -2288,7 +2196,8 @@ static PyObject *Digester_set_why(Digester *self, PyObject *args)
         return NULL;
     }
     self->why_sel = PyMem_Malloc(NAME_CACHE * NAME_CACHE);
-    if (!self->why_sel || wt_init(&self->wt) < 0 || ov_init(&self->ov) < 0 || ov_init(&self->ga) < 0 ||
+    if (!self->why_sel || acc_init(&self->wt, sizeof(why_entry)) < 0 || acc_init(&self->ov, sizeof(ov_entry)) < 0 ||
+        acc_init(&self->ga, sizeof(ov_entry)) < 0 ||
         acc_init(&self->seen, sizeof(seen_acc)) < 0) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
@@ -2327,12 +2236,12 @@ static PyObject *Digester_take_why(Digester *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     if (self->fold_due) { /* the last take's fold never came (an interrupted read): its antagonists go */
-        ov_clear(&self->ov);
+        acc_begin(&self->ov);
         self->fold_due = 0;
     }
     PyObject *sums = PyList_New(self->wt.used);
     for (Py_ssize_t k = 0; sums && k < self->wt.used; k++) {
-        PyObject *row = why_row(&self->wt.slots[self->wt.order[k]]);
+        PyObject *row = why_row((why_entry *)SLOT(&self->wt, self->wt.order[k]));
         if (!row)
             Py_CLEAR(sums);
         else
@@ -2372,12 +2281,12 @@ static PyObject *Digester_why_fold(Digester *self, PyObject *groups)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t k = 0; k < self->ov.used; k++) {
-        ov_entry *o = &self->ov.slots[self->ov.order[k]];
-        if ((Py_ssize_t)o->waiter >= n) {
+        ov_entry *o = (ov_entry *)SLOT(&self->ov, self->ov.order[k]);
+        if ((Py_ssize_t)o->h.aux >= n) {
             PyErr_SetString(PyExc_ValueError, "groups is shorter than the sums");
             goto fail;
         }
-        long long g = PyLong_AsLongLong(items[o->waiter]);
+        long long g = PyLong_AsLongLong(items[o->h.aux]);
         if (g == -1 && PyErr_Occurred())
             goto fail;
         if (g < 0 || g > UINT32_MAX) {
@@ -2388,7 +2297,7 @@ static PyObject *Digester_why_fold(Digester *self, PyObject *groups)
             goto fail;
     }
     Py_DECREF(seq);
-    ov_clear(&self->ov);
+    acc_begin(&self->ov);
     self->fold_due = 0;
     Py_RETURN_NONE;
 fail:
@@ -2407,8 +2316,8 @@ static void tid_text(long long v, char *buf, size_t n)
 static int ga_cmp(const void *pa, const void *pb)
 {
     const ov_entry *a = *(const ov_entry *const *)pa, *b = *(const ov_entry *const *)pb;
-    if (a->waiter != b->waiter)
-        return a->waiter < b->waiter ? -1 : 1;
+    if (a->h.aux != b->h.aux)
+        return a->h.aux < b->h.aux ? -1 : 1;
     if (a->ns != b->ns)
         return a->ns > b->ns ? -1 : 1;
     if ((a->other < 0) != (b->other < 0))
@@ -2434,7 +2343,7 @@ static PyObject *Digester_why_antagonists(Digester *self, PyObject *args)
     }
     if (!PyArg_ParseTuple(args, "n:why_antagonists", &top))
         return NULL;
-    ov_table *t = &self->ga;
+    acc_table *t = &self->ga;
     ov_entry **all = PyMem_Malloc((size_t)(t->used ? t->used : 1) * sizeof(ov_entry *));
     PyObject *out = PyDict_New();
     if (!all || !out) {
@@ -2443,12 +2352,12 @@ static PyObject *Digester_why_antagonists(Digester *self, PyObject *args)
         return PyErr_NoMemory();
     }
     for (Py_ssize_t k = 0; k < t->used; k++)
-        all[k] = &t->slots[t->order[k]];
+        all[k] = (ov_entry *)SLOT(t, t->order[k]);
     qsort(all, (size_t)t->used, sizeof(ov_entry *), ga_cmp);
     for (Py_ssize_t k = 0; k < t->used;) {
-        uint32_t g = all[k]->waiter;
+        uint32_t g = all[k]->h.aux;
         Py_ssize_t end = k;
-        while (end < t->used && all[end]->waiter == g)
+        while (end < t->used && all[end]->h.aux == g)
             end++;
         Py_ssize_t shown = top < 0 || end - k < top ? end - k : top;
         i128 rest_ns = 0;
