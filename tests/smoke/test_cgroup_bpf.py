@@ -97,7 +97,8 @@ def test_stats_by_cgroup_splits_the_time_at_the_move(moved, tmp_path):
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
     r = CliRunner().invoke(cli, ["stats", "-f", "json", "--by", "cgroup", str(path)], prog_name="pstate")
     assert r.exit_code == 0, r.output
-    groups = {g["key"]: {s: v["ns"] for s, v in g["states"].items()} for g in orjson.loads(r.stdout)["groups"]}
+    report = orjson.loads(r.stdout)
+    groups = {g["key"]: {s: v["ns"] for s, v in g["states"].items()} for g in report["groups"]}
     a, b = groups[f"{top}/{BEFORE}"], groups[f"{top}/{AFTER}"]
     assert set(groups) == {f"{top}/{BEFORE}", f"{top}/{AFTER}"}
     mine = [x for x in recs if x["type"] == "state" and x["pid"] == pid]
@@ -110,7 +111,11 @@ def test_stats_by_cgroup_splits_the_time_at_the_move(moved, tmp_path):
     margin += sum(unknown)
     if recs[0]["probes"] == "tp_btf":
         assert abs(sum(a.values()) - (t0 - first)) <= margin + (t1 - t0), (a, t0 - first, margin)
-        assert abs(sum(b.values()) - (last - t1)) <= margin + (t1 - t0), (b, last - t1, margin)
+        # after the move: up to its last record, and at most to the window's end (the time a task
+        # that exited spends dead or a zombie until the recording ends, longer on a loaded machine)
+        end = report["window"]["end_ts"]
+        slack = margin + (t1 - t0)
+        assert last - t1 - slack <= sum(b.values()) <= end - t1 + slack, (b, last - t1, end - t1, margin)
         assert b.get("sleeping", 0) > b.get("running", 0)  # a sleeper, wherever it is
     else:
         # (zombie: the time after its last switch-out, when its reap came after the recording)
