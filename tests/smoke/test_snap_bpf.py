@@ -188,9 +188,11 @@ def test_one_shot_sleeper_time_matches_the_truth(tmp_path):
     (row,) = [x for x in s.rows if x["tid"] == sleeper.pid]
     assert truth > 0.3 * (b - a)  # mostly asleep, however long its waits for a CPU after each sleep
     assert abs(row["sleeping_ns"] - truth) <= 0.10 * truth, (row["sleeping_ns"], truth)
-    # each sleep inside the interval is a voluntary switch and a wake-up of its own
+    # each sleep inside the interval is a voluntary switch and a wake-up of its own, but for one at
+    # each end: the interval's bounds are read apart from the maps (a wake-up counted 39 of 40 once,
+    # under a busy loop on each CPU)
     inside = sum(1 for t0, t1 in spans if a <= t0 and t1 <= b)
-    assert inside >= 5 and row["nvcsw"] >= inside and row["wakeups"] >= inside and row["running_ns"] > 0
+    assert inside >= 5 and row["nvcsw"] >= inside - 2 and row["wakeups"] >= inside - 2 and row["running_ns"] > 0
 
 
 def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
