@@ -518,12 +518,16 @@ def test_a_kernel_without_prev_state_and_group_dead(tmp_path, probes):
             child.kill()
     recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     meta, end = recs[0], recs[-1]
-    assert end["type"] == "end" and end["lost"] == 0, end
+    # nothing lost but the runs the kernel skipped and counted (classic tracepoints: another BPF
+    # program was running on that CPU, as the other tests' do beside this one; once under a busy
+    # loop on each CPU), each of which may be one of the events counted below
+    skipped = end.get("lost_skipped", 0)
+    assert end["type"] == "end" and end["lost"] == skipped and (probes == "tracepoint" or not skipped), end
     assert probeplan.GROUP_DEAD_FROM_SIGNAL.note in meta["probe_notes"]
     assert (probeplan.STATE_FROM_TASK.note in meta["probe_notes"]) == (probes == "tp_btf")
     wakes, untraced = sleeps(recs, child.pid, 10, 29e6, 60e6)
     outs = [r for r in recs if r["type"] == "state" and r["tid"] == child.pid and r["to"] == "sleeping"]
     assert all(r["voluntary"] and r["kstate"] == "S" for r in outs) and len(outs) >= 10 - len(untraced)
     exits = [r for r in recs if r["type"] == "exit" and r["pid"] == child.pid]
-    assert len(exits) == 5, exits
-    assert sum(r["group_dead"] for r in exits) == 1, exits
+    assert 5 - skipped <= len(exits) <= 5, exits
+    assert sum(r["group_dead"] for r in exits) == 1 or (skipped and sum(r["group_dead"] for r in exits) == 0), exits
