@@ -140,8 +140,9 @@ def test_snapshots_carry_the_cgroup_and_stats_dir_groups_by_it(tmp_path):
     from conftest import clean_env, pstate_cmd
 
     with V2Cgroups(SERVICE, SCOPE) as cg:
-        # the hog outlasts snap's start and interval on a slow machine (killed after)
-        hog, sleeper = start(BUSY.format(secs=5)), start(SLEEPER.format(n=15, secs=0.1))
+        # both outlast snap's start and interval on a slow machine (killed after): a sleeper that
+        # had exited before snap read it carried no cgroup path, once under a busy loop on each CPU
+        hog, sleeper = start(BUSY.format(secs=5)), start(SLEEPER.format(n=50, secs=0.1))
         try:
             cg.move(hog.pid, cg.top + "/" + SERVICE)
             cg.move(sleeper.pid, cg.top + "/" + SCOPE)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import bpf_prog_ids, clean_env, pstate_cmd
 from test_reliability_stream import leftover_programs
-from workloads import BUSY, FORK_EXEC, SCHED_LATE_S, SLEEPER, Recording, go, record_workload, sleeps, start, states
+from workloads import BUSY, FORK_EXEC, SLEEPER, Recording, go, record_workload, sleeps, start, states
 
 pytestmark = pytest.mark.bpf
 
@@ -240,11 +240,15 @@ def test_duration_stops_the_reports_at_n(tmp_path):
     reports, and the trailer is written before the programs are detached
     (which takes a good part of a second)."""
     out = tmp_path / "rec.jsonl"
+    t0 = time.monotonic_ns()
     subprocess.run(pstate_cmd("record", "-q", "-d", "1", "-o", str(out)), env=clean_env(), check=True, timeout=60)
+    lived = time.monotonic_ns() - t0
     recs = [orjson.loads(x) for x in out.read_bytes().splitlines()]
     meta, end = recs[0], recs[-1]
     assert end["type"] == "end" and end["reason"] == "duration"
-    assert 1.0e9 <= end["duration_ns"] <= 1.0e9 + SCHED_LATE_S * 1e9, end
+    # never early; late only as much as the machine ran its timer late, within the life the test
+    # saw (1.53 s once under a busy loop on each CPU, load average 5.3)
+    assert 1.0e9 <= end["duration_ns"] < lived, (end, lived)
     # nothing is reported after the trailer's moment (a busy machine runs
     # record's timer late; the settings row stops the reports when it runs)
     events = [r for r in recs if r["type"] in ("state", "fork", "exec", "exit")]
