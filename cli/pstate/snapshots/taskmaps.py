@@ -87,6 +87,11 @@ def _decode_comm(raw: bytes) -> str:
     return names.comm(raw)
 
 
+# copies of a row written meanwhile before the last is taken as it is (one
+# write takes well under a microsecond; a copy about as long)
+COPY_TRIES = 8
+
+
 class TidArray:
     """The tid-indexed `tasks` array, read through a shared mapping
     (BPF_F_MMAPABLE): a snapshot scans the `since` word of every slot and
@@ -104,9 +109,29 @@ class TidArray:
         self.since = self.words[self.Leaf.since.offset // 8:self.n * step:step]
 
     def rows(self) -> dict:
-        """{tid: copy of its row} of every slot whose `since` is set."""
-        seen = itertools.compress(range(self.n), self.since.tolist())
-        return {tid: self.Leaf.from_buffer_copy(self.mm, tid * self.size) for tid in seen}
+        """{tid: copy of its row} of every slot whose `since` is set.
+
+        The program writes a slot while it is copied: a switch moves time to
+        another state, a freed thread's slot is emptied (and its tid may go to
+        a new thread). A copy taken across such a write mixes the two rows
+        (an emptied slot's half-zeroed copy once gave a live thread none of
+        its 300 ms), so a row is copied until two copies in a row agree; a
+        slot emptied meanwhile is left out: its thread's final row is in
+        `gone`, which is read after this."""
+        out = {}
+        size, mm = self.size, self.mm
+        for tid in itertools.compress(range(self.n), self.since.tolist()):
+            off = tid * size
+            row = mm[off:off + size]
+            for _ in range(COPY_TRIES):
+                again = mm[off:off + size]
+                if again == row:
+                    break
+                row = again
+            leaf = self.Leaf.from_buffer_copy(row)
+            if leaf.since:
+                out[tid] = leaf
+        return out
 
     def close(self) -> None:
         self.since.release()
