@@ -1,11 +1,13 @@
-"""The tid-indexed array is read while the program writes it: a row copied
-across a write, or a slot emptied between the scan and the copy, is not
-reported as a row (snapshots/taskmaps.py TidArray.rows)."""
+"""Rows the programs write in place are read while they are written: a row
+copied across a write, or a slot emptied between the scan and the copy, is
+not reported as a row (snapshots/taskmaps.py TidArray.rows, the array of
+rows by tid; kernel/bpfsys.py Table.read_settled, the hash of rows)."""
 
 from __future__ import annotations
 
 import ctypes
 
+from pstate.kernel import bpfsys
 from pstate.snapshots import taskmaps
 
 
@@ -74,8 +76,51 @@ def test_a_copy_across_a_write_is_taken_again():
 
 
 def test_a_row_that_never_holds_still_gives_its_last_copy():
-    copies = [row(10, 20 + i, i, i) for i in range(taskmaps.COPY_TRIES + 1)]
+    copies = [row(10, 20 + i, i, i) for i in range(bpfsys.COPY_TRIES + 1)]
     a = array(1, {0: copies + [row(99, 99, 9, 9)]})
     got = a.rows()
-    assert as_tuple(got[0]) == (10, 20 + taskmaps.COPY_TRIES, (taskmaps.COPY_TRIES,) * 2)
-    assert a.mm.reads[0] == taskmaps.COPY_TRIES + 1
+    assert as_tuple(got[0]) == (10, 20 + bpfsys.COPY_TRIES, (bpfsys.COPY_TRIES,) * 2)
+    assert a.mm.reads[0] == bpfsys.COPY_TRIES + 1
+
+
+class Hash(bpfsys.Table):
+    """A hash whose batch reads and lookups give scripted rows."""
+
+    def __init__(self, batches: list[dict[int, bytes]], lookups: dict[int, list[bytes | None]]):
+        super().__init__(-1, "tasks", ctypes.c_uint32, Leaf, 1, 16)
+        self.batches, self.lookups = list(batches), {k: list(v) for k, v in lookups.items()}
+
+    def _batches(self, delete: bool, chunk: int):
+        return [(bytes(ctypes.c_uint32(k)), v) for k, v in self.batches.pop(0).items()]
+
+    def copy(self, key) -> bytes | None:
+        left = self.lookups[key.value]
+        return left.pop(0) if len(left) > 1 else left[0]
+
+
+def settled(h: Hash) -> dict:
+    return {k.value: as_tuple(v) for k, v in h.read_settled()}
+
+
+def test_a_hash_row_read_the_same_twice_is_kept_without_a_lookup():
+    h = Hash([{1: row(10, 20, 5, 6)}, {1: row(10, 20, 5, 6)}], {})
+    assert settled(h) == {1: (10, 20, (5, 6))}
+
+
+def test_a_hash_row_torn_in_a_read_is_looked_up_until_it_holds():
+    # the second read tore a switch (time moved, since not yet): looked up alone
+    torn, done = row(10, 20, 9, 6), row(10, 30, 9, 6)
+    h = Hash([{1: row(10, 20, 5, 6), 2: row(7, 8, 1, 1)}, {1: torn, 2: row(7, 8, 1, 1)}], {1: [done, done]})
+    assert settled(h) == {1: (10, 30, (9, 6)), 2: (7, 8, (1, 1))}
+
+
+def test_a_hash_row_deleted_or_new_between_the_reads():
+    # 1 freed between the reads (absent from the second); 3 new in the
+    # second, checked alone, and deleted before the check
+    h = Hash([{1: row(10, 20, 5, 6)}, {3: row(40, 40, 0, 0)}], {3: [None]})
+    assert settled(h) == {}
+
+
+def test_settle_gives_up_after_its_tries_with_the_last_copy():
+    copies = iter(range(100))
+    assert bpfsys.settle(lambda: bytes([next(copies)])) == bytes([bpfsys.COPY_TRIES])

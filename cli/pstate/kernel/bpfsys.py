@@ -350,6 +350,28 @@ def possible_cpus() -> int:
 
 # --- tables ------------------------------------------------------------------
 
+# copies of a value written meanwhile before the last is taken as it is (one
+# program's write takes well under a microsecond, a copy about as long)
+COPY_TRIES = 8
+
+
+def settle(copy, first: bytes | None = None) -> bytes | None:
+    """A value the programs write in place (a map's rows, which no lock
+    keeps whole while user space copies one), copied by copy() until two
+    copies in a row agree: a copy taken across a write mixes the row before
+    and the row after. copy() gives the value's bytes, or None once the
+    entry is gone (then so does this); `first`, a copy already taken."""
+    row = copy() if first is None else first
+    for _ in range(COPY_TRIES):
+        if row is None:
+            return None
+        again = copy()
+        if again == row:
+            return row
+        row = again
+    return row
+
+
 class Table(MutableMapping):
     """A hash map: ctypes Key -> Leaf. Errors as BCC's: KeyError when absent,
     Exception when an update fails."""
@@ -393,10 +415,19 @@ class Table(MutableMapping):
         batches of `chunk`: buffers for the whole map at every call would be
         megabytes for a mostly empty one. Kernels without batch operations
         (before 5.6) are read key by key."""
-        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
         Key, Leaf = self.Key, self.Leaf
-        ksz, vsz = ct.sizeof(Key), ct.sizeof(Leaf)
-        keys, values = (Key * chunk)(), (Leaf * chunk)()
+        batches = self._batches(delete, chunk)
+        if batches is None:
+            return self._read_slowly(delete)
+        return [(Key.from_buffer_copy(k), Leaf.from_buffer_copy(v)) for k, v in batches]
+
+    def _batches(self, delete: bool, chunk: int):
+        """The (key bytes, value bytes) of every entry, read in batches; None
+        where the kernel has no batch operations."""
+        call = lib.bpf_lookup_and_delete_batch if delete else lib.bpf_lookup_batch
+        ksz, vsz = ct.sizeof(self.Key), ct.sizeof(self.Leaf)
+        keys, values = (self.Key * chunk)(), (self.Leaf * chunk)()
+        kview, vview = memoryview(keys).cast("B"), memoryview(values).cast("B")
         # the resume token is a bucket number for hash maps, a key for arrays
         token, cnt, out = ct.create_string_buffer(max(ksz, 8)), ct.c_uint32(0), []
         first = True
@@ -407,13 +438,42 @@ class Table(MutableMapping):
             err = ct.get_errno()
             if res != 0 and err != errno.ENOENT:
                 if first and err in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
-                    return self._read_slowly(delete)
+                    return None
                 raise BpfError(err, f"BPF_MAP_LOOKUP{'_AND_DELETE' if delete else ''}_BATCH: {os.strerror(err)}")
             first = False
-            out += [(Key.from_buffer_copy(keys, i * ksz), Leaf.from_buffer_copy(values, i * vsz))
+            out += [(kview[i * ksz:(i + 1) * ksz].tobytes(), vview[i * vsz:(i + 1) * vsz].tobytes())
                     for i in range(cnt.value)]
             if res != 0 or cnt.value == 0:
                 return out
+
+    def read_settled(self) -> list:
+        """(key, leaf) of every entry of a map whose programs write rows in
+        place (read_all, whose copies a concurrent write can tear): read
+        twice, and a row whose two copies differ is looked up alone until
+        two copies agree (settle). A row gone by the second read is left
+        out: deleted meanwhile."""
+        first = self._batches(False, 1024)
+        second = self._batches(False, 1024) if first is not None else None
+        if second is None:  # (no batch operations: key by key)
+            first = [(bytes(k), bytes(v)) for k, v in self.read_all()]
+            second = [(bytes(k), bytes(v)) for k, v in self.read_all()]
+        before = dict(first)
+        Key, Leaf, out = self.Key, self.Leaf, []
+        for kraw, raw in second:
+            key = Key.from_buffer_copy(kraw)
+            if before.get(kraw) != raw:
+                raw = settle(lambda: self.copy(key), raw)
+                if raw is None:
+                    continue
+            out.append((key, Leaf.from_buffer_copy(raw)))
+        return out
+
+    def copy(self, key) -> bytes | None:
+        """The bytes of key's value, or None when it is absent."""
+        leaf = self.Leaf()
+        if lib.bpf_lookup_elem(self.map_fd, ct.byref(key), ct.byref(leaf)) < 0:
+            return None
+        return bytes(leaf)
 
     def _read_slowly(self, delete: bool) -> list:
         items = self.items()

@@ -87,11 +87,6 @@ def _decode_comm(raw: bytes) -> str:
     return names.comm(raw)
 
 
-# copies of a row written meanwhile before the last is taken as it is (one
-# write takes well under a microsecond; a copy about as long)
-COPY_TRIES = 8
-
-
 class TidArray:
     """The tid-indexed `tasks` array, read through a shared mapping
     (BPF_F_MMAPABLE): a snapshot scans the `since` word of every slot and
@@ -113,22 +108,17 @@ class TidArray:
 
         The program writes a slot while it is copied: a switch moves time to
         another state, a freed thread's slot is emptied (and its tid may go to
-        a new thread). A copy taken across such a write mixes the two rows
-        (an emptied slot's half-zeroed copy once gave a live thread none of
-        its 300 ms), so a row is copied until two copies in a row agree; a
-        slot emptied meanwhile is left out: its thread's final row is in
-        `gone`, which is read after this."""
+        a new thread). A copy taken across such a write mixes the two rows,
+        and a slot emptied after the scan was copied as zeros (a row of state
+        unknown and start 0 beside the thread's final one). So a row is
+        copied until two copies in a row agree (bpfsys.settle), and a slot
+        emptied meanwhile is left out: its row is in `gone`, read after this
+        (freed), or under the tid its thread took (exec)."""
         out = {}
         size, mm = self.size, self.mm
         for tid in itertools.compress(range(self.n), self.since.tolist()):
             off = tid * size
-            row = mm[off:off + size]
-            for _ in range(COPY_TRIES):
-                again = mm[off:off + size]
-                if again == row:
-                    break
-                row = again
-            leaf = self.Leaf.from_buffer_copy(row)
+            leaf = self.Leaf.from_buffer_copy(bpfsys.settle(lambda: mm[off:off + size]))
             if leaf.since:
                 out[tid] = leaf
         return out
@@ -241,7 +231,9 @@ class MapReader:
     def _live(self, settle: bool = False) -> list[tuple[int, object]]:
         """(tid, row) of every live thread."""
         if not self.by_tid:
-            return [(_tid(k), v) for k, v in read_hash(self.tasks)]
+            # rows the programs write in place: a copy is taken whole (a torn
+            # one counts a state's time twice, and shrinks at the next read)
+            return [(_tid(k), v) for k, v in bpfsys.Table.over(self.tasks).read_settled()]
         # Seeds first: one taken between the two reads is then in both, and
         # the array's copy (the later) wins.
         seeds = [(_tid(k), v) for k, v in read_hash(self.seeds)] if self.seeds_pending else []
