@@ -14,7 +14,7 @@
  *   owner.cause_name(cause)            a wake-up cause's name
  *   owner.cgroup_text(cgroup)          a state record's ',"cgroup":..' (tells
  *                                       the identities of an id met first)
- *   owner.stack_tail(stack)            a wake-up's ',"stack_id":..,"reason":".."'
+ *   owner.stack_tail(stack, since)     a wake-up's ',"stack_id":..,"reason":".."'
  *                                       (record --stacks; asked every time)
  * The prefix cache is keyed by tid and checked against (comm, pid) and is
  * emptied past the same size as the Python one, so owner.pid() runs, and
@@ -651,7 +651,12 @@ static int run(EncoderObject *self, PyObject *view, PyObject *owner, Buf *out, P
                 uint32_t stack = ld32(e + O_STACK);
                 if (stack) {
                     Frag st;
-                    PyObject *r = call_owner(owner, s_stack_tail, 1, PyLong_FromUnsignedLong(stack), NULL, NULL);
+                    // when the blocked state began (0: not known): the
+                    // stack taken then, should its slot be freed since
+                    uint64_t ts = ld64(e + O_TS);
+                    uint64_t since = dur != NO_DUR && dur <= ts ? ts - dur : 0;
+                    PyObject *r = call_owner(owner, s_stack_tail, 2, PyLong_FromUnsignedLong(stack),
+                                             PyLong_FromUnsignedLongLong(since), NULL);
                     if (frag_from(&st, r, "stack_tail") < 0)
                         goto error;
                     size_t at = (size_t)(w - out->p);

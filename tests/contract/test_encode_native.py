@@ -55,9 +55,9 @@ class FakeStacks:
     def __init__(self):
         self.calls = []
 
-    def tail(self, kid):
-        self.calls.append(kid)
-        return "" if kid % 4 == 3 else f',"stack_id":{kid // 2},"reason":"f\\u00e9{kid}é"'
+    def tail(self, kid, since):
+        self.calls.append((kid, since))
+        return "" if kid % 4 == 3 else f',"stack_id":{kid // 2},"reason":"f\\u00e9{kid}é{since}"'
 
 
 class CgroupsMet:
@@ -103,10 +103,13 @@ def both(batches, ks=KS, stacks=False):
 
 
 def test_wakeups_with_stacks_carry_the_same_tail():
-    recs = [rec(cause=c, stack=s, flags=f, frm=K | 2, to=ec.CODES["runnable"])
+    # the blocked state's start goes with the id: ts - dur, 0 when not known
+    recs = [rec(cause=c, stack=s, flags=f, frm=K | 2, to=ec.CODES["runnable"], ts=ts, dur=dur)
             for c in (ec._D["CAUSE_WAKEUP"], ec._D["CAUSE_SWITCH_OUT"]) for s in (0, 1, 2, 3, 4, 2**32 - 1)
-            for f in (0, ec.F_WAKER_IRQ)]
+            for f in (0, ec.F_WAKER_IRQ)
+            for ts, dur in ((1_000, 5_000), (9_000, 5_000), (2**64 - 2, 2**63), (7_000, ec.NO_DUR), (5, 5))]
     (lines,) = both([b"".join(recs)], stacks=True)
+    assert any("é4000" in x for x in lines) and any("é0" in x for x in lines)
     with_stack = [x for x in lines if "stack_id" in x]
     assert with_stack and all('"cause":"wakeup"' in x for x in with_stack)
     assert not any("stack_id" in x for x in lines if "switch_out" in x)

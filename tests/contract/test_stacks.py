@@ -80,6 +80,30 @@ def test_a_reused_kernel_id_gets_a_new_stream_id(tmp_path):
     assert t.tail(9) == "" and t.lost == 1
 
 
+def test_a_slot_freed_and_taken_by_another_stack_after_a_task_blocked(tmp_path, monkeypatch):
+    """Two tasks blocked with one stack (one kernel id); the first wake-up
+    freed the slot and a third task's other stack took the id; the second
+    wake-up, of a state that began before that free, gets the first stack."""
+    now = [1_000]
+    monkeypatch.setattr(stacks.time, "monotonic_ns", lambda: now[0])
+    t, m = _table(tmp_path)
+    m.slots[0] = IO
+    a = t.tail(0, since=500)  # freed at 1000
+    now[0] = 2_000
+    m.slots[0] = SLEEP  # the id taken by another stack, at 1500
+    assert t.tail(0, since=600) == a  # blocked at 600, before the free
+    sleep = t.tail(0, since=1_500)  # the new stack's own wake-up: read and freed at 2000
+    assert '"reason":"do_nanosleep"' in sleep
+    assert t.tail(0, since=1_200) == sleep  # blocked after the first free, before the second
+    assert t.tail(0, since=900) == a
+    assert t.tail(0) == sleep  # not known when: the last read
+    for i in range(stacks.FREED_KEPT + 2):  # frees beyond those kept: the oldest kept
+        now[0] = 3_000 + i
+        m.slots[0] = IO
+        t.tail(0, since=2_500 + i)
+    assert t.tail(0, since=600) == a and t.lost == 0
+
+
 def test_reason_skips_plumbing():
     assert vocab.reason_of(["__schedule+0x1", "schedule+0x2", "schedule_hrtimeout_range_clock+0x3",
                              "do_epoll_wait+0x4"]) == "do_epoll_wait"

@@ -150,10 +150,11 @@ class Encoder:
         return (f',"cause":"switch_out","voluntary":{"true" if voluntary else "false"},'
                 f'"kstate":"{self.kletter(kstate)}","prio":')
 
-    def stack_tail(self, stack: int) -> str:
+    def stack_tail(self, stack: int, since: int) -> str:
         """',"stack_id":..,"reason":".."' of a wake-up whose blocked state
-        has kernel stack map id stack - 1 ('' when it cannot be read)."""
-        return self.stacks.tail(stack - 1) if self.stacks is not None else ""
+        has kernel stack map id stack - 1 and began at `since` (0: not
+        known); '' when it cannot be read."""
+        return self.stacks.tail(stack - 1, since) if self.stacks is not None else ""
 
     def cause_name(self, cause: int) -> str:
         return CAUSES.get(cause) or f"cause_{cause}"  # a kernel side newer than this decoder
@@ -247,7 +248,7 @@ class Encoder:
                            ',"waker":"irq"' if flags & F_WAKER_IRQ else ',"waker":"softirq"')
                     append(f'{{"type":"state","ts":{ts},"cpu":{cpu},{ptc},{mid}{d},"cause":"{c}",'
                            f'"waker_tid":{otid},"waker_pid":{opid},"target_cpu":{kst}{ctx}'
-                           f'{self.stack_tail(stack) if stack else ""}{cg}}}\n')
+                           f'{self.stack_tail(stack, ts - dur if dur <= ts else 0) if stack else ""}{cg}}}\n')
             elif typ == EV_FORK:
                 append(f'{{"type":"fork","ts":{ts},"cpu":{cpu},{ptc},'
                        f'"child_pid":{opid},"child_tid":{otid},"thread":{"true" if flags & F_THREAD else "false"}}}\n')

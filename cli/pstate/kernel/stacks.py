@@ -5,9 +5,11 @@ task as it switches out into one of the --stacks states and puts the stack
 map id (+ 1) in the wake-up event that ends the state. StackTable reads that
 map slot when the wake-up is encoded and frees it, so the kernel can reuse
 the id; stream stack ids are given per distinct stack *content*, so a
-reused kernel id never redefines one. A slot already freed (two tasks
-blocked with the same stack; the first wake-up freed it) is taken from the
-last content read under that id.
+reused kernel id never redefines one. A slot freed after a task blocked
+(two tasks blocked with the same stack; the first wake-up freed it, and
+another stack may have taken the id since) is taken from what was read
+under that id when it was freed: each wake-up says when its blocked state
+began.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pstate.stream.names import decode as decode_name
 from pstate.stream.vocab import frame_name, reason_of
 
 MAX_DEPTH = 127  # PERF_MAX_STACK_DEPTH: a stack map value holds this many u64 addresses
+# frees kept per kernel id: a task blocked before the oldest gets the oldest
+# (what the slot held then, unless it was freed more often meanwhile)
+FREED_KEPT = 4
 
 # Frames of the tracing itself at the leaf of a stack a tp_btf program takes
 # (the program, and the kernel's call into it), above the __schedule every
@@ -122,22 +127,35 @@ class StackTable:
         self.calls = calls
         self.symbols = symbols or BackgroundKallsyms()  # read while recording starts
         self._by_content: dict[tuple, tuple[int, str]] = {}  # addresses -> (stream id, tail)
-        self._last: dict[int, tuple] = {}  # kernel id -> addresses last read under it
+        # kernel id -> (when it was freed, the addresses read under it then),
+        # oldest first, the last FREED_KEPT
+        self._freed: dict[int, list[tuple[int, tuple]]] = {}
         self.pending: list[dict] = []
         self.lost = 0  # wake-ups whose slot could not be read
 
-    def _read(self, kid: int) -> tuple | None:
+    def _read(self, kid: int, since: int) -> tuple | None:
+        freed = self._freed.get(kid)
+        if freed and since:
+            # freed after the task blocked: the stack it took is what the
+            # slot held then (another stack may hold the id now)
+            for when, ips in freed:
+                if when >= since:
+                    return ips
         key = ctypes.c_uint32(kid)
         val = (ctypes.c_uint64 * MAX_DEPTH)()
         if self.calls.bpf_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(val)) != 0:
-            return self._last.get(kid)
+            return freed[-1][1] if freed else None
         self.calls.bpf_delete_elem(self.fd, ctypes.byref(key))
         ips = tuple(ip for ip in val if ip)
-        self._last[kid] = ips
+        freed = self._freed.setdefault(kid, [])
+        freed.append((time.monotonic_ns(), ips))
+        del freed[:-FREED_KEPT]
         return ips
 
-    def tail(self, kid: int) -> str:
-        ips = self._read(kid)
+    def tail(self, kid: int, since: int = 0) -> str:
+        """The wake-up's tail for kernel stack id kid, of a blocked state
+        that began at `since` (CLOCK_MONOTONIC ns; 0: not known)."""
+        ips = self._read(kid, since)
         if not ips:
             self.lost += 1
             return ""
