@@ -13,7 +13,7 @@ import struct
 import pytest
 
 from conftest import cache_entries
-from pstate.kernel import bpfsys
+from pstate.kernel import bpfmaps, bpfsys
 from pstate.kernel import progcache
 from pstate.kernel.progcache import CacheMiss, NotCacheable
 from pstate.stream import vocab
@@ -426,7 +426,7 @@ DESCS = [
 
 @pytest.mark.parametrize("desc", DESCS)
 def test_decoded_types_match_bcc(desc):
-    t = bpfsys.decode_type(json.loads(desc))
+    t = bpfmaps.decode_type(json.loads(desc))
     try:
         from pstate.kernel import loader
 
@@ -443,14 +443,14 @@ def test_decoded_types_match_bcc(desc):
 
 
 def test_percpu_leaf_is_padded_per_cpu():
-    t = bpfsys.make_table(-1, "c", '"int"', '"unsigned int"', bpfsys.MAP_PERCPU_ARRAY, 5)
+    t = bpfmaps.make_table(-1, "c", '"int"', '"unsigned int"', bpfsys.MAP_PERCPU_ARRAY, 5)
     assert t.Leaf == ct.c_uint64 * bpfsys.possible_cpus()
     assert len(t) == 5 and [k.value for k in t] == [0, 1, 2, 3, 4]
     with pytest.raises(IndexError):
         t[ct.c_int(5)]
 
 
-class _Stacks(bpfsys.StackTraceTable):
+class _Stacks(bpfmaps.StackTraceTable):
     """A stack-trace table whose lookups come from a dict (stack id -> addresses)."""
 
     slots: dict = {}
@@ -465,9 +465,9 @@ class _Stacks(bpfsys.StackTraceTable):
 
 
 def test_stack_trace_table_walks_like_bccs():
-    t = bpfsys.make_table(-1, "stacks", STACK_MAP["key_desc"], STACK_MAP["leaf_desc"], bpfsys.MAP_STACK_TRACE,
+    t = bpfmaps.make_table(-1, "stacks", STACK_MAP["key_desc"], STACK_MAP["leaf_desc"], bpfsys.MAP_STACK_TRACE,
                           16384)
-    assert type(t) is bpfsys.StackTraceTable
+    assert type(t) is bpfmaps.StackTraceTable
     assert (t.Key, ct.sizeof(t.Leaf)) == (ct.c_int, STACK_MAP["value_size"])
     t.__class__ = _Stacks
     t.slots = {3: [0x10, 0x20, 0x30], 4: list(range(1, bpfsys.STACK_MAX_DEPTH + 1))}  # 4: a full stack
@@ -481,7 +481,7 @@ def test_stack_trace_table_walks_like_bccs():
 
 def test_unsupported_map_type():
     with pytest.raises(ValueError):
-        bpfsys.make_table(-1, "p", '"int"', '"int"', 4, 2)
+        bpfmaps.make_table(-1, "p", '"int"', '"int"', 4, 2)
 
 
 # --- with BPF ------------------------------------------------------------------------------
@@ -698,7 +698,7 @@ def _take_write_stacks(prog, path: str, kallsyms) -> dict[int, tuple[str, ...]]:
     ks = loader.kernel_states()
     settings = dataclasses.replace(filtermaps.settings_for(Filter(pids=(os.getpid(),)), ks), stack_mask=_d_bit())
     m = prog.maps()["stacks"]
-    t = bpfsys.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"], m["flags"])
+    t = bpfmaps.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"], m["flags"])
 
     def functions() -> dict[int, tuple[str, ...]]:
         return {k.value: tuple(vocab.frame_name(f)
@@ -755,9 +755,9 @@ def test_cached_stack_map_reads_as_the_compiled_one(root_cache, disk_file):
         cold_stacks = _take_write_stacks(cold, disk_file, kallsyms)
         # bpfsys's table on the compiled map and BCC's: the same stacks, the same errors
         m = cold.maps()["stacks"]
-        ours = bpfsys.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"],
+        ours = bpfmaps.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"],
                                  m["flags"])
-        assert type(ours) is bpfsys.StackTraceTable and (ct.sizeof(ours.Key), ct.sizeof(ours.Leaf)) == shape
+        assert type(ours) is bpfmaps.StackTraceTable and (ct.sizeof(ours.Key), ct.sizeof(ours.Leaf)) == shape
         ids = sorted(k.value for k in ours)
         assert ids == sorted(k.value for k in theirs) and len(ours) == len(theirs) == len(ids)
         for i in ids:
@@ -785,7 +785,7 @@ def test_cached_stack_map_reads_as_the_compiled_one(root_cache, disk_file):
     try:
         assert warm.origin == "cache", warm.cache_note
         t = warm.table("stacks")
-        assert type(t) is bpfsys.StackTraceTable and (ct.sizeof(t.Key), ct.sizeof(t.Leaf)) == shape
+        assert type(t) is bpfmaps.StackTraceTable and (ct.sizeof(t.Key), ct.sizeof(t.Leaf)) == shape
         assert bpfsys.map_info(t.map_fd) == info
         warm_stacks = _take_write_stacks(warm, disk_file, kallsyms)
         # a direct write blocks with the same functions, whichever way the program was loaded

@@ -1,13 +1,13 @@
 """Rows the programs write in place are read while they are written: a row
 copied across a write, or a slot emptied between the scan and the copy, is
 not reported as a row (snapshots/taskmaps.py TidArray.rows, the array of
-rows by tid; kernel/bpfsys.py Table.read_settled, the hash of rows)."""
+rows by tid; kernel/bpfmaps.py Table.read_settled, the hash of rows)."""
 
 from __future__ import annotations
 
 import ctypes
 
-from pstate.kernel import bpfsys
+from pstate.kernel import bpfmaps
 from pstate.snapshots import taskmaps
 
 
@@ -76,14 +76,14 @@ def test_a_copy_across_a_write_is_taken_again():
 
 
 def test_a_row_that_never_holds_still_gives_its_last_copy():
-    copies = [row(10, 20 + i, i, i) for i in range(bpfsys.COPY_TRIES + 1)]
+    copies = [row(10, 20 + i, i, i) for i in range(bpfmaps.COPY_TRIES + 1)]
     a = array(1, {0: copies + [row(99, 99, 9, 9)]})
     got = a.rows()
-    assert as_tuple(got[0]) == (10, 20 + bpfsys.COPY_TRIES, (bpfsys.COPY_TRIES,) * 2)
-    assert a.mm.reads[0] == bpfsys.COPY_TRIES + 1
+    assert as_tuple(got[0]) == (10, 20 + bpfmaps.COPY_TRIES, (bpfmaps.COPY_TRIES,) * 2)
+    assert a.mm.reads[0] == bpfmaps.COPY_TRIES + 1
 
 
-class Hash(bpfsys.Table):
+class Hash(bpfmaps.Table):
     """A hash whose batch reads and lookups give scripted rows."""
 
     def __init__(self, batches: list[dict[int, bytes]], lookups: dict[int, list[bytes | None]]):
@@ -123,4 +123,4 @@ def test_a_hash_row_deleted_or_new_between_the_reads():
 
 def test_settle_gives_up_after_its_tries_with_the_last_copy():
     copies = iter(range(100))
-    assert bpfsys.settle(lambda: bytes([next(copies)])) == bytes([bpfsys.COPY_TRIES])
+    assert bpfmaps.settle(lambda: bytes([next(copies)])) == bytes([bpfmaps.COPY_TRIES])

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
+from pstate.kernel import bpfmaps, bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
 from pstate.kernel.bccimport import import_bcc, quiet_fd
 from pstate.exitcodes import ExitCode, PstateError
 
@@ -367,7 +367,7 @@ class Program:
 
     def maps(self) -> dict[str, dict]:
         """Every map of the program: name -> fd, type, max_entries, flags and
-        BCC's key/leaf descriptions (what bpfsys.make_table needs)."""
+        BCC's key/leaf descriptions (what bpfmaps.make_table needs)."""
         if self.cached is not None:
             return {m["name"]: {"fd": self.cached.map_fds[m["name"]], "type": m["type"],
                                 "max_entries": m["max_entries"], "flags": m["flags"], "key_desc": m["key_desc"],

@@ -48,7 +48,7 @@ import struct
 import sys
 
 from pstate import __version__
-from pstate.kernel import bpfsys
+from pstate.kernel import bpfmaps, bpfsys
 from pstate.kernel import btf
 from pstate.kernel import headers
 from pstate.kernel import tpbtf
@@ -64,7 +64,7 @@ MAX_ENTRY_BYTES = 16 << 20
 _TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # BCC features whose maps or attachments this cache cannot reproduce (a map
 # of a type bpfsys does not implement is refused by its type once compiled;
-# the stack-trace map of record --stacks is kept: bpfsys.StackTraceTable)
+# the stack-trace map of record --stacks is kept: bpfmaps.StackTraceTable)
 _UNCACHEABLE_SOURCE = re.compile(r"\bBPF_TABLE_(PINNED|SHARED|PUBLIC)\b|\"extern\"|\bBPF_PERF_OUTPUT\b|"
                                  r"\bBPF_PROG_ARRAY\b|\bBPF_(HASH|ARRAY)_OF_MAPS\b")
 
@@ -320,7 +320,7 @@ def _validate_stack_map(m: dict) -> None:
     assert not m["flags"] & ~(bpfsys.STACK_MAP_FLAGS & ~bpfsys.BPF_F_NUMA_NODE), "flags"
     for desc, size in (("key_desc", "key_size"), ("leaf_desc", "value_size")):
         try:
-            t = bpfsys.decode_type(json.loads(m[desc]))
+            t = bpfmaps.decode_type(json.loads(m[desc]))
         except (LookupError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{desc}: {e!r}") from None
         assert ct.sizeof(t) == m[size], desc
@@ -670,7 +670,7 @@ def load(entry: dict, tracefs: str) -> Loaded:
     try:
         for m in entry["maps"]:
             out.map_fds[m["name"]] = fd = _create_map(m)
-            out.tables[m["name"]] = bpfsys.make_table(fd, m["name"], m["key_desc"], m["leaf_desc"], m["type"],
+            out.tables[m["name"]] = bpfmaps.make_table(fd, m["name"], m["key_desc"], m["leaf_desc"], m["type"],
                                                       m["max_entries"], m["flags"])
         for p in entry["progs"]:
             insns = _patched(base64.b64decode(p["insns"]), p["maps"], out.map_fds)

@@ -43,7 +43,7 @@ import types
 import orjson
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, features, loader, pins, pinsearch, probeplan
+from pstate.kernel import bpfmaps, bpfsys, features, loader, pins, pinsearch, probeplan
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
 from pstate.stream import meta
@@ -375,7 +375,7 @@ class PinnedProgram:
         if name not in self._tables:
             m = self.doc["maps"][name]
             fd = self.found.fd(_pin_name("map", name))
-            self._tables[name] = bpfsys.make_table(fd, name, m["key_desc"], m["leaf_desc"], m["type"],
+            self._tables[name] = bpfmaps.make_table(fd, name, m["key_desc"], m["leaf_desc"], m["type"],
                                                    m["max_entries"], m["flags"])
         return self._tables[name]
 

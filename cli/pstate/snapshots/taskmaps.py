@@ -14,7 +14,7 @@ import os
 import time
 
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import bpfsys, eventlayout, loader, taskrows
+from pstate.kernel import bpfmaps, bpfsys, eventlayout, loader, taskrows
 from pstate.kernel.eventcodec import tgid_from_proc
 from pstate.kernel.kstates import KernelStates
 from pstate.snapshots import histograms, snapdir
@@ -111,14 +111,14 @@ class TidArray:
         a new thread). A copy taken across such a write mixes the two rows,
         and a slot emptied after the scan was copied as zeros (a row of state
         unknown and start 0 beside the thread's final one). So a row is
-        copied until two copies in a row agree (bpfsys.settle), and a slot
+        copied until two copies in a row agree (bpfmaps.settle), and a slot
         emptied meanwhile is left out: its row is in `gone`, read after this
         (freed), or under the tid its thread took (exec)."""
         out = {}
         size, mm = self.size, self.mm
         for tid in itertools.compress(range(self.n), self.since.tolist()):
             off = tid * size
-            leaf = self.Leaf.from_buffer_copy(bpfsys.settle(lambda: mm[off:off + size]))
+            leaf = self.Leaf.from_buffer_copy(bpfmaps.settle(lambda: mm[off:off + size]))
             if leaf.since:
                 out[tid] = leaf
         return out
@@ -132,15 +132,15 @@ class TidArray:
 def _folds_table(prog):
     """`folds` as a Table, or None for a program built from an older bpf/."""
     try:
-        return bpfsys.Table.over(prog.table("folds"))
+        return bpfmaps.Table.over(prog.table("folds"))
     except KeyError:  # (BCC and the pinned set both raise it for a missing map)
         return None
 
 
 def read_hash(table, delete: bool = False) -> list:
     """(key, row) of every entry of a hash map (deleting them if `delete`):
-    the one map-reading path, bpfsys.Table's."""
-    return bpfsys.Table.over(table).read_all(delete)
+    the one map-reading path, bpfmaps.Table's."""
+    return bpfmaps.Table.over(table).read_all(delete)
 
 
 class MapReader:
@@ -155,11 +155,11 @@ class MapReader:
     def __init__(self, prog: loader.Program, ks: KernelStates, loaded_ts: int):
         self.prog = prog
         self.loaded_ts = loaded_ts  # monotonic ns before the program was loaded
-        self.tasks = bpfsys.Table.over(prog.table("tasks"))
-        self.gone = bpfsys.Table.over(prog.table("gone"))
+        self.tasks = bpfmaps.Table.over(prog.table("tasks"))
+        self.gone = bpfmaps.Table.over(prog.table("gone"))
         # told by the map itself, so any build of the program reads right
         self.by_tid = bpfsys.map_info(self.tasks.map_fd)["type"] == bpfsys.MAP_ARRAY
-        self.seeds = bpfsys.Table.over(prog.table("seeds")) if self.by_tid else None
+        self.seeds = bpfmaps.Table.over(prog.table("seeds")) if self.by_tid else None
         self.folds = _folds_table(prog)
         self.array = TidArray(self.tasks) if self.by_tid else None
         self.slots = slot_names(ks)
@@ -233,7 +233,7 @@ class MapReader:
         if not self.by_tid:
             # rows the programs write in place: a copy is taken whole (a torn
             # one counts a state's time twice, and shrinks at the next read)
-            return [(_tid(k), v) for k, v in bpfsys.Table.over(self.tasks).read_settled()]
+            return [(_tid(k), v) for k, v in bpfmaps.Table.over(self.tasks).read_settled()]
         # Seeds first: one taken between the two reads is then in both, and
         # the array's copy (the later) wins.
         seeds = [(_tid(k), v) for k, v in read_hash(self.seeds)] if self.seeds_pending else []
