@@ -20,13 +20,19 @@ class Key(ctypes.Structure):
     _fields_ = [("tid", ctypes.c_uint32), ("pad", ctypes.c_uint32), ("start_ts", ctypes.c_uint64)]
 
 
+# the tests' times are in units of a tenth of LATE_NS (0.1 s)
+U = resident.LATE_NS // 10
+
+
 def reader(rows, state=None):
-    """A PinnedReader whose `gone` map holds rows: [(tid, start_ts, since)]."""
+    """A PinnedReader whose `gone` map holds rows: [(tid, start_ts, since)],
+    since and the state's ts in units U."""
     r = resident.PinnedReader.__new__(resident.PinnedReader)
-    r.cursor = (state or {}).get("ts")
+    r.cursor = (state or {}).get("ts") and state["ts"] * U
     r.late = {tuple(k) for k in (state or {}).get("late", [])}
     r.new_late, r.read, r.last_ts = [], [], None
-    gone = [(Key(tid, 0, start), types.SimpleNamespace(start_ts=start, since=since)) for tid, start, since in rows]
+    gone = [(Key(tid, 0, start), types.SimpleNamespace(start_ts=start, since=since * U))
+            for tid, start, since in rows]
     removed = []
     r.gone = types.SimpleNamespace(read_all=lambda delete=False: list(gone),
                                    remove=lambda k: removed.append(k.tid) or True)
@@ -40,7 +46,7 @@ def shown(r, now):
     saved = mod.read_hash
     mod.read_hash = lambda table, delete=False: table.read_all(delete)
     try:
-        return sorted(k.tid for k, _v in r._read_gone(now))
+        return sorted(k.tid for k, _v in r._read_gone(now * U))
     finally:
         mod.read_hash = saved
 
@@ -56,19 +62,37 @@ def test_a_reader_shows_each_freed_row_once():
     assert again.new_late == []
 
 
+def test_a_row_written_after_the_read_is_shown_at_the_next():
+    """Freed 0.5 s before a snapshot's time but written after it read `gone`
+    (the program held up between its clock and its write): the next
+    snapshot shows it. With snapshots closer than LATE_NS, a row is still
+    shown once."""
+    first = reader([(1, 10, 100)])
+    assert shown(first, now=300) == [1]
+    again = reader([(1, 10, 100), (2, 20, 295)], {"ts": 300, "late": first.new_late})
+    assert shown(again, now=600) == [2]
+    # every 0.3 s: 4 shown at 702, remembered through each read it may reach
+    state = {"ts": 600, "late": again.new_late}
+    for now, want in ((702, [4]), (705, []), (708, []), (711, []), (714, [])):
+        r = reader([(4, 40, 701)], state)
+        assert shown(r, now=now) == want, now
+        state = {"ts": now, "late": r.new_late}
+    assert state["late"] == []  # 701 is more than LATE_NS before 714
+
+
 def test_rows_go_once_every_registered_reader_passed_them():
     r = reader([(1, 10, 100), (2, 20, 250)])
     shown(r, now=300)
     readers = {}
     lib = types.SimpleNamespace()
-    r.last_ts = 300
+    r.last_ts = 300 * U
     r.prog = types.SimpleNamespace(table_raw=lambda name: 7)
     # another reader's cursor at 200: only the row freed before 200 may go
     other = b"o" * resident.READER_KEY
     import pstate.snapshots.collector as mod
 
     now = [10**12]
-    readers[other] = (200, now[0])
+    readers[other] = (200 * U, now[0])
 
     def update(fd, key, val, flags):
         readers[key.raw] = tuple(int.from_bytes(val.raw[i:i + 8], "little") for i in (0, 8))
@@ -97,9 +121,9 @@ def test_rows_go_once_every_registered_reader_passed_them():
         # a reader silent for longer than the expiry holds nothing back
         r2 = reader([(2, 20, 250)])
         shown(r2, now=300)
-        r2.last_ts, r2.prog = 300, r.prog
+        r2.last_ts, r2.prog = 300 * U, r.prog
         now[0] += resident.READER_EXPIRY_NS + 1
-        readers[b"m" * resident.READER_KEY] = (300, now[0])
+        readers[b"m" * resident.READER_KEY] = (300 * U, now[0])
         assert r2.commit(b"m" * resident.READER_KEY) == 1 and r2.removed == [2]
         assert other not in readers
     finally:

@@ -60,6 +60,10 @@ MAX_STATE = 64 << 20
 READERS = "readers"  # the map of reader cursors (user space's own, pinned with the set)
 READER_KEY = 32
 READER_EXPIRY_NS = 3600 * 10**9  # a reader silent this long holds no rows back
+# how long before a snapshot's time a freed row may have been freed and
+# still come after the snapshot read `gone`: the program reads the clock,
+# then writes the row; a vCPU held up in between holds the write back
+LATE_NS = 1_000_000_000
 
 
 def layout_id() -> str:
@@ -411,12 +415,14 @@ class PinnedReader(MapReader):
     Final rows of freed threads stay in `gone` until every registered reader
     has published a snapshot holding them. Each reader (a snapshot
     directory) keeps a cursor: the time of its last published snapshot. A
-    freed row's `since` is when the kernel freed the thread, so a reader
-    whose snapshot was taken at T read every row freed before T; it shows
-    the rows freed since its previous cursor (and those freed while it read,
-    `late`, only once). A row is deleted once every registered reader's
-    cursor passed it; a reader that read nothing for READER_EXPIRY_NS no
-    longer holds rows back.
+    freed row's `since` is when the kernel freed the thread; the program
+    writes the row a little after it read that time, and a row freed just
+    before a snapshot's time may come after the snapshot read `gone`. So a
+    reader shows the rows freed since LATE_NS before its cursor, each once:
+    those it showed freed after LATE_NS before its snapshot's time are kept
+    (`late`) and not shown again. A row is deleted once every registered
+    reader's cursor passed it by LATE_NS; a reader that read nothing for
+    READER_EXPIRY_NS no longer holds rows back.
     """
 
     def __init__(self, prog: PinnedProgram, ks: KernelStates, state: dict | None = None):
@@ -427,7 +433,7 @@ class PinnedReader(MapReader):
         self.seed_failed = doc.get("seed_failed", 0)
         state = state or {}
         self.cursor = state.get("ts")
-        self.late = {tuple(k) for k in state.get("late", [])}  # shown already, though freed after the cursor
+        self.late = {tuple(k) for k in state.get("late", [])}  # shown already, freed after cursor - LATE_NS
         self.new_late: list = []
         self.read: list = []  # (key, since) of every final row read
         self.last_ts = None
@@ -440,11 +446,12 @@ class PinnedReader(MapReader):
         self.read = [(k, v.since) for k, v in rows]
         out = []
         for k, v in rows:
-            if self.cursor is not None and (v.since < self.cursor or (k.tid, v.start_ts) in self.late):
-                continue  # in an earlier snapshot of this directory
-            if v.since >= now:
-                self.new_late.append((k.tid, v.start_ts))
-            out.append((k, v))
+            key = (k.tid, v.start_ts)
+            seen = self.cursor is not None and (v.since < self.cursor - LATE_NS or key in self.late)
+            if v.since >= now - LATE_NS:
+                self.new_late.append(key)  # shown now or before: not again at the next cursor (now)
+            if not seen:
+                out.append((k, v))
         return out
 
     def _was_seeded(self, tid: int, v) -> bool:
@@ -480,7 +487,7 @@ class PinnedReader(MapReader):
             lib.bpf_delete_elem(fd, k)
         n = 0
         for k, since in self.read:
-            if since < low and self.gone.remove(k):
+            if since < low - LATE_NS and self.gone.remove(k):
                 n += 1
         self.read = []
         return n
