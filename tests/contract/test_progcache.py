@@ -687,7 +687,7 @@ def _take_write_stacks(prog, path: str, kallsyms) -> dict[int, tuple[str, ...]]:
     to path with O_DIRECT until one of those stacks blocked in a direct
     write (how many writes block depends on the disk), stop the program
     reporting, and give every stack id in the map with its functions, leaf
-    first (through bpfsys's table: a compiled program's map read the same)."""
+    first (through bpfmaps' table: a compiled program's map read the same)."""
     import dataclasses
     import mmap
 
@@ -753,7 +753,7 @@ def test_cached_stack_map_reads_as_the_compiled_one(root_cache, disk_file):
         assert (info["type"], info["max_entries"]) == (bpfsys.MAP_STACK_TRACE, 1024)
         shape = (ct.sizeof(theirs.Key), ct.sizeof(theirs.Leaf))
         cold_stacks = _take_write_stacks(cold, disk_file, kallsyms)
-        # bpfsys's table on the compiled map and BCC's: the same stacks, the same errors
+        # bpfmaps' table on the compiled map and BCC's: the same stacks, the same errors
         m = cold.maps()["stacks"]
         ours = bpfmaps.make_table(m["fd"], "stacks", m["key_desc"], m["leaf_desc"], m["type"], m["max_entries"],
                                  m["flags"])

@@ -96,12 +96,30 @@ def test_a_slot_freed_and_taken_by_another_stack_after_a_task_blocked(tmp_path, 
     assert '"reason":"do_nanosleep"' in sleep
     assert t.tail(0, since=1_200) == sleep  # blocked after the first free, before the second
     assert t.tail(0, since=900) == a
-    assert t.tail(0) == sleep  # not known when: the last read
-    for i in range(stacks.FREED_KEPT + 2):  # frees beyond those kept: the oldest kept
-        now[0] = 3_000 + i
+    assert t.tail(0) == sleep and t.lost == 0  # not known when: the last read
+    # blocked after the last free, and the slot empty since: not known
+    assert t.tail(0, since=2_500) == "" and t.lost == 1
+
+
+def test_contents_freed_again_in_a_row_are_one_entry_and_the_oldest_go(tmp_path, monkeypatch):
+    now = [0]
+    monkeypatch.setattr(stacks.time, "monotonic_ns", lambda: now[0])
+    t, m = _table(tmp_path)
+    io = sleep = None
+    for i in range(3):  # the same stack freed three times: one entry, its time moved on
+        now[0] = 1_000 + i
         m.slots[0] = IO
-        t.tail(0, since=2_500 + i)
-    assert t.tail(0, since=600) == a and t.lost == 0
+        io = t.tail(0, since=now[0])
+    assert t.tail(0, since=900) == io  # blocked before the first of them: the same content
+    for i in range(stacks.FREED_KEPT):  # contents taking turns: the oldest entries go
+        now[0] = 2_000 + i
+        m.slots[0] = SLEEP if i % 2 == 0 else IO
+        got = t.tail(0, since=now[0])
+        sleep = got if i == 0 else sleep
+    assert t.lost == 0
+    # the IO entry of 1000-1002 went: a task blocked then has a stack not known
+    assert t.tail(0, since=900) == "" and t.lost == 1
+    assert t.tail(0, since=1_500) == sleep  # the first free after 1500: SLEEP's at 2000
 
 
 def test_reason_skips_plumbing():

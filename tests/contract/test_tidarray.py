@@ -124,3 +124,16 @@ def test_a_hash_row_deleted_or_new_between_the_reads():
 def test_settle_gives_up_after_its_tries_with_the_last_copy():
     copies = iter(range(100))
     assert bpfmaps.settle(lambda: bytes([next(copies)])) == bytes([bpfmaps.COPY_TRIES])
+
+
+def test_a_kernel_without_batch_reads_reads_key_by_key_twice():
+    class Slow(Hash):
+        def _batches(self, delete, chunk):
+            return None
+
+        def read_all(self, delete=False, chunk=1024):
+            return [(ctypes.c_uint32(k), Leaf.from_buffer_copy(v)) for k, v in self.batches.pop(0).items()]
+
+    torn, done = row(10, 20, 9, 6), row(10, 30, 9, 6)
+    h = Slow([{1: row(10, 20, 5, 6), 2: row(7, 8, 1, 1)}, {1: torn, 2: row(7, 8, 1, 1)}], {1: [done, done]})
+    assert settled(h) == {1: (10, 30, (9, 6)), 2: (7, 8, (1, 1))}

@@ -424,15 +424,19 @@ class StackTraceTable(Table):
         pass
 
 
+# the table class of each map type pstate implements
+CLASSES = {MAP_HASH: Table, MAP_LRU_HASH: Table, MAP_ARRAY: ArrayTable, MAP_PERCPU_HASH: PerCpuTable,
+           MAP_LRU_PERCPU_HASH: PerCpuTable, MAP_PERCPU_ARRAY: PerCpuArrayTable, MAP_RINGBUF: RingBufTable,
+           MAP_STACK_TRACE: StackTraceTable}
+SUPPORTED_MAP_TYPES = frozenset(CLASSES)
+
+
 def make_table(map_fd: int, name: str, key_desc: str, leaf_desc: str, map_type: int, max_entries: int,
                flags: int = 0):
     """The table object for a map, from BCC's JSON key/leaf descriptions."""
     key = decode_type(json.loads(key_desc))
     leaf = decode_type(json.loads(leaf_desc))
-    cls = {MAP_HASH: Table, MAP_LRU_HASH: Table, MAP_ARRAY: ArrayTable, MAP_PERCPU_HASH: PerCpuTable,
-           MAP_LRU_PERCPU_HASH: PerCpuTable, MAP_PERCPU_ARRAY: PerCpuArrayTable, MAP_RINGBUF: RingBufTable,
-           MAP_STACK_TRACE: StackTraceTable}
     try:
-        return cls[map_type](map_fd, name, key, leaf, map_type, max_entries, flags)
+        return CLASSES[map_type](map_fd, name, key, leaf, map_type, max_entries, flags)
     except KeyError:
         raise ValueError(f"map type {map_type} is not supported") from None

@@ -27,11 +27,9 @@ MAP_LOOKUP_BATCH, MAP_LOOKUP_AND_DELETE_BATCH, MAP_UPDATE_BATCH, MAP_DELETE_BATC
 # flags of map updates
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 
-# map types whose user-space side this module implements
+# map types (those whose user-space side pstate implements: bpfmaps.CLASSES)
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY = 1, 2, 5, 6
 MAP_STACK_TRACE, MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF = 7, 9, 10, 27
-SUPPORTED_MAP_TYPES = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_STACK_TRACE,
-                                 MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_RINGBUF})
 
 # A stack-trace map (BCC's BPF_STACK_TRACE): a u32 stack id -> PERF_MAX_STACK_DEPTH
 # u64 addresses, zero after the last frame; with BPF_F_STACK_BUILD_ID (BCC's

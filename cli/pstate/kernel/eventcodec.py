@@ -150,7 +150,7 @@ class Encoder:
         return (f',"cause":"switch_out","voluntary":{"true" if voluntary else "false"},'
                 f'"kstate":"{self.kletter(kstate)}","prio":')
 
-    def stack_tail(self, stack: int, since: int) -> str:
+    def stack_tail(self, stack: int, since: int = 0) -> str:
         """',"stack_id":..,"reason":".."' of a wake-up whose blocked state
         has kernel stack map id stack - 1 and began at `since` (0: not
         known); '' when it cannot be read."""

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Iterable
 
-from pstate.kernel import bpfmaps, bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
+from pstate.kernel import bpfsys, btf, eventlayout, features, headers, kstates, pins, probeplan, progcache, tpbtf
 from pstate.kernel.bccimport import import_bcc, quiet_fd
 from pstate.exitcodes import ExitCode, PstateError
 

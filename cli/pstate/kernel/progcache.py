@@ -63,7 +63,7 @@ MAX_ENTRY_BYTES = 16 << 20
 # classic tracepoint: the format files of those the source names are keyed
 _TRACEPOINT_PROBE = re.compile(r"\b(?:TRACEPOINT_PROBE|PSTATE_PROBE)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 # BCC features whose maps or attachments this cache cannot reproduce (a map
-# of a type bpfsys does not implement is refused by its type once compiled;
+# of a type bpfmaps does not implement is refused by its type once compiled;
 # the stack-trace map of record --stacks is kept: bpfmaps.StackTraceTable)
 _UNCACHEABLE_SOURCE = re.compile(r"\bBPF_TABLE_(PINNED|SHARED|PUBLIC)\b|\"extern\"|\bBPF_PERF_OUTPUT\b|"
                                  r"\bBPF_PROG_ARRAY\b|\bBPF_(HASH|ARRAY)_OF_MAPS\b")
@@ -285,7 +285,7 @@ def _validate(entry: dict) -> None:
     for m in entry["maps"]:
         for f in ("type", "key_size", "value_size", "max_entries", "flags"):
             assert isinstance(m[f], int) and m[f] >= 0, f
-        assert m["type"] in bpfsys.SUPPORTED_MAP_TYPES, m["type"]
+        assert m["type"] in bpfmaps.SUPPORTED_MAP_TYPES, m["type"]
         assert isinstance(m["name"], str) and isinstance(m["key_desc"], str) and isinstance(m["leaf_desc"], str)
         if m["type"] == bpfsys.MAP_STACK_TRACE:
             _validate_stack_map(m)
@@ -548,7 +548,7 @@ def export(bpf, lib, key: str, name: str, text: str, tracefs: str, btf_targets: 
         if fd < 0:
             raise NotCacheable(f"map {mname} has no fd")
         info = bpfsys.map_info(fd)
-        if info["type"] not in bpfsys.SUPPORTED_MAP_TYPES:
+        if info["type"] not in bpfmaps.SUPPORTED_MAP_TYPES:
             raise NotCacheable(f"map {mname} is of type {info['type']}")
         fd_names[fd] = mname
         maps.append({"name": mname, "kname": info["name"], "type": info["type"], "key_size": info["key_size"],

@@ -26,8 +26,8 @@ from pstate.stream.names import decode as decode_name
 from pstate.stream.vocab import frame_name, reason_of
 
 MAX_DEPTH = 127  # PERF_MAX_STACK_DEPTH: a stack map value holds this many u64 addresses
-# frees kept per kernel id: a task blocked before the oldest gets the oldest
-# (what the slot held then, unless it was freed more often meanwhile)
+# contents kept per kernel id, each with the time it was last freed: a task
+# blocked before the oldest kept is counted lost (its stack is not known)
 FREED_KEPT = 4
 
 # Frames of the tracing itself at the leaf of a stack a tp_btf program takes
@@ -127,9 +127,11 @@ class StackTable:
         self.calls = calls
         self.symbols = symbols or BackgroundKallsyms()  # read while recording starts
         self._by_content: dict[tuple, tuple[int, str]] = {}  # addresses -> (stream id, tail)
-        # kernel id -> (when it was freed, the addresses read under it then),
-        # oldest first, the last FREED_KEPT
+        # kernel id -> what it held between frees, oldest first, the last
+        # FREED_KEPT: (when it was last freed holding them, addresses); a
+        # content freed again in a row moves its time on
         self._freed: dict[int, list[tuple[int, tuple]]] = {}
+        self._dropped: dict[int, int] = {}  # kernel id -> the time of its last entry let go
         self.pending: list[dict] = []
         self.lost = 0  # wake-ups whose slot could not be read
 
@@ -137,19 +139,29 @@ class StackTable:
         freed = self._freed.get(kid)
         if freed and since:
             # freed after the task blocked: the stack it took is what the
-            # slot held then (another stack may hold the id now)
+            # slot held at the first free since (another stack may hold the
+            # id now); not known when that free's entry was let go
+            if since <= self._dropped.get(kid, 0):
+                return None
             for when, ips in freed:
                 if when >= since:
                     return ips
         key = ctypes.c_uint32(kid)
         val = (ctypes.c_uint64 * MAX_DEPTH)()
         if self.calls.bpf_lookup_elem(self.fd, ctypes.byref(key), ctypes.byref(val)) != 0:
-            return freed[-1][1] if freed else None
+            # freed before the task blocked, and empty since: not its stack
+            # (when not known: the last read, as likely as any)
+            return freed[-1][1] if freed and not since else None
         self.calls.bpf_delete_elem(self.fd, ctypes.byref(key))
         ips = tuple(ip for ip in val if ip)
+        now = time.monotonic_ns()
         freed = self._freed.setdefault(kid, [])
-        freed.append((time.monotonic_ns(), ips))
-        del freed[:-FREED_KEPT]
+        if freed and freed[-1][1] == ips:
+            freed[-1] = (now, ips)
+        else:
+            freed.append((now, ips))
+            if len(freed) > FREED_KEPT:
+                self._dropped[kid] = freed.pop(0)[0]
         return ips
 
     def tail(self, kid: int, since: int = 0) -> str:
