@@ -19,7 +19,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from conftest import clean_env, pstate_cmd
+from conftest import clean_env, pstate_cmd, until
 from pstate.commands.export import cli as export_cli
 from pstate.render.traceexport import prev_state_bits
 
@@ -332,7 +332,8 @@ def test_real_recording_round_trips(tmp_path, pstate):
     child = subprocess.Popen([sys.executable, "-c", PINGPONG], stdin=subprocess.PIPE)
     proc = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(rec)), env=clean_env())
     try:
-        time.sleep(1.5)
+        # attached once its meta line is out
+        until("record wrote its meta line", proc, lambda: rec.exists() and rec.read_bytes().endswith(b"\n"), 60)
         child.stdin.write(b"g")
         child.stdin.flush()
         child.wait(timeout=60)

@@ -10,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from conftest import bpf_prog_ids, clean_env, pstate_cmd, until
 from test_reliability_stream import leftover_programs
 from workloads import BUSY, FORK_EXEC, SLEEPER, Recording, go, record_workload, sleeps, start, states
 
@@ -156,7 +156,10 @@ def test_state_and_min_dur_filters():
 def test_every_line_parses_and_trailer_counts(tmp_path):
     out = tmp_path / "rec.jsonl"
     p = subprocess.Popen(pstate_cmd("record", "-q", "-o", str(out)), env=clean_env())
-    time.sleep(3)
+    # attached once its meta line is out (a signal before ends a run that
+    # never began: no file); then a second of the machine's events
+    until("record wrote its meta line", p, lambda: out.exists() and out.read_bytes().endswith(b"\n"), 60)
+    time.sleep(1)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=10) == 0
     lines = out.read_bytes().splitlines()
