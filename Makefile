@@ -8,7 +8,7 @@ PSTATE := $(VENV)/bin/pstate
 KREL := $(shell uname -r)
 ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 APT_PACKAGES := python3-bpfcc python3-venv python3-pip python3-setuptools python3-wheel python3-dev gcc bpftool linux-perf tmux groff-base man-db jq \
-	zsh fish bash-completion util-linux bpftrace bpfcc-tools
+	zsh fish bash-completion util-linux bpftrace bpfcc-tools sudo
 PREFIX ?= /usr/local
 DESTDIR ?=
 
