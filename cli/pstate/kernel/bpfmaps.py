@@ -162,14 +162,15 @@ class Table(MutableMapping):
         twice, and a row whose two copies differ is looked up alone until
         two copies agree (settle). A row gone by the second read is left
         out: deleted meanwhile."""
-        first = self._batches(False, 1024)
-        second = self._batches(False, 1024) if first is not None else None
-        if second is None:  # (no batch operations: key by key)
-            first = [(bytes(k), bytes(v)) for k, v in self.read_all()]
-            second = [(bytes(k), bytes(v)) for k, v in self.read_all()]
-        before = dict(first)
+        def read() -> list:
+            rows = self._batches(False, 1024)
+            if rows is None:  # (no batch operations: key by key)
+                rows = [(bytes(k), bytes(v)) for k, v in self.read_all()]
+            return rows
+
+        before = dict(read())
         Key, Leaf, out = self.Key, self.Leaf, []
-        for kraw, raw in second:
+        for kraw, raw in read():
             key = Key.from_buffer_copy(kraw)
             if before.get(kraw) != raw:
                 raw = settle(lambda: self.copy(key), raw)
@@ -180,10 +181,8 @@ class Table(MutableMapping):
 
     def copy(self, key) -> bytes | None:
         """The bytes of key's value, or None when it is absent."""
-        leaf = self.Leaf()
-        if lib.bpf_lookup_elem(self.map_fd, ct.byref(key), ct.byref(leaf)) < 0:
-            return None
-        return bytes(leaf)
+        leaf = self.get(key)
+        return None if leaf is None else bytes(leaf)
 
     def _read_slowly(self, delete: bool) -> list:
         items = self.items()

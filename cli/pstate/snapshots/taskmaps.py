@@ -233,7 +233,7 @@ class MapReader:
         if not self.by_tid:
             # rows the programs write in place: a copy is taken whole (a torn
             # one counts a state's time twice, and shrinks at the next read)
-            return [(_tid(k), v) for k, v in bpfmaps.Table.over(self.tasks).read_settled()]
+            return [(_tid(k), v) for k, v in self.tasks.read_settled()]
         # Seeds first: one taken between the two reads is then in both, and
         # the array's copy (the later) wins.
         seeds = [(_tid(k), v) for k, v in read_hash(self.seeds)] if self.seeds_pending else []
