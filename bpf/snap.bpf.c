@@ -56,6 +56,14 @@ struct snap_task {
     u64 nivcsw;   // involuntary switch-outs (preempted)
     u64 wakeups;  // wake-ups from a blocked state
     u64 ns[NR_SLOTS];
+    // Of ns[SLOT_RUNNING], the time the kernel did not count as the task's
+    // own (stolen by the hypervisor, or spent in interrupts, where it
+    // accounts them apart): per slice, wall time less the growth of the
+    // task's se.sum_exec_runtime (add_steal_irq). Running time stays wall
+    // time, so the states still tile the interval and never shrink at a
+    // snapshot (the open slice's part is known at its switch-out).
+    u64 steal_irq;
+    u64 exec; // se.sum_exec_runtime + 1 at the last switch seen (bpf/tpargs.h SW_*_EXEC); 0: not known
     u32 tgid; // 0 = not known yet (first seen as the next task of a switch)
     u8 state;
     u8 flags;
@@ -82,6 +90,7 @@ struct snap_fold {
     u64 nivcsw;
     u64 wakeups;
     u64 ns[NR_SLOTS];
+    u64 steal_irq;
     struct snap_hist hist;
 };
 
@@ -214,7 +223,7 @@ static __always_inline void move_to(struct snap_task *t, u8 to, u64 now) {
 }
 
 static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid, u8 state, u64 now,
-                                       const char *comm) {
+                                       const char *comm, u64 exec) {
     struct snap_task *fresh = scratch_row(SCRATCH_SCHED);
     if (!fresh)
         return;
@@ -223,8 +232,23 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
     fresh->tgid = tgid;
     fresh->state = state;
     fresh->flags = SNAP_F_GUESSED;
+    fresh->exec = exec;
     COMM_COPY(fresh->comm, comm);
     put(tid, slot, fresh, 1);
+}
+
+// A running slice ends at `now`, the task's count being `exec` (+ 1; 0: not
+// known): what of its wall time the kernel did not count as the task's own
+// goes to steal_irq. Known only when the count was read at the slice's
+// start too (or at the task's last switch-out: it grows only while the task
+// runs). Where the two clocks' rounding makes the count the larger, nothing
+// is added: a counter never shrinks.
+static __always_inline void add_steal_irq(struct snap_task *t, u64 exec, u64 now) {
+    if (!exec || !t->exec || exec < t->exec || t->state != SLOT_RUNNING || !t->since || now <= t->since)
+        return;
+    u64 wall = now - t->since, run = exec - t->exec;
+    if (wall > run)
+        t->steal_irq += wall - run;
 }
 
 // One clock read per run, taken first: it is the costliest step (a VM's
@@ -239,7 +263,11 @@ PSTATE_PROBE(sched, sched_switch) {
         u8 to = bits ? kernel_slot(bits) : SLOT_PREEMPTED;
         struct snap_task *slot = tasks.lookup(&prev);
         struct snap_task *t = row_of(prev, slot);
+        u64 exec = SW_PREV_EXEC;
         if (t) {
+            add_steal_irq(t, exec, now);
+            if (exec)
+                t->exec = exec;
             // The time since the last event goes to the state the row says,
             // even when an event was missed (a task seeded as R was queued,
             // or the kernel did not trace a switch): user space has already
@@ -262,20 +290,24 @@ PSTATE_PROBE(sched, sched_switch) {
         } else {
             COMM_BUF(comm);
             SW_PREV_COMM(comm);
-            first_seen(prev, slot, SW_PREV_TGID, to, now, comm);
+            first_seen(prev, slot, SW_PREV_TGID, to, now, comm, exec);
         }
     }
 
     if (next != 0) {
         struct snap_task *slot = tasks.lookup(&next);
         struct snap_task *t = row_of(next, slot);
+        // (0 on the classic path: the row keeps its last switch-out's)
+        u64 exec = SW_NEXT_EXEC;
         if (t) {
             hist_switch_in(HIST_ROW(t), now);
             move_to(t, SLOT_RUNNING, now);
+            if (exec)
+                t->exec = exec;
         } else {
             COMM_BUF(comm);
             SW_NEXT_COMM(comm);
-            first_seen(next, slot, SW_NEXT_TGID, SLOT_RUNNING, now, comm);
+            first_seen(next, slot, SW_NEXT_TGID, SLOT_RUNNING, now, comm, exec);
         }
     }
     return 0;
@@ -287,7 +319,7 @@ static __always_inline void woken(u32 tid, const char *comm, const char *task, i
     struct snap_task *slot = tasks.lookup(&tid);
     struct snap_task *t = row_of(tid, slot);
     if (!t) {
-        first_seen(tid, slot, WK_TGID_OF(task), SLOT_RUNNABLE, bpf_ktime_get_ns(), comm);
+        first_seen(tid, slot, WK_TGID_OF(task), SLOT_RUNNABLE, bpf_ktime_get_ns(), comm, 0);
         return;
     }
     // Woken before it got off the CPU, or already queued: it never blocked
@@ -353,6 +385,7 @@ static __always_inline void fold(struct snap_task *last) {
 #pragma unroll
     for (int i = 0; i < NR_SLOTS; i++)
         __sync_fetch_and_add(&f->ns[i], last->ns[i]);
+    __sync_fetch_and_add(&f->steal_irq, last->steal_irq);
 #pragma unroll
     for (int k = 0; k < HIST_KINDS; k++) {
         __sync_fetch_and_add(&f->hist.k[k].sum, last->hist.k[k].sum);
@@ -404,6 +437,9 @@ PSTATE_PROBE(task, task_newtask) {
     fresh->start_ts = now;
     fresh->since = now;
     fresh->state = SLOT_NEW;
+    // the child's se.sum_exec_runtime is 0 until it first runs (sched_fork):
+    // its first slice is known on every path
+    fresh->exec = 1;
     fresh->tgid = (LF_NEW_CLONE_FLAGS & CLONE_THREAD_FLAG) ? (u32)(bpf_get_current_pid_tgid() >> 32) : child;
     fresh->cgroup = bpf_get_current_cgroup_id(); // the parent's (current): the child's at fork
     LF_NEW_COMM(fresh->comm);

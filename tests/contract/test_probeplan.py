@@ -90,7 +90,7 @@ def test_a_kernel_with_everything_is_tp_btf_throughout():
     assert {p.defines[f"PATH_{e}"] for e in EVENTS} == {1}
     assert p.defines["RAW_REPORT_MAX"] == "0x100" and p.defines["TASK_STATE_SIZE"] == 4
     assert p.meta() == {"probes": TP_BTF, "probes_reason": "auto", "probe_paths": {e: TP_BTF for e in EVENTS},
-                        "probe_notes": []}
+                        "probe_notes": [], "on_cpu_time": "kernel"}
 
 
 def test_no_prev_state_argument_reads_the_task_state():

@@ -712,7 +712,7 @@ def _sample_records():
             "interval_start_ts": 10 * S, "interval_end_ts": 20 * S, "wall_start_ns": 1_700_000_010 * S,
             "wall_end_ns": 1_700_000_020 * S, "seq": 3, "mode": "cumulative", "truncated": False, "map_full": 0}
     rows = [{"type": "task", "ts": 20 * S, **fake_snap.fake_row(7, 7, 5 * S, 20 * S, comm='we"ird,name', running_ns=S,
-                                                                 sleeping_ns=9 * S, nvcsw=3)},
+                                                                 steal_irq_ns=S // 50, sleeping_ns=9 * S, nvcsw=3)},
             {"type": "task", "ts": 20 * S, **fake_snap.fake_row(7, 8, 6 * S, 20 * S, comm="helper", state="reaped",
                                                                  exited=True, exit_ts=15 * S, zombie_ns=S)}]
     end = {"type": "end", "ts": 20 * S, "tasks": 2, "reason": "interval"}

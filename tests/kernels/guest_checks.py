@@ -621,6 +621,13 @@ class Checks:
         for key in ("wakeups", "nvcsw"):
             if b[key] - a[key] != want:
                 problems.append(f"{key} grew by {b[key] - a[key]}, not {want}")
+        # of its on-CPU time, what the kernel counted as stolen or spent in
+        # interrupts (its own se.sum_exec_runtime grew by the rest)
+        if "steal_irq_ns" not in b:
+            problems.append("its row has no steal_irq_ns")
+        elif not 0 <= b["steal_irq_ns"] - a["steal_irq_ns"] <= b["running_ns"] - a["running_ns"]:
+            problems.append(f"steal_irq_ns grew by {b['steal_irq_ns'] - a['steal_irq_ns']}, running_ns by "
+                            f"{b['running_ns'] - a['running_ns']}")
         slept = (b["sleeping_ns"] - a["sleeping_ns"]) / 1e9
         if slept < 0.9 * f["sleeps"] * f["secs"]:
             problems.append(f"sleeping_ns grew by {slept:.3f} s only")
@@ -657,6 +664,9 @@ class Checks:
         if snaps[1][0]["ts"] < f["t_done"]:
             problems.append(f"the workload ended after the second snapshot (interval {SNAP_INTERVAL} too short here)")
         problems += self.grew(snaps[0], snaps[1], f)
+        # every kernel of the matrix has se.sum_exec_runtime in its BTF
+        if snaps[0][0].get("on_cpu_time") != "kernel":
+            problems.append(f"on_cpu_time {snaps[0][0].get('on_cpu_time')!r}, not kernel")
         detail = (f"first snapshot {first_s:.1f} s after start; between the two, {f['sleeps']} sleeps: "
                   + ("; ".join(problems) if problems else f"wakeups and nvcsw grew by {f['sleeps'] + 1}"))
         report("snap", not problems, detail)
@@ -696,6 +706,9 @@ class Checks:
                 problems.append(f"{what} exited {q.returncode}: {tail(q.stderr, 300)}")
         if len(snaps) == 2:
             problems += self.grew(snaps[0], snaps[1], f)
+        # every kernel of the matrix has se.sum_exec_runtime in its BTF
+        if snaps[0][0].get("on_cpu_time") != "kernel":
+            problems.append(f"on_cpu_time {snaps[0][0].get('on_cpu_time')!r}, not kernel")
         else:
             problems.append(f"{len(snaps)} snapshots written, not 2")
         left = [os.path.join(dp, n) for dp, ds, fs in os.walk("/sys/fs/bpf/pstate") for n in ds + fs]

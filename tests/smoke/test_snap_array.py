@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, pstate_cmd
+from pstate.snapshots import snapdir
 from pstate.snapshots.taskmaps import boottime_offset_ns
 from test_snap_bpf import py, read_dir, snap_start, wait_collecting
 
@@ -126,7 +127,7 @@ def test_threads_older_than_snap_keep_their_proc_seed(kind_opts, tmp_path):
     assert sorted(rows) == sorted(born), [r for r in s.rows if r["tid"] in born]
 
     def other_ns(row, *names):
-        return sum(v for k, v in row.items() if k.endswith("_ns") and k[:-3] not in names)
+        return sum(row[k] for k in snapdir.state_fields(row) if k[:-3] not in names)
 
     # asleep all along: seeded as S, no event since (a seed never taken)
     r = rows[sleeper.pid]
@@ -142,7 +143,7 @@ def test_threads_older_than_snap_keep_their_proc_seed(kind_opts, tmp_path):
     r = rows[ticker.pid]
     assert r["state"] == "stopped" and r["wakeups"] >= 10 and r["nvcsw"] >= 10 and r["running_ns"] > 0
     assert s.end_ts - t_stop - 50 * MS <= r["stopped_ns"] <= s.end_ts - t_stop
-    assert sum(v for k, v in r.items() if k.endswith("_ns")) == span
+    assert sum(r[k] for k in snapdir.state_fields(r)) == span
     # a zombie when snap began, reaped during the run: its final row
     r = rows[zombie]
     assert (r["state"], r["exited"]) == ("reaped", True)

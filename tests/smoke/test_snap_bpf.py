@@ -208,7 +208,7 @@ def test_accounting_tiles_the_interval_and_never_shrinks(tmp_path):
         for s in snaps:
             off = []
             for row in s.rows:
-                total = sum(v for k, v in row.items() if k.endswith("_ns"))
+                total = sum(row[k] for k in snapdir.state_fields(row))
                 begin = max(row["start_ts"], s.start_ts)
                 end = row["state_since_ts"] if row["state"] == "reaped" else s.end_ts
                 off.append(total - (end - begin))

@@ -349,7 +349,7 @@ def test_sigkill_of_snapshot_runs_loses_nothing_and_leaves_no_partial_file(tmp_p
     assert kids <= seen | unfreed(final.rows, kids), sorted(kids - seen)
     assert final.end["tasks"] == len(final.rows)
     # the collector kept counting through it all: pid 1's counters grew
-    one = [{k: v for k, v in r.items() if k.endswith("_ns")} for s in (first, final) for r in s.rows if r["tid"] == 1]
+    one = [{k: r[k] for k in snapdir.state_fields(r)} for s in (first, final) for r in s.rows if r["tid"] == 1]
     assert len(one) == 2 and sum(one[1].values()) - sum(one[0].values()) >= final.end_ts - first.end_ts - 10**7
 
 

@@ -97,7 +97,7 @@ def kid_totals(iv: snapdir.Interval, path: str, kids: set[int]) -> dict:
     freed = {t.key for t in rows if t.state == "reaped"}
     folded = sum(t.folded for t in folds)
     out = {"tasks": len(freed) + folded, "shown": shown, "freed": freed, "folded": folded}
-    for k in ("running_ns", "runnable_ns", "preempted_ns", "nvcsw", "nivcsw"):
+    for k in ("running_ns", snapdir.STEAL_FIELD, "runnable_ns", "preempted_ns", "nvcsw", "nivcsw"):
         out[k] = sum(t.values.get(k, 0) for t in rows + folds)
     return out
 
@@ -121,6 +121,9 @@ def assert_adds_up(got: dict, truth: dict, n: int, stolen: int) -> None:
     # on a CPU: the kernel's sum_exec_runtime, give or take the interrupt
     # and stolen time of the window and 1 %; queued: its run_delay
     assert abs(got["running_ns"] - truth["run"]) <= 0.01 * truth["run"] + stolen, (got, truth, stolen)
+    # by the kernel's count itself (running less what it counted as stolen or
+    # in interrupts, folded rows too): within 1 %, with no allowance
+    assert abs(got["running_ns"] - got[snapdir.STEAL_FIELD] - truth["run"]) <= 0.01 * truth["run"], (got, truth)
     on_or_queued = got["running_ns"] + got["runnable_ns"] + got["preempted_ns"]
     assert abs(on_or_queued - truth["run"] - truth["wait"]) <= 0.02 * (truth["run"] + truth["wait"]) + stolen, \
         (got, truth, stolen)

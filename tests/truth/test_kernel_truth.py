@@ -403,3 +403,42 @@ def test_on_cpu_time_is_the_kernels_with_two_hogs_beside():
               f"({sum(r['dur_ns'] is None for r in outs)} with no switch-in traced)")
         assert len(outs) >= 10  # it shared its CPU: many slices, each with its own two reads
         assert abs(kernel - k_cpu) <= 0.005 * k_cpu, (kernel, k_cpu)
+
+
+def test_snap_running_less_steal_is_the_kernels_with_two_hogs_beside(tmp_path):
+    """snap's rows say the same: each hog's running_ns - steal_irq_ns, over
+    its life, within 0.5 % of what its /proc/PID/schedstat grew by (the hogs
+    are seeded blocked on stdin, then run to their exit, before the one
+    snapshot is taken: each final slice is closed, none is still open)."""
+    from pstate.snapshots import snapdir
+    from test_snap_bpf import read_dir, snap_start, wait_collecting
+
+    hogs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", READY_HOG.format(secs=1.0)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(3)]
+    snap = None
+    try:
+        for h in hogs:
+            assert h.stdout.readline() == b"ready\n"
+            await_state(h.pid, "S")
+        snap = snap_start("--dir", tmp_path, "-i", "3", "--clear")
+        wait_collecting(snap)
+        start = {h.pid: schedstat_run(h.pid) for h in hogs}
+        go(*hogs)
+        for h in hogs:
+            await_state(h.pid, "Z")  # its last switch-out done; not reaped before the snapshot
+        end = {h.pid: schedstat_run(h.pid) for h in hogs}
+        assert snap.wait(timeout=60) == 0, snap.stderr.read()
+    finally:
+        kill_all([p for p in (*hogs, snap) if p is not None])
+    (s,) = read_dir(tmp_path)
+    assert s.meta["on_cpu_time"] == "kernel", s.meta
+    rows = {r["tid"]: r for r in s.rows if r["tid"] in start}
+    assert sorted(rows) == sorted(start), s.rows
+    for pid, r in rows.items():
+        k_cpu = end[pid] - start[pid]
+        kernel = r["running_ns"] - r[snapdir.STEAL_FIELD]
+        print(f"\n  hog {pid}: snap {kernel / 1e6:.3f} ms on-CPU by the kernel's count (schedstat "
+              f"{k_cpu / 1e6:.3f} ms, {kernel - k_cpu:+d} ns), running {r['running_ns'] / 1e6:.3f} ms: "
+              f"steal+irq {r[snapdir.STEAL_FIELD] / 1e6:.3f} ms, {r['nivcsw']} preemptions")
+        assert r["state"] == "zombie" and r["nivcsw"] >= 10, r  # it shared its CPU: many slices
+        assert abs(kernel - k_cpu) <= 0.005 * k_cpu, (kernel, k_cpu, r)

@@ -222,6 +222,11 @@ EVENTS = {
         "exit_ts": "When it exited, or null.",
         "<state>_ns": "Time spent in each state, ns: {fields}. Always present, as integers; a "
                       "kernel that reports more states adds more such fields.",
+        "steal_irq_ns": "Of running_ns, the time the kernel did not count as the thread's own on-CPU "
+                        "time: stolen by the hypervisor or spent in interrupts, where the kernel accounts "
+                        "them apart. running_ns - steal_irq_ns is what /proc/TID/schedstat counts (the "
+                        "running slice still open at the snapshot is wall time until it ends). 0 when the "
+                        "meta record's on_cpu_time is wall.",
         "nvcsw": "Voluntary context switches (the thread blocked).",
         "nivcsw": "Involuntary context switches (the thread was preempted).",
         "wakeups": "Times the thread was woken.",

@@ -211,7 +211,9 @@ PAGES: dict[str, dict] = {
             Times are wall time between two transitions. Time stolen by the
             hypervisor and time spent in interrupts while a task runs is in
             its running time; where the kernel's BTF says how the task's own
-            clock ran, record writes the difference (`steal_irq_ns`).
+            clock ran, record's switch-outs and snap's rows carry the
+            difference (`steal_irq_ns`): running less it is what
+            /proc/TID/schedstat counts.
         """,
         "see_also": ["bpftrace(8)", "perf-sched(1)", "proc(5)", "jq(1)"],
     },

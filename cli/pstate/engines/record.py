@@ -20,7 +20,7 @@ import click
 from pstate import lifecycle
 from pstate.engines import child, flight as flightrec
 from pstate.exitcodes import ExitCode, PstateError
-from pstate.kernel import filtermaps, identity, loader, probeplan, recordprog, slotrings, stacks
+from pstate.kernel import filtermaps, identity, loader, recordprog, slotrings, stacks
 from pstate.kernel.eventcodec import EVENT_SIZE, Encoder
 from pstate.kernel.kstates import KernelStates
 from pstate.stream.filters import Filter
@@ -125,7 +125,6 @@ def record(**options) -> int:
             meta["buffer_bytes"] = rb_pages * os.sysconf("SC_PAGE_SIZE")
             meta.update(prog.plan.meta())
             meta["wakeups_at"] = "sched_wakeup" if prog.plan.wake_list else "sched_waking"
-            meta["on_cpu_time"] = probeplan.on_cpu_clock(prog.plan.defines)
             if a.max_rate:
                 meta["max_rate"] = a.max_rate
             if a.children:

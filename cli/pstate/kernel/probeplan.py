@@ -55,7 +55,7 @@ ENV = "PSTATE_PROBES"
 # the wake list: the path of older kernels, kept testable
 WAKE_LIST_ENV = "PSTATE_WAKE_LIST"
 MIXED = "mixed"  # Plan.path of a plan whose tracepoints are not all on one path
-META_FIELDS = ("probes", "probes_reason", "probe_paths", "probe_notes")  # Plan.meta()'s
+META_FIELDS = ("probes", "probes_reason", "probe_paths", "probe_notes", "on_cpu_time")  # Plan.meta()'s
 
 TASK = "struct task_struct *"
 CGROUP_CHAIN = ("TASK_CGROUPS", "CSS_SET_DFL_CGRP", "CGROUP_KN", "KERNFS_NODE_ID")
@@ -254,14 +254,14 @@ class Plan:
     def meta(self) -> dict:
         """The plan's fields of a meta record (pstate-events(5))."""
         return {"probes": self.path, "probes_reason": self.reason, "probe_paths": dict(self.paths),
-                "probe_notes": list(self.notes)}
+                "probe_notes": list(self.notes), "on_cpu_time": on_cpu_clock(self.defines)}
 
 
 def on_cpu_clock(defines: dict) -> str:
-    """What record's on-CPU time is on a plan with these -D settings: kernel
-    (the task's own se.sum_exec_runtime, read at switch-in and switch-out:
-    steal and interrupt time the kernel accounts apart are the switch-out's
-    steal_irq_ns) or wall (the time between the two, where the kernel's BTF
+    """What on-CPU time is on a plan with these -D settings: kernel (the
+    task's own se.sum_exec_runtime, read at switch-in and switch-out: steal
+    and interrupt time the kernel accounts apart are record's switch-outs'
+    steal_irq_ns, snap rows' steal_irq_ns) or wall (the time between the two, where the kernel's BTF
     has no offset for it)."""
     return "kernel" if "TASK_SUM_EXEC" in defines else "wall"
 

@@ -13,6 +13,7 @@ import orjson
 
 from pstate.analysis import snaplatency
 from pstate.analysis.snapseries import NAMED
+from pstate.render import tables
 from pstate.stream import vocab
 from pstate.stream.durations import fmt_ns
 from pstate.stream.names import cell
@@ -92,8 +93,13 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
             return []
         return ([cell(r["boot_id"], 8, mark="")] if boots else []) + _who(r)
 
+    # the snapshots' steal_irq_ns, where they have any: of ON-CPU, as a share
+    # (its column takes room from the sparklines)
+    steal = any(r.get("steal_irq_ns") for r in rep["trends"][:top])
+    spark_width = TABLE_SPARK_WIDTH - (4 if steal else 0)
+
     def sp(values):
-        return spark(values, TABLE_SPARK_WIDTH, unicode)
+        return spark(values, spark_width, unicode)
 
     n = rep["snapshots"]
     out.write(f"{n} snapshot{'s' if n != 1 else ''} from {', '.join(cell(h) for h in rep['hosts']) or '?'}, "
@@ -108,12 +114,18 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     rows = []
     for r in rep["trends"][:top]:
         s = r["series"]
+        dur = sum(x["duration_ns"] for x in s)
         rows.append([*who(r), _name(r["comm"]),
                      f"{_pct(r['cpu_share_avg']):>6} {sp([x['cpu_share'] for x in s])}",
+                     *([_pct(r.get("steal_irq_ns", 0) / dur if dur else 0.0)] if steal else []),
                      f"{_pct(r['wait_share_avg']):>6} {sp([x['wait_share'] for x in s])}",
                      f"{fmt_ns(r['d_ns_per_interval']):>6} {sp([x['uninterruptible_ns'] for x in s])}",
                      f"{s[0]['threads']}>{s[-1]['threads']}" if s else "-"])
-    out.write(grid([*who_hdr, name_hdr, "ON-CPU", "RUN-QUEUE", "D/INTERVAL", "THREADS"], rows, nums))
+    steal_col = [tables.STEAL_HEADER] if steal else []
+    out.write(grid([*who_hdr, name_hdr, "ON-CPU", *steal_col, "RUN-QUEUE", "D/INTERVAL", "THREADS"], rows,
+                   nums | ({nwho + 2} if steal else set())))
+    if steal:
+        out.write(tables.wrap(tables.steal_legend("ON-CPU")) + "\n")
     out.write("\n")
 
     ch = rep["churn"]

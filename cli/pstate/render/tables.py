@@ -41,10 +41,15 @@ TABLE_STATE_COLUMNS = (
 _COLUMN_STATES = frozenset(s for _h, states in TABLE_STATE_COLUMNS for s in states)
 TABLE_LEGEND = ("RUN running, RUNQ runnable after a wake-up, PRMT preempted, SLP sleeping "
                 "(S, I, P), DISK uninterruptible (D), STOP stopped (T, t), OTHR the rest")
-# shown when the input says it (record's steal_irq_ns): a part of RUN
+# shown when the input says it (record's or snap's steal_irq_ns): a part of RUN
 STEAL_HEADER = "STEAL"
-STEAL_LEGEND = ("STEAL: of RUN, the time the kernel counted as stolen by the hypervisor or "
-                "spent in interrupts, not as the task's own")
+
+
+def steal_legend(of: str = "RUN") -> str:
+    """The STEAL column's legend; of: the on-CPU column it is a part of."""
+    return (f"STEAL: of {of}, the time the kernel counted as stolen by the hypervisor or "
+            "spent in interrupts, not as the task's own")
+
 
 KIND_LABELS = {k.name: k.label for k in vocab.WAIT_KINDS}
 
@@ -260,7 +265,7 @@ def _headline(rep: dict) -> list[str]:
                      "latencies are of the transitions kept.")
     elif led.get("task_filters"):
         lines.append(f"filtered: {_filtered_with(led, led['task_filters'])}: only the tasks kept.")
-    return [_wrap(x) for x in lines]
+    return [wrap(x) for x in lines]
 
 
 def _filtered_with(led: dict, options: list) -> str:
@@ -274,7 +279,7 @@ def _filtered_with(led: dict, options: list) -> str:
     return ", ".join(parts)
 
 
-def _wrap(text: str, width: int = 80) -> str:
+def wrap(text: str, width: int = 80) -> str:
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="  ")) or text
 
 
@@ -355,9 +360,9 @@ def _state_table(groups: list, by: str, key_h: str, key_al: str, extra: list = (
     headers = ([key_h] if by in NAMED_BY else [key_h, "COMM"]) + ["OBSERVED"] + columns
     out.append("")
     out.append("Time in state, % of the time observed:")
-    out.append(_wrap(TABLE_LEGEND))
+    out.append(wrap(TABLE_LEGEND))
     if steal:
-        out.append(_wrap(STEAL_LEGEND))
+        out.append(wrap(steal_legend()))
     out.append(tabulate(rows, headers,
                         colalign=(key_al,) + ("left",) * (0 if by in NAMED_BY else 1) + ("right",) * (1 + len(columns))))
     return out

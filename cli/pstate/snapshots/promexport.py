@@ -10,7 +10,7 @@ may hold secrets), comm and pids only per title, comm, pid or thread.
 
 from __future__ import annotations
 
-from pstate.snapshots import histograms
+from pstate.snapshots import histograms, snapdir
 
 # Groupings whose labels name processes: what /proc shows every user, but
 # only to the process's owner where /proc is mounted with hidepid.
@@ -115,9 +115,17 @@ class PromExport:
         keys = sorted(self.totals, key=lambda k: tuple(str(x) for x in k))
         family("pstate_state_seconds_total", "counter", "Time threads spent in each scheduler state.")
         for key in keys:
-            for field, v in self.totals[key].items():
-                if field.endswith("_ns") and v:
-                    out.append(f"pstate_state_seconds_total{labels(key, state=field[:-3])} {v / 1e9:.9f}\n")
+            t = self.totals[key]
+            for field in snapdir.state_fields(t):
+                if t[field]:
+                    out.append(f"pstate_state_seconds_total{labels(key, state=field[:-3])} {t[field] / 1e9:.9f}\n")
+        if any(t.get(snapdir.STEAL_FIELD) for t in self.totals.values()):
+            family("pstate_steal_irq_seconds_total", "counter",
+                   "Of the running state's time, what the kernel did not count as the threads' own: stolen "
+                   "by the hypervisor or spent in interrupts (running less this is /proc's schedstat time).")
+            for key in keys:
+                out.append(f"pstate_steal_irq_seconds_total{labels(key)} "
+                           f"{self.totals[key].get(snapdir.STEAL_FIELD, 0) / 1e9:.9f}\n")
         family("pstate_context_switches_total", "counter",
                "Switches off the CPU: voluntary (blocked) or involuntary (preempted).")
         for key in keys:

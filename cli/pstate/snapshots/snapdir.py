@@ -54,9 +54,12 @@ START_SLACK_NS = 20_000_000  # two clock ticks at HZ=100
 STATE_FIELDS = ("running", "runnable", "preempted", "new", "sleeping", "uninterruptible", "stopped",
                 "traced", "zombie", "dead", "parked", "idle", "unknown")
 COUNT_FIELDS = ("nvcsw", "nivcsw", "wakeups")
+# Of running_ns, the time the kernel did not count as the thread's own
+# (meta on_cpu_time kernel; 0 with wall): a counter, not a state
+STEAL_FIELD = "steal_irq_ns"
 IDENTITY_FIELDS = ("title", "cgroup", "cgroup_path", "ppid")  # who the thread's process is (kernel.identity)
 ROW_FIELDS = ("type", "ts", "pid", "tid", "comm", "start_ts", "state", "state_since_ts", "exited", "exit_ts",
-              *(f"{s}_ns" for s in STATE_FIELDS), *COUNT_FIELDS, *IDENTITY_FIELDS)
+              *(f"{s}_ns" for s in STATE_FIELDS), STEAL_FIELD, *COUNT_FIELDS, *IDENTITY_FIELDS)
 WAIT_FIELDS = ("runnable_ns", "preempted_ns", "new_ns")
 
 # Field descriptions for the format documentation (schema.RECORDS style).
@@ -74,6 +77,9 @@ TASK_RECORD = (
         "exit_ts": ("int?", "when it exited"),
         **{f"{s}_ns": ("int", f"ns spent {s} in the interval (cumulative mode: since the run began)")
            for s in STATE_FIELDS},
+        STEAL_FIELD: ("int", "of running_ns, the time the kernel did not count as the thread's own on-CPU time "
+                             "(/proc/TID/schedstat's): stolen by the hypervisor or spent in interrupts, per slice "
+                             "at its switch-out; 0 where meta on_cpu_time is wall, or absent in older snapshots"),
         "nvcsw": ("int", "voluntary switches off the CPU (blocked)"),
         "nivcsw": ("int", "involuntary switches off the CPU (preempted)"),
         "wakeups": ("int", "wake-ups from a blocked state"),
@@ -134,7 +140,14 @@ def parse_name(name: str) -> tuple[int, int, str] | None:
 
 
 def counter_fields(row: dict) -> list[str]:
+    """Every counter of a row: the <state>_ns fields, STEAL_FIELD and
+    COUNT_FIELDS (state_fields: the states alone)."""
     return [k for k in row if k.endswith("_ns")] + [k for k in COUNT_FIELDS if k in row]
+
+
+def state_fields(row: dict) -> list[str]:
+    """The <state>_ns fields of a row: its counters that tile the interval."""
+    return [k for k in row if k.endswith("_ns") and k != STEAL_FIELD]
 
 
 def subtract(cur: dict, prev: dict | None) -> dict[str, int]:

@@ -184,9 +184,12 @@ SNAPSTATS_FIELDS: dict[str, tuple[str, str]] = {
     "intervals[].FIELD": ("", "per interval: interval, file, boot_id, seq, start_ts, end_ts, duration_ns, "
                               "wall_end_ns, tasks, truncated"),
     "trends[].LABEL": ("", f"per group ({_INTERVAL_LABEL}): snapshots, cpu_share_avg, cpu_share_max, "
-                           "wait_share_avg, d_ns_per_interval, running_ns, and series"),
+                           "wait_share_avg, d_ns_per_interval, running_ns, steal_irq_ns (of running_ns, "
+                           "what the kernel did not count as the threads' own: steal and interrupts), "
+                           "and series"),
     "trends[].series[].FIELD": ("", "per interval: interval, end_ts, wall_end_ns, duration_ns, running_ns, "
-                                    "wait_ns, uninterruptible_ns, sleeping_ns, threads, cpu_share, wait_share"),
+                                    "steal_irq_ns, wait_ns, uninterruptible_ns, sleeping_ns, threads, cpu_share, "
+                                    "wait_share"),
     "churn.intervals[].FIELD": ("", "per interval: interval, start_ts, end_ts, wall_end_ns, duration_ns, "
                                     "processes, threads, processes_born, processes_gone, short_lived_processes, "
                                     "threads_born, threads_gone (folded threads included), short_lived_threads"),

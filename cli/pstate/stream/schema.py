@@ -145,10 +145,11 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                             "sched_switch without prev_state: the state is read from the task)"),
             "wakeups_at": ("string?", "record: the tracepoint wake-ups are taken at: sched_wakeup (as the task "
                            "is queued; Linux 6.5+ with BTF) or sched_waking (as the wake-up begins)"),
-            "on_cpu_time": ("string?", "record: what a switch_out's steal_irq_ns rests on: kernel (the task's own "
+            "on_cpu_time": ("string?", "record, snap: what a switch_out's (record) or a task row's (snap) "
+                            "steal_irq_ns rests on: kernel (the task's own "
                             "se.sum_exec_runtime, what /proc/PID/schedstat counts, read at switch-in and switch-out "
                             "at its offset in the kernel's BTF) or wall (the kernel's BTF gives no such offset, the "
-                            "classic tracepoint path without BTF: on-CPU time is dur_ns, wall time, alone)"),
+                            "classic tracepoint path without BTF: on-CPU time is wall time alone, steal_irq_ns 0)"),
             "probes_reason": ("string?", "record, snap: --probes (auto, tp_btf or tracepoint), with why each "
                               "tracepoint not on tp_btf is not (what the kernel lacks, or its refusal)"),
             "replayed": ("bool?", "true when written by pstate replay (other fields keep the original's values)"),

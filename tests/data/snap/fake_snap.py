@@ -34,13 +34,15 @@ def fake_row(pid: int, tid: int, start: int, now: int, *, comm: str = "worker", 
            "exited": exited, "exit_ts": exit_ts}
     for s in snapdir.STATE_FIELDS:
         row[f"{s}_ns"] = int(ns.get(f"{s}_ns", 0))
+    row[snapdir.STEAL_FIELD] = int(ns.get(snapdir.STEAL_FIELD, 0))
     for c in snapdir.COUNT_FIELDS:
         row[c] = int(ns.get(c, 0))
     return row
 
 
 class FakeCollector:
-    """Threads sleeping 90% and running 10% of the time since start()."""
+    """Threads sleeping 90% and running 10% of the time since start(), 2 % of
+    that stolen or in interrupts."""
 
     def __init__(self, rows: int = 50, pad: int = 0, slow: float = 0.0, gate: str | None = None, agent: int = 0):
         self.n = rows
@@ -62,7 +64,7 @@ class FakeCollector:
         now = time.monotonic_ns()
         el = now - self.t0
         rows = [fake_row(1000 + i // 4, 1000 + i, 5, now, comm=f"w{i}{self.pad}", running_ns=el // 10,
-                         sleeping_ns=el - el // 10, nvcsw=el // 1_000_000, wakeups=el // 1_000_000)
+                         steal_irq_ns=el // 500, sleeping_ns=el - el // 10, nvcsw=el // 1_000_000, wakeups=el // 1_000_000)
                 for i in range(self.n)]
         rows += [fake_row(1, 1 + i, 1, now, comm="agent", state="running", running_ns=el)
                  for i in range(self.agent)]
@@ -71,7 +73,8 @@ class FakeCollector:
 
 class FakeProgram:
     plan = types.SimpleNamespace(meta=lambda: {"probes": "tracepoint", "probes_reason": "a fake program",
-                                               "probe_paths": {"sched_switch": "tracepoint"}, "probe_notes": []})
+                                               "probe_paths": {"sched_switch": "tracepoint"}, "probe_notes": [],
+                                               "on_cpu_time": "kernel"})
 
     def close(self) -> None:
         pass

@@ -6,7 +6,7 @@ The story, with every truth known:
 boot A, run 1 (cumulative; snapshots at monotonic 110, 120, 130, 140, 150 s,
 run started at 100 s):
   pid 100 "leaky"    starts two sleeping threads per interval and never ends them
-  pid 200 "hog"      on the CPU all the time
+  pid 200 "hog"      on the CPU all the time, 1 % of it stolen or in interrupts
   pid 300 "dbwriter" in D for 10%, 20%, ... 50% of successive intervals
   pid 400-402 "sh"   born and reaped inside the 2nd interval (short-lived)
   pid 500 "job"      born at 122 s, exits at 135 s; pid 500 is reused at 137 s
@@ -41,6 +41,7 @@ def row(end, pid, tid, comm, start, state="sleeping", exited=False, exit_ts=None
          "state_since_ts": ns.pop("since", start), "exited": exited, "exit_ts": exit_ts}
     for s in snapdir.STATE_FIELDS:
         r[f"{s}_ns"] = int(ns.get(s, 0))
+    r[snapdir.STEAL_FIELD] = int(ns.get("steal", 0))
     r.update(nvcsw=int(ns.get("nvcsw", 0)), nivcsw=int(ns.get("nivcsw", 0)), wakeups=int(ns.get("wakeups", 0)))
     path = CGROUPS.get(comm)
     r.update(title=f"{comm}: worker", cgroup=(sorted(set(CGROUPS.values())).index(path) + 10) if path else None,
@@ -82,7 +83,8 @@ def run1():
         for j in range(2 * k):  # two new threads per interval, born 2 s and 4 s into it
             born = leaky_birth(j)
             rows.append(row(end, 100, 101 + j, "leaky", born, sleeping=end - born))
-        rows.append(row(end, 200, 200, "hog", 20 * S, state="running", running=el, nivcsw=el // S))
+        rows.append(row(end, 200, 200, "hog", 20 * S, state="running", running=el, steal=el // 100,
+                        nivcsw=el // S))
         d = sum(0.1 * i * 10 * S for i in range(1, k + 1))
         rows.append(row(end, 300, 300, "dbwriter", 30 * S, uninterruptible=d, sleeping=el - d, nvcsw=k * 5))
         if k == 2:
