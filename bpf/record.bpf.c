@@ -68,7 +68,7 @@ struct task_state {
     u8 wake_flags; // WAKE_PENDING or WAKE_QUEUED, | F_WAKER_*
     u8 pad[3];
     u32 stack; // stack map id + 1 of the kernel stack it blocked with (settings.stack_mask); 0: none
-    u32 pad2;
+    u32 qcpu;  // TS_QUEUED: the CPU whose count in queued_followed holds it
     u64 exec; // its se.sum_exec_runtime + 1 at its last switch seen (bpf/tpargs.h SW_*_EXEC); 0: not known
 };
 
@@ -162,10 +162,15 @@ BPF_PERCPU_ARRAY(irq_state, struct irq_ctx, 1);
 // (runnable or preempted: the count below, kept by its row's TS_QUEUED), the
 // switch-outs of the others (EV_SLICE: who held a CPU while it waited, its
 // antagonists), and, once per thread, the name of every thread that wakes
-// one (EV_WAKER, for the wake-ups naming it). One count for every CPU: a
-// task the kernel moves to another run queue while it waits is still
-// counted, and a reader takes the slices of the CPU it got.
-BPF_ARRAY(queued_followed, u64, 1);
+// one (EV_WAKER, for the wake-ups naming it). One count per CPU, of the
+// followed tasks in its run queue: a switch-out is a slice only on a CPU
+// where one waits, so a storm on another CPU costs nothing. A task counts on
+// the CPU it was queued on (a wake-up's target, a preemption's CPU) and
+// moves with it (sched_migrate_task), so the slices are those of the CPU it
+// waits on, which a reader takes from the CPU it got. Signed: a count is
+// taken back where it was given, and a lost event (a missed switch-in)
+// leaves at worst a count one too high, never a negative one read as many.
+BPF_ARRAY(queued_followed, s64, FILTER_CPUS);
 // Kernel stacks of tasks blocking in the states of settings.stack_mask. User
 // space reads each slot when the wake-up that ends the blocked state arrives,
 // and frees it.
@@ -498,30 +503,38 @@ static __always_inline void set_state(u32 tid, struct task_state *ts, u32 tgid, 
         count_atomic(DROP_MAP_FULL);
 }
 
-// A followed task's row entering (on) or leaving a run queue: counted in
-// queued_followed once (TS_QUEUED). A row with no count to take back is
-// left alone, so a switch-in the kernel did not trace is made good at the
-// task's next switch-out.
-static __always_inline void queued_mark(struct task_state *ts, int on) {
-    if (!ts || !(ts->flags & TS_QUEUED) == !on)
+// A followed task's row entering the run queue of `cpu` (on) or leaving
+// its run queue: counted in queued_followed once (TS_QUEUED), on the CPU
+// its row names. Queued again while counted (its switch-in was not traced),
+// it moves to the new CPU. A row with no count to take back is left alone,
+// so a switch-in the kernel did not trace is made good at the task's next
+// switch-out.
+static __always_inline void queued_mark(struct task_state *ts, int on, u32 cpu) {
+    if (!ts)
         return;
-    u32 zero = 0;
-    u64 *n = queued_followed.lookup(&zero);
-    if (!n)
-        return;
-    if (on) {
-        ts->flags |= TS_QUEUED;
-        __sync_fetch_and_add(n, 1);
-    } else {
+    if (ts->flags & TS_QUEUED) {
+        if (on && ts->qcpu == cpu)
+            return;
+        u32 was = ts->qcpu;
+        s64 *old = queued_followed.lookup(&was);
+        if (old)
+            __sync_fetch_and_add(old, -1);
         ts->flags &= ~TS_QUEUED;
-        __sync_fetch_and_add(n, -1);
     }
+    if (!on)
+        return;
+    s64 *n = queued_followed.lookup(&cpu);
+    if (!n)
+        return; // a CPU beyond FILTER_CPUS: not counted
+    ts->flags |= TS_QUEUED;
+    ts->qcpu = cpu;
+    __sync_fetch_and_add(n, 1);
 }
 
-static __always_inline int any_queued(void) {
-    u32 zero = 0;
-    u64 *n = queued_followed.lookup(&zero);
-    return n && *n;
+// Whether a followed task waits in the run queue of `cpu`.
+static __always_inline int any_queued(u32 cpu) {
+    s64 *n = queued_followed.lookup(&cpu);
+    return n && *n > 0;
 }
 
 // The current task's name, once per thread (and again after it execs): it
@@ -616,7 +629,7 @@ static __always_inline void woken(struct settings *cfg, u64 now, u32 tid, u32 tg
         if (followed < 0)
             followed = task_match(cfg, bpf_get_smp_processor_id(), tgid, tid, comm);
         if (followed)
-            queued_mark(ts, 1);
+            queued_mark(ts, 1, target_cpu);
     }
 }
 
@@ -690,8 +703,8 @@ PSTATE_PROBE(sched, sched_switch) {
                 followed = task_match(cfg, cpu, current_tgid(&prev_tgid), prev, comm);
             }
             if (followed)
-                queued_mark(ts, !bits);
-            else if (dur != NO_DUR && cfg->antagonists && any_queued())
+                queued_mark(ts, !bits, cpu);
+            else if (dur != NO_DUR && cfg->antagonists && any_queued(cpu))
                 emit(cfg, &(struct emit_args){.type = EV_SLICE, .now = now, .cpu = cpu,
                                               .tgid = current_tgid(&prev_tgid), .tid = prev, .comm = comm,
                                               .dur = dur, .run = run, .other_tid = next, .context = 1,
@@ -775,7 +788,7 @@ PSTATE_PROBE(sched, sched_switch) {
         }
         set_state(next, ts, tgid, ST_RUNNING, now, SW_NEXT_EXEC);
         if (ts && (ts->flags & TS_QUEUED))
-            queued_mark(ts, 0);
+            queued_mark(ts, 0, 0);
     } else if (cfg->include_idle && transition_match(cfg, ST_PREEMPTED, ST_RUNNING, NO_DUR)) {
         SW_NEXT_COMM(comm);
         emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu, .comm = comm, .from = ST_PREEMPTED,
@@ -911,6 +924,22 @@ PSTATE_PROBE(sched, sched_waking) {
 PSTATE_PROBE(sched, sched_wakeup_new) {
     COMM_BUF(buf);
     waking(WK_PID, WK_TGID, WK_COMM_AT(buf), CAUSE_WAKEUP_NEW, WK_TARGET_CPU, WK_TASK);
+    return 0;
+}
+
+// A task moved to another CPU's run queue: a followed one waiting there is
+// counted there from now on (queued_followed). Only slices read the counts:
+// without --antagonists nothing is done. A wake-up taken at sched_waking
+// counted the task on the CPU it last ran on; the wake-up's own move, if
+// any, comes right after, here.
+PSTATE_PROBE(sched, sched_migrate_task) {
+    struct settings *cfg = get_settings();
+    if (!cfg || !cfg->antagonists)
+        return 0;
+    u32 tid = MG_PID;
+    struct task_state *ts = tasks.lookup(&tid);
+    if (ts && (ts->flags & TS_QUEUED))
+        queued_mark(ts, 1, MG_DEST_CPU);
     return 0;
 }
 
@@ -1113,7 +1142,7 @@ PSTATE_PROBE(sched, sched_process_free) {
     u64 dur = ts->since ? elapsed(now, ts->since) : NO_DUR;
     u16 from = ts->state;
     u32 tgid = ts->tgid;
-    queued_mark(ts, 0);
+    queued_mark(ts, 0, 0);
     forget(tid, ts);
     if (transition_match(cfg, from, ST_REAPED, dur)) {
         COMM_BUF(comm);

@@ -51,8 +51,8 @@
 // The raw arguments (the kernel's TP_PROTOs): task_newtask(task,
 // clone_flags), sched_process_fork(parent, child), sched_process_exec(p,
 // old_pid, bprm), sched_process_exit(p[, group_dead]), sched_process_free(p),
-// csd_queue_cpu(cpu, callsite, func, csd); exec's and exit's p is the
-// current task, fork's parent too.
+// csd_queue_cpu(cpu, callsite, func, csd), sched_migrate_task(p, dest_cpu);
+// exec's and exit's p is the current task, fork's parent too.
 
 #ifndef TPARGS_H
 #define TPARGS_H
@@ -333,6 +333,17 @@ static __always_inline int current_group_dead(u64 *signal) {
 #define LF_FREE_TASK TP_TASK(0) // for task_cgroup_id()
 #else
 #define LF_FREE_TASK ((const char *)0)
+#endif
+
+// sched_migrate_task(p, dest_cpu): the task moved to another CPU's run
+// queue (set_task_cpu: a wake-up placed on another CPU, a load balance, NUMA
+// moves), under the run queues' locks with interrupts off.
+#if PATH_sched_migrate_task == PSTATE_CLASSIC
+#define MG_PID ((u32)args->pid)
+#define MG_DEST_CPU ((u32)args->dest_cpu)
+#else
+#define MG_PID LF_TASK_U32(sched_migrate_task, 0, TASK_PID)
+#define MG_DEST_CPU ((u32)LF_ARG(sched_migrate_task, 1))
 #endif
 
 // csd_queue_cpu(cpu, callsite, func, csd): the address of the entry queued.

@@ -41,8 +41,9 @@ def test_sets_have_limits():
         filtermaps.settings_for(Filter(pids=tuple(range(1025))), KS)
 
 
-# --antagonists: the others' slices while a followed task waits; one place
-# decides when a recording follows tasks (the command asks settings_for)
+# --antagonists: the others' slices while a followed task waits, on by
+# default where tasks are followed; one place decides when a recording
+# follows tasks (the command asks settings_for)
 FOLLOWING = [({"pids": (1,)}, {}), ({"tids": (1,)}, {}), ({"comms": ("nginx",)}, {}),
              ({}, {"follow": (1,)}), ({}, {"command": True})]
 NOT_FOLLOWING = [({}, {}), ({"cpus": (0,)}, {}), ({"states": ("sleeping",)}, {})]
@@ -51,10 +52,13 @@ NOT_FOLLOWING = [({}, {}), ({"cpus": (0,)}, {}), ({"states": ("sleeping",)}, {})
 @pytest.mark.parametrize("filt,kw", FOLLOWING)
 def test_antagonists_with_a_followed_task(filt, kw):
     assert filtermaps.settings_for(Filter(**filt), KS, antagonists=True, **kw).antagonists
-    assert not filtermaps.settings_for(Filter(**filt), KS, **kw).antagonists
+    assert filtermaps.settings_for(Filter(**filt), KS, **kw).antagonists
+    assert not filtermaps.settings_for(Filter(**filt), KS, antagonists=False, **kw).antagonists
 
 
 @pytest.mark.parametrize("filt,kw", NOT_FOLLOWING)
 def test_antagonists_without_a_followed_task_is_a_usage_error(filt, kw):
     with pytest.raises(PstateError, match="--antagonists keeps what -p, -t, -c, --cgroup or -- CMD"):
         filtermaps.settings_for(Filter(**filt), KS, antagonists=True, **kw)
+    # asked for by nobody: off, no error
+    assert not filtermaps.settings_for(Filter(**filt), KS, **kw).antagonists

@@ -30,6 +30,7 @@ FACTS = {
         "sched_process_free": {"target": 19, "args": [TASK]},
         "csd_queue_cpu": {"target": 20, "args": ["unsigned int", "long unsigned int", "prototype *",
                                                  "struct __call_single_data *"]},
+        "sched_migrate_task": {"target": 21, "args": [TASK, "int"]},
     },
     "records": {
         "sched_switch": {f: "int" for f in ("prev_comm", "prev_pid", "prev_prio", "prev_state", "next_comm",
@@ -42,9 +43,11 @@ FACTS = {
         "sched_process_exec": {"pid": "int", "old_pid": "int"},
         "sched_process_exit": {"comm": "char[16]", "pid": "int", "prio": "int", "group_dead": "_Bool"},
         "sched_process_free": {"comm": "__data_loc char[]", "pid": "int", "prio": "int"},
+        "sched_migrate_task": {"comm": "char[16]", "pid": "int", "prio": "int", "orig_cpu": "int",
+                               "dest_cpu": "int"},
     },
 }
-EVENTS = ("sched_switch", "sched_wakeup", "csd_queue_cpu", "sched_wakeup_new", "task_newtask",
+EVENTS = ("sched_switch", "sched_wakeup", "csd_queue_cpu", "sched_wakeup_new", "sched_migrate_task", "task_newtask",
           "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
 LIFE = ("task_newtask", "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
 
@@ -140,7 +143,7 @@ def test_the_classic_free_reads_the_name_as_the_record_lays_it_out():
 def test_probes_tracepoint_takes_classic_hot_tracepoints_and_raw_lifecycle_ones():
     p = plan(kernel(), "tracepoint")
     assert p.paths == {**{e: TRACEPOINT for e in ("sched_switch", "sched_wakeup", "sched_wakeup_new")},
-                       **{e: RAW for e in ("csd_queue_cpu", *LIFE)}}
+                       **{e: RAW for e in ("csd_queue_cpu", "sched_migrate_task", *LIFE)}}
     assert (p.path, p.life, p.forced, p.targets, p.reason) == (TRACEPOINT, RAW, True, {}, "--probes tracepoint")
     assert "RAW_REPORT_MAX" not in p.defines and p.defines["PATH_sched_switch"] == 3
     assert p.defines["PATH_task_newtask"] == 2 and p.defines["TASK_PID"] == FACTS["members"]["TASK_PID"][0]

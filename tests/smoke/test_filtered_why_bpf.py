@@ -89,3 +89,79 @@ def test_a_filtered_and_an_unfiltered_recording_at_once_give_the_same_why(tmp_pa
     named = {name: {k[:4] for k in w if k[0] == "task"} for name, w in wakers.items()}
     assert named["filtered"] == named["unfiltered"] and ("task", waker.pid, waker.pid, "pp-waker") in named["filtered"]
     assert causes.UNKNOWN_WAKER not in {w["comm"] for g in got.values() for w in g["wakers"]}
+
+
+def test_a_storm_on_another_cpu_adds_no_slice():
+    """Slices are kept per CPU: only the switch-outs of a CPU where a
+    followed task waits. The followed task is pinned to CPU 0 beside a hog;
+    a ping-pong storm on CPU 1 switches thousands of times meanwhile and
+    gives no slice record (one gate for every CPU wrote each of them)."""
+    import os
+    import subprocess
+    import sys
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    storm = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", code.format(n=20 * N), str(r), str(w)],
+                              stdin=subprocess.PIPE, pass_fds=(r, w))
+             for code, r, w in ((PONG, a_r, b_w), (WAKER, b_r, a_w))]
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+    followed = workloads.start(workloads.BUSY.format(secs=1.0), cpu=0)
+    hog = workloads.start(workloads.BUSY.format(secs=60), cpu=0)  # so that the followed task waits
+    kids = [followed, hog, *storm]
+    try:
+        rec = workloads.Recording("-p", str(followed.pid), "--antagonists")
+        workloads.go(*kids)
+        assert followed.wait(timeout=60) == 0
+        recs = rec.stop()
+    finally:
+        workloads.kill_all(kids)
+    assert recs[-1]["type"] == "end" and recs[-1]["lost"] == 0, recs[-1]
+    slices = [r for r in recs if r["type"] == "slice"]
+    by_cpu = {cpu: sum(r["cpu"] == cpu for r in slices) for cpu in (0, 1)}
+    print(f"\n  slice records by CPU: {by_cpu}")
+    assert by_cpu[0] > 0 and by_cpu[1] == 0, by_cpu
+    assert hog.pid in {r["tid"] for r in slices if r["cpu"] == 0}
+
+
+def test_a_followed_task_moved_while_it_waits_is_counted_where_it_waits():
+    """A followed task moved from one CPU's run queue to another's while it
+    waits (its affinity flips every 20 ms between two CPUs, each held by a
+    hog) is counted on the CPU it moved to (sched_migrate_task): each of its
+    waits ends with the switch-out of the task that hands it the CPU, and
+    that switch-out is always a slice record. Counted where it was queued,
+    the handoffs after a move were not.
+
+    (A reader credits a wait with the slices of the CPU the task got, over
+    the whole wait: an unfiltered recording, which has every switch-out,
+    then also credits those of that CPU before the task moved there, which
+    a filtered one does not have. Pinned tasks, as in the test above, wait
+    where they run.)"""
+    import os
+    import time
+    followed = workloads.start(workloads.BUSY.format(secs=1.5), cpu=1)
+    hogs = [workloads.start(workloads.BUSY.format(secs=60), cpu=c) for c in (0, 1)]
+    kids = [followed, *hogs]
+    try:
+        rec = workloads.Recording("-p", str(followed.pid), "--antagonists")
+        workloads.go(*kids)
+        moves = 0
+        while followed.poll() is None:
+            moves += 1
+            try:
+                os.sched_setaffinity(followed.pid, {moves % 2})
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
+        assert followed.wait(timeout=60) == 0
+        recs = rec.stop()
+    finally:
+        workloads.kill_all(kids)
+    assert recs[-1]["type"] == "end" and recs[-1]["lost"] == 0, recs[-1]
+    slices = {(r["cpu"], r["ts"], r["tid"]) for r in recs if r["type"] == "slice"}
+    waits = [r for r in recs if r["type"] == "state" and r["tid"] == followed.pid and r["cause"] == "switch_in"
+             and r["from"] in ("runnable", "preempted") and r["dur_ns"] is not None and r.get("prev_tid")]
+    assert {w["cpu"] for w in waits} == {0, 1} and moves >= 20, moves
+    missing = [w for w in waits if (w["cpu"], w["ts"], w["prev_tid"]) not in slices]
+    print(f"\n  {moves} moves, {len(waits)} waits handed over by a task, {len(missing)} with no slice")
+    assert not missing, missing[:5]

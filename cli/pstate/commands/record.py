@@ -62,9 +62,10 @@ Examples:
 @click.option("--children", is_flag=True,
               help="With -p: also every process below the given ones, those living now and those they "
                    "fork from now on.")
-@click.option("--antagonists", is_flag=True,
-              help="With -p, -t, -c, --cgroup or -- CMD: also write who held a CPU while a followed task waited "
-                   "(slice records, for stats --antagonists); many lines on a busy machine.")
+@click.option("--antagonists/--no-antagonists", default=None,
+              help="With -p, -t, -c, --cgroup or -- CMD (on by default there): also write who held a CPU while "
+                   "a followed task waited (slice records, for stats --antagonists): the switch-outs of the CPU "
+                   "it waits on, while it waits. --no-antagonists leaves them out.")
 @probes_option
 @click.option("--ebpf", is_flag=True, hidden=True, help="Print the BPF program and exit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD [ARGS]...]")

@@ -353,8 +353,12 @@ PAGES: dict[str, dict] = {
             tracepoint takes on this kernel.
 
             With `-p`, `-t`, `-c` or `--cgroup` only the followed tasks'
-            transitions are written: who held a CPU while they waited needs
-            `--antagonists`.
+            transitions are written, with what their why-views need of the
+            others: the name of each thread that wakes one (`waker`
+            records), and who held a CPU while one waited on it (`slice`
+            records: the switch-outs of a CPU while a followed task waits in
+            its run queue, counted per CPU and moved with the task when the
+            kernel migrates it; `--no-antagonists` leaves them out).
         """,
         "see_also": ["pstate-stats(1)", "pstate-heat(1)", "pstate-replay(1)", "pstate-doctor(1)"],
     },

@@ -52,7 +52,7 @@ class RecordArgs:
     stack_states: str | None = None
     stack_entries: int = 16384
     children: bool = False
-    antagonists: bool = False  # with -p/-c/--cgroup: slice records of the others while a followed task waits
+    antagonists: bool | None = None  # slice records of the others while a followed task waits: None, with -p/-c/--cgroup
     probes: str | None = None
     ebpf: bool = False
     command: tuple = ()

@@ -320,7 +320,7 @@ ENUMS = {"CSD_TYPE_TTWU": "CSD_TYPE_TTWU", "CSD_TYPE_MASK": "CSD_FLAG_TYPE_MASK"
 # says what each program reads of them)
 EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "task_newtask",
           "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free",
-          "csd_queue_cpu")
+          "csd_queue_cpu", "sched_migrate_task")
 # the trace record of each event's class (struct trace_event_raw_<class>):
 # the classic tracepoint's fields, as the tracefs format file gives them on
 # a running kernel, for planning from a kernel's BTF alone
@@ -334,6 +334,7 @@ RAW_CLASSES = {
     "sched_process_exec": ("sched_process_exec",),
     "sched_process_exit": ("sched_process_exit", "sched_process_template"),
     "sched_process_free": ("sched_process_free", "sched_process_template"),
+    "sched_migrate_task": ("sched_migrate_task",),
 }
 
 

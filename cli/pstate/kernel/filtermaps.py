@@ -55,11 +55,13 @@ def comm_key(name: str) -> bytes:
 
 
 def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = (),
-                 antagonists: bool = False, command: bool = False) -> Settings:
+                 antagonists: bool | None = None, command: bool = False) -> Settings:
     """PstateError (usage) for a state this kernel does not report, a
     --cgroup that does not exist, a --title (a title is known only after a
     process's first events), more set members than the program's sets
-    hold, or --antagonists with no task to follow. follow: processes whose
+    hold, or --antagonists with no task to follow. antagonists: None, on
+    where tasks are followed (their slices are kept per CPU, so the cost
+    is bounded by their waits); False, off. follow: processes whose
     descendants join them (--children, record -- CMD): the descendants
     living now, and those forked from now; command: a command will be
     followed (record -- CMD, before it is started)."""
@@ -85,6 +87,8 @@ def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()
     flags = ((TF_CPU if filt.cpus else 0) | (TF_TID if filt.tids else 0) | (TF_PID if pids else 0)
              | (TF_COMM if comms else 0) | (TF_FOLLOW if follow else 0) | (TF_CGROUP if filt.cgroups else 0))
     followed = flags & ~TF_CPU or command  # tasks followed, others left out: their antagonists are among them
+    if antagonists is None:
+        antagonists = bool(followed)
     if antagonists and not followed:
         raise PstateError("--antagonists keeps what -p, -t, -c, --cgroup or -- CMD would leave out: give one",
                           ExitCode.USAGE)

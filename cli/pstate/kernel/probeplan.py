@@ -145,6 +145,10 @@ TRACEPOINTS = {t.event: t for t in (
                optional_fields={"group_dead": ("EXIT_GROUP_DEAD_FIELD", GROUP_DEAD_FROM_SIGNAL, GROUP_DEAD_UNKNOWN)}),
     Tracepoint("sched_process_free", "sched", _LIFE, (Arg(0, "p", (TASK,)),),
                ("TASK_PID", "TASK_COMM", *CGROUP_CHAIN), ("pid", "comm")),
+    # record's followed tasks moved between run queues (the per-CPU counts
+    # of --antagonists): with rq locks held and interrupts off, so any path
+    Tracepoint("sched_migrate_task", "sched", _LIFE, (Arg(0, "p", (TASK,)), Arg(1, "dest_cpu", ("int",))),
+               ("TASK_PID",), ("pid", "dest_cpu")),
     # the wake list's waker (record's WAKE_AT_WAKEUP): never a classic
     # tracepoint (bpf/record.bpf.c says why)
     Tracepoint("csd_queue_cpu", "csd", (TP_BTF, RAW),
