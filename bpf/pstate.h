@@ -25,7 +25,7 @@
 #define EV_FORK 2
 #define EV_EXEC 3
 #define EV_EXIT 4
-#define EV_SLICE 5 // record -p/-c/--cgroup: a switch-out of a task not followed while a followed one is queued
+#define EV_SLICE 5 // record -p/-c/--cgroup: a switch-out of a task not followed while a followed one is queued on its CPU
 #define EV_WAKER 6 // record -p/-c/--cgroup: the name of a thread that wakes others, once per thread (and exec)
 
 // --- record: causes of a state event (struct event cause) ---

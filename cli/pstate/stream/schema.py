@@ -206,10 +206,9 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         },
     ),
     "slice": (
-        "record -p/-c/--cgroup --antagonists: an on-CPU slice of a task the filters do not take, "
-        "written while a task they "
-        "take waits in a run queue (runnable or preempted): who held a CPU meanwhile (stats --antagonists); "
-        "no time in state of its own",
+        "record -p/-c/--cgroup (unless --no-antagonists): an on-CPU slice of a task the filters do not take, "
+        "ended on a CPU while a task they take waits in that CPU's run queue (runnable or preempted): who "
+        "held its CPU meanwhile (stats --antagonists); no time in state of its own",
         {
             **TASK_FIELDS,
             "dur_ns": ("int", "its time on the CPU, ns: the slice is [ts - dur_ns, ts]"),
