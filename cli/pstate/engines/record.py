@@ -225,7 +225,8 @@ def record(**options) -> int:
 # What helps when events are lost, said once per run on the first loss.
 LOSS_HINTS = {
     "ringbuf_full": ("fewer events or more room would help: follow fewer tasks (-p, -c, --cgroup), leave out "
-                     "short transitions (--min-dur), sample (--max-rate) or a larger buffer (--buffer-size)"),
+                     "short transitions (--min-dur) or, following tasks, the others' slices (--no-antagonists), "
+                     "sample (--max-rate) or a larger buffer (--buffer-size)"),
     "map_full": ("the task map is full: follow fewer tasks (-p, -c, --cgroup); the map holds one row per "
                  "thread up to pid_max"),
 }
