@@ -54,7 +54,8 @@ from pstate import native
 from pstate.analysis import services
 from pstate.analysis.ingest import feed_file
 from pstate.analysis.latency import LogHist
-from pstate.analysis.timeinstate import ALL, LIFECYCLE, RUNQ_PREEMPTED, RUNQ_WAKEUP, Aggregator, latency_kind
+from pstate.analysis.timeinstate import (ALL, RUNQ_PREEMPTED, RUNQ_WAKEUP, TAKE_BEFORE, Aggregator,
+                                         latency_kind)
 from pstate.stream import schema, vocab
 from pstate.stream.reader import StreamReader, state_row
 from pstate.stream.streamio import MAX_LINE, ReadStats
@@ -629,7 +630,7 @@ class _Sink:
 
     def record(self, rec: dict, weight: int) -> None:
         t = rec["type"]
-        if self.agg_due and (t == "state" or t in LIFECYCLE):
+        if self.agg_due and t in TAKE_BEFORE:
             self.settle_agg()
         filt = self.filt
         if t == "state":

@@ -15,7 +15,7 @@ import stat as statmod
 import orjson
 
 from pstate import lifecycle, native
-from pstate.analysis.timeinstate import LIFECYCLE, Aggregator
+from pstate.analysis.timeinstate import TAKE_BEFORE, Aggregator
 from pstate.exitcodes import ExitCode, PstateError
 from pstate.stream.reader import LineError, StreamReader
 from pstate.stream.streamio import MAX_LINE, ReadStats, note_damage, open_input
@@ -71,7 +71,7 @@ class LineDigester:
         self.agg.add_rows(rows)
 
     def record(self, rec: dict, weight: int) -> None:
-        if self._take is not None and rec["type"] in LIFECYCLE:
+        if self._take is not None and rec["type"] in TAKE_BEFORE:
             self._take()
         if rec["type"] == "meta":
             self.agg.begin_window(rec)

@@ -45,6 +45,11 @@ BY_KEYS = ("pid", "tid", "comm", ALL) + services.BY_KEYS
 # groups with a name (a comm, all, a title, a cgroup path, ...) rather than a pid or tid
 NAMED_BY = ("comm", ALL) + services.BY_KEYS
 LIFECYCLE = ("fork", "exec", "exit")
+# The records before which a native reader hands over its sums (the
+# Digester's take): a careful state record, which must follow the transitions
+# before it, and an exec, which renames its task (add_lifecycle). A fork or
+# an exit only counts in its group, whatever came before: no take.
+TAKE_BEFORE = ("state", "exec")
 
 # Kinds of latency distribution (stream.vocab's table), in display order;
 # blocked_<state> follow.
