@@ -1,15 +1,17 @@
 """What `record -p` writes and costs beside an unfiltered `record`, on the
 same storm (issue #37: the why-views' context records in a filtered
-recording: a `waker` record per new waker, `slice` records with
---antagonists).
+recording: a `waker` record per new waker, and `slice` records, on by
+default: the switch-outs of a CPU while a followed task waits there).
 
 A pipe storm (`perf bench sched pipe`, two processes ping-ponging) runs on
 CPU 1 for the whole sitting; each round records it for DURATION seconds,
 pinned to CPU 0, once per mode in an order rotated each round:
 
-  all              record (every event of the machine)
-  -p               record -p PERF_PID (one side of the storm)
-  -p --antagonists record -p PERF_PID --antagonists
+  all                 record (every event of the machine)
+  -p --no-antagonists record -p PERF_PID --no-antagonists (one side of the storm)
+  -p                  record -p PERF_PID (its slices on: the storm's other side, on its CPU)
+  -p elsewhere        record -p TICKER_PID: a task on CPU 0 waking every ms; the storm's
+                      switches on CPU 1 are no slices of it (per-CPU counts)
 
 and reads the end record of each: events written, events per second,
 lost, and record's own CPU time per event written. Run as root:
@@ -71,8 +73,11 @@ def main() -> int:
     a = ap.parse_args()
     storm = subprocess.Popen(["taskset", "-c", "1", "perf", "bench", "sched", "pipe", "-l", "1000000000"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ticker = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c",
+                               "import time\nwhile True:\n    time.sleep(0.001)"])
     time.sleep(0.5)  # (its child forked)
-    modes = {"all": [], "-p": ["-p", str(storm.pid)], "-p --antagonists": ["-p", str(storm.pid), "--antagonists"]}
+    modes = {"all": [], "-p --no-antagonists": ["-p", str(storm.pid), "--no-antagonists"],
+             "-p": ["-p", str(storm.pid)], "-p elsewhere": ["-p", str(ticker.pid)]}
     runs: dict = {k: [] for k in modes}
     load0 = loadavg()
     try:
@@ -85,8 +90,9 @@ def main() -> int:
                     print(f"round {r + 1} {k}: {res['events_per_s']:,} events/s, lost {res['lost']}, "
                           f"{res['cpu_us_per_event']} us CPU per event", file=sys.stderr)
     finally:
-        storm.kill()
-        storm.wait()
+        for p in (storm, ticker):
+            p.kill()
+            p.wait()
     summary = {k: {"events_per_s_median": statistics.median(x["events_per_s"] for x in v),
                    "lost_total": sum(x["lost"] for x in v),
                    "cpu_us_per_event_median": statistics.median(x["cpu_us_per_event"] for x in v if x["cpu_us_per_event"])}
