@@ -38,7 +38,8 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "tracepoint from it and the tracefs format files, by what the kernel has, never by its version: "
         "tp_btf (a BTF-typed raw tracepoint reading the task itself at offsets from the BTF) where the "
         "kernel's BTF has the tracepoint's prototype and the members the program reads; else, for fork, "
-        "exec, exit, the task's free and record's csd_queue_cpu, a raw tracepoint reading the same offsets; "
+        "exec, exit, the task's free and record's csd_queue_cpu and sched_migrate_task, a raw tracepoint reading "
+        "the same offsets; "
         "else the classic tracepoint. What a kernel's tracepoint lacks is served another way and said in "
         "the meta record (probe_notes): before Linux 5.18 sched_switch has no prev_state and the state is "
         "read from the task, as the kernel's own tracepoint read it; sched_process_exit's group_dead is "
@@ -54,7 +55,8 @@ _BTF = ("/sys/kernel/btf/vmlinux",
         "not skipped so. Linux 6.7 and later count the runs skipped: record reports them as loss (reason "
         "skipped, the end record's lost_skipped, a warning on stderr) and snap in its meta record "
         "(skipped) and as pstate_skipped_runs_total. Skipped runs of record's programs that only note "
-        "context for other records (csd_queue_cpu's waker, the interrupt marks) lose no transition and "
+        "context for other records (csd_queue_cpu's waker, the interrupt marks, sched_migrate_task's move of "
+        "a followed task's count) lose no transition and "
         "are counted apart, in the end record's skipped_notes.")
 _BPF_FILES = [
     *_TRACEFS_AND_HEADERS,

@@ -40,13 +40,15 @@ STAT_STACK_FAILED = _D["STAT_STACK_FAILED"]
 DROP_REASONS = {"ringbuf_full": DROP_RINGBUF, "map_full": DROP_MAP_FULL, "sampled": DROP_SAMPLED}
 SKIPPED = "skipped"  # the loss reason of Program.skipped(): not a counter of the programs' own
 # Programs whose runs only note context for other records: record's waker of
-# a wake-up queued on a wake list (csd_queue_cpu) and the interrupt marks. A
-# run of one the kernel skips (another run of it under way on the CPU: the
-# csd program, running with interrupts on, interrupted by one that queues an
+# a wake-up queued on a wake list (csd_queue_cpu), the interrupt marks, and
+# the move of a followed task's run-queue count (sched_migrate_task). A run
+# of one the kernel skips (another run of it under way on the CPU: the csd
+# program, running with interrupts on, interrupted by one that queues an
 # entry too) loses no transition, at most the waker or context a wake-up
-# names: Program.skipped() leaves them out, Program.skipped_notes() counts them.
+# names, or the slices of one wait: Program.skipped() leaves them out,
+# Program.skipped_notes() counts them.
 NOTE_EVENTS = ("csd_queue_cpu", "irq_handler_entry", "irq_handler_exit", "softirq_entry", "softirq_exit",
-               "hrtimer_expire_entry", "hrtimer_expire_exit")
+               "hrtimer_expire_entry", "hrtimer_expire_exit", "sched_migrate_task")
 
 CAP_PERFMON, CAP_BPF, CAP_SYS_ADMIN = 38, 39, 21
 

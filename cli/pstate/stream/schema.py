@@ -344,8 +344,9 @@ RECORDS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
                         "came out of order (never wrapped around)"),
             "skipped_notes": ("int?", "record: runs the kernel skipped of the programs that only note context "
                               "for other records (the waker of a wake-up queued on another CPU's wake list, "
-                              "interrupt entry and exit), one already running on that CPU: no transition is "
-                              "lost, a wake-up may name the wrong waker or context"),
+                              "interrupt entry and exit, a followed task's move to another run queue), one "
+                              "already running on that CPU: no transition is lost, a wake-up may name the wrong "
+                              "waker or context, a wait its slices"),
             "duration_ns": ("int", "time from the meta record to this one, ns"),
             "wall_time": ("string?", "wall clock at ts, RFC 3339 UTC with nanoseconds, by the meta record's "
                           "anchor (as meta's wall_time)"),
