@@ -82,7 +82,7 @@ struct settings {
     u32 task_filters; // TF_* of the sets to consult
     u8 include_idle;  // report the idle task (tid 0) too
     u8 active;
-    u8 antagonists;   // record -p/-c/--cgroup --antagonists: the others' slices while a followed task waits
+    u8 antagonists;   // record -p/-c/--cgroup/-- CMD unless --no-antagonists: the others' slices on a CPU while a followed task waits there
     u8 pad;
     u64 stack_mask;   // prev_state bits whose switch-out takes the kernel stack (record --stacks; 0: none)
 };
@@ -529,6 +529,16 @@ static __always_inline void queued_mark(struct task_state *ts, int on, u32 cpu) 
     ts->flags |= TS_QUEUED;
     ts->qcpu = cpu;
     __sync_fetch_and_add(n, 1);
+}
+
+// A row about to be overwritten (a tid reused by a new task, the leader's
+// tid an exec takes over) gives its count back first: one left counted
+// (its last switch-in and switch-out both missed) would make every
+// switch-out on its CPU a slice from then on.
+static __always_inline void queued_release(u32 tid) {
+    struct task_state *old = tasks.lookup(&tid);
+    if (old && (old->flags & TS_QUEUED))
+        queued_mark(old, 0, 0);
 }
 
 // Whether a followed task waits in the run queue of `cpu`.
@@ -1030,6 +1040,7 @@ PSTATE_PROBE(task, task_newtask) {
     } else {
         fresh.tgid = child;
     }
+    queued_release(child);
     if (tasks.update(&child, &fresh) != 0)
         count_atomic(DROP_MAP_FULL);
     return 0;
@@ -1081,6 +1092,7 @@ PSTATE_PROBE(sched, sched_process_exec) {
         if (known(ts)) {
             struct task_state copy = *ts;
             copy.tgid = tgid;
+            queued_release(tid);
             tasks.update(&tid, &copy);
             forget(old, ts);
         }

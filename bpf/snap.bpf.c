@@ -63,6 +63,7 @@ struct snap_task {
     // time, so the states still tile the interval and never shrink at a
     // snapshot (the open slice's part is known at its switch-out).
     u64 steal_irq;
+    u64 steal_owed; // slices the kernel counted longer than their wall time, not yet made up (add_steal_irq)
     u64 exec; // se.sum_exec_runtime + 1 at the last switch seen (bpf/tpargs.h SW_*_EXEC); 0: not known
     u32 tgid; // 0 = not known yet (first seen as the next task of a switch)
     u8 state;
@@ -241,14 +242,29 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
 // known): what of its wall time the kernel did not count as the task's own
 // goes to steal_irq. Known only when the count was read at the slice's
 // start too (or at the task's last switch-out: it grows only while the task
-// runs). Where the two clocks' rounding makes the count the larger, nothing
-// is added: a counter never shrinks.
+// runs). A slice may be counted longer than its wall time: after a wake-up
+// preempts a task, the kernel's switch reuses the run-queue clock of the
+// wake-up, so the task preempted is charged short and the one woken long,
+// by the same gap (and the two clocks differ by their rounding). record
+// keeps such a slice's difference negative; here a counter never shrinks,
+// so it is owed and made up from the task's later slices first: per
+// thread, steal_irq is the most the signed sum has been, not a sum of the
+// positive parts.
 static __always_inline void add_steal_irq(struct snap_task *t, u64 exec, u64 now) {
     if (!exec || !t->exec || exec < t->exec || t->state != SLOT_RUNNING || !t->since || now <= t->since)
         return;
     u64 wall = now - t->since, run = exec - t->exec;
-    if (wall > run)
-        t->steal_irq += wall - run;
+    if (wall < run) {
+        t->steal_owed += run - wall;
+        return;
+    }
+    u64 d = wall - run;
+    if (d <= t->steal_owed) {
+        t->steal_owed -= d;
+        return;
+    }
+    t->steal_irq += d - t->steal_owed;
+    t->steal_owed = 0;
 }
 
 // One clock read per run, taken first: it is the costliest step (a VM's

@@ -87,3 +87,11 @@ def test_prometheus_gives_it_a_family_and_no_state():
                         "map_full": 0}).decode()
     assert 'pstate_steal_irq_seconds_total{comm="a"} 0.250000000' in text
     assert "steal_irq" not in "".join(ln for ln in text.splitlines() if ln.startswith("pstate_state_seconds"))
+
+
+def test_csv_carries_it_per_interval(tmp_path):
+    text = _stats(_snapshots(tmp_path), "-f", "csv")
+    block = text.split("# trends\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    head = block[0].split(",")
+    rows = [dict(zip(head, ln.split(","))) for ln in block[1:]]
+    assert [r["steal_irq_ns"] for r in rows if r["comm"] == "hog"] == [str(100 * MS)] * 2

@@ -29,7 +29,9 @@ run-queue slices it keeps per CPU are bounded: SLICES_PER_CPU).
   preemption waited [ts - dur_ns, ts] on the CPU it got, and the slices of
   other tasks on that CPU within that wait are the time they caused. The
   part no recorded slice covers (the CPU idle, a task the recording
-  filtered out, or older than the slices kept) is NOT_SEEN.
+  filtered out, or older than the slices kept; in a filtered recording,
+  whose slices are those of the CPU a task waits on, also the part of a
+  wait before the kernel moved the task to the CPU it got) is NOT_SEEN.
 
 A waker's and an antagonist's pid, comm and group are those of the task's
 last record in the input (a waker's pid as the recording said it where the
@@ -566,8 +568,8 @@ class _Sink:
     """The reader's records to the Aggregator (state rows in batches) and to
     the Causes, in order; with the native Digester (native()), what it read
     in bulk to each before the next record the careful path read that
-    depends on it: to the Aggregator before a lifecycle or state record (as
-    ingest.LineDigester), to the Causes before a process or cgroup record
+    depends on it: to the Aggregator before a state or exec record
+    (timeinstate.TAKE_BEFORE, as ingest.LineDigester), to the Causes before a process or cgroup record
     that may move a task to another group (--by a service)."""
 
     BATCH = 4096

@@ -155,6 +155,7 @@ def trends(gs: list[Group]) -> list[dict]:
             "d_ns_per_interval": sum(p.d for p in g.points) // max(1, len(g.points)),
             "running_ns": total_run,
             "steal_irq_ns": sum(s["steal_irq_ns"] for s in series),
+            "steal_share_avg": round(sum(s["steal_irq_ns"] for s in series) / total_dur, 6) if total_dur else 0.0,
             "series": series,
         })
     rows.sort(key=lambda r: (-r["running_ns"], -r["wait_share_avg"], r["pid"], r.get("tid", 0)))

@@ -170,7 +170,9 @@ NOTES: dict[str, str] = {
         softirq, or [unknown]. `--antagonists`: per group, the run-queue
         time (after a wake-up and after a preemption) and the tasks whose
         on-CPU slices on the CPU it then got fall within it; "[idle or
-        unseen]" is the rest (the CPU idle, a task the recording left out).
+        unseen]" is the rest (the CPU idle, a task the recording left out;
+        in a filtered recording, also the part of a wait before the task
+        was moved to the CPU it got).
         Rows per group: `--top N`, else 5. The filters (`-p`, `-c`,
         `--title`, ...) select after attributing: wakers' names and
         antagonists come from the whole input. Shares are of the group's

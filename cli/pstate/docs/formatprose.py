@@ -225,8 +225,10 @@ EVENTS = {
         "steal_irq_ns": "Of running_ns, the time the kernel did not count as the thread's own on-CPU "
                         "time: stolen by the hypervisor or spent in interrupts, where the kernel accounts "
                         "them apart. running_ns - steal_irq_ns is what /proc/TID/schedstat counts (the "
-                        "running slice still open at the snapshot is wall time until it ends). 0 when the "
-                        "meta record's on_cpu_time is wall.",
+                        "running slice still open at the snapshot is wall time until it ends; a slice the "
+                        "kernel counted longer than its wall time, as after a wake-up preempted the task "
+                        "before it, is made up from the thread's later slices first, since a counter never "
+                        "shrinks). 0 when the meta record's on_cpu_time is wall.",
         "nvcsw": "Voluntary context switches (the thread blocked).",
         "nivcsw": "Involuntary context switches (the thread was preempted).",
         "wakeups": "Times the thread was woken.",

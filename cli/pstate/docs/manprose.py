@@ -354,8 +354,8 @@ PAGES: dict[str, dict] = {
             meta record says so); `pstate doctor` shows the path each
             tracepoint takes on this kernel.
 
-            With `-p`, `-t`, `-c` or `--cgroup` only the followed tasks'
-            transitions are written, with what their why-views need of the
+            With `-p`, `-t`, `-c`, `--cgroup` or `-- CMD` only the followed
+            tasks' transitions are written, with what their why-views need of the
             others: the name of each thread that wakes one (`waker`
             records), and who held a CPU while one waited on it (`slice`
             records: the switch-outs of a CPU while a followed task waits in

@@ -93,7 +93,7 @@ def settings_for(filt: Filter, ks: KernelStates, *, follow: tuple[int, ...] = ()
         raise PstateError("--antagonists keeps what -p, -t, -c, --cgroup or -- CMD would leave out: give one",
                           ExitCode.USAGE)
     return Settings(state_mask=mask, min_dur=filt.min_dur_ns or 0, task_filters=flags,
-                    include_idle=filt.include_idle, antagonists=antagonists and bool(followed),
+                    include_idle=filt.include_idle, antagonists=bool(antagonists),
                     pids=pids, tids=tuple(filt.tids), comms=comms,
                     cpus=tuple(filt.cpus), cgroup_ids=cg_ids, cgroup_pids=cg_pids)
 

@@ -161,9 +161,9 @@ WAKE_EVENTS = ("sched_waking", "sched_wakeup", "sched_wakeup_new")  # one set of
 WAKE_LIST_EVENT = "csd_queue_cpu"
 # members read where the kernel has them, whatever the path: by programs
 # that are no tracepoint of the plan (record's hrtimer marks), and the
-# task's own on-CPU time, which record's sched_switch reads from the task on
-# the tp_btf path and from the current task on the classic one (without it,
-# on-CPU time is wall time alone: on_cpu_clock)
+# task's own on-CPU time, which record's and snap's sched_switch read from
+# the task on the tp_btf path and from the current task on the classic one
+# (without it, on-CPU time is wall time alone: on_cpu_clock)
 EXTRA_MEMBERS = ("HRTIMER_IS_SOFT", "TASK_SUM_EXEC")
 
 # The kernel's task state bits (include/linux/sched.h) that sched_switch's

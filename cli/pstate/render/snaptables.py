@@ -114,10 +114,9 @@ def render_table(rep: dict, out: IO[str], top: int | None, unicode: bool = True)
     rows = []
     for r in rep["trends"][:top]:
         s = r["series"]
-        dur = sum(x["duration_ns"] for x in s)
         rows.append([*who(r), _name(r["comm"]),
                      f"{_pct(r['cpu_share_avg']):>6} {sp([x['cpu_share'] for x in s])}",
-                     *([_pct(r.get("steal_irq_ns", 0) / dur if dur else 0.0)] if steal else []),
+                     *([_pct(r["steal_share_avg"])] if steal else []),
                      f"{_pct(r['wait_share_avg']):>6} {sp([x['wait_share'] for x in s])}",
                      f"{fmt_ns(r['d_ns_per_interval']):>6} {sp([x['uninterruptible_ns'] for x in s])}",
                      f"{s[0]['threads']}>{s[-1]['threads']}" if s else "-"])
@@ -186,8 +185,8 @@ def render_csv(rep: dict, out: IO[str], top: int | None, unicode: bool = True) -
     lim = (lambda xs: xs[:top]) if top is not None else (lambda xs: xs)
     who_cols = {"process": ["boot_id", "pid", "start_ts"],
                 "thread": ["boot_id", "pid", "tid", "start_ts"]}.get(rep["by"], [])
-    cols = ["interval", "end_ts", "wall_end_ns", "duration_ns", "running_ns", "wait_ns", "uninterruptible_ns",
-            "sleeping_ns", "threads", "cpu_share", "wait_share"]
+    cols = ["interval", "end_ts", "wall_end_ns", "duration_ns", "running_ns", "steal_irq_ns", "wait_ns",
+            "uninterruptible_ns", "sleeping_ns", "threads", "cpu_share", "wait_share"]
     out.write("# trends\n")
     w.writerow([*who_cols, "comm", *cols])
     for r in lim(rep["trends"]):

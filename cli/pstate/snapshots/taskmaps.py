@@ -87,6 +87,12 @@ def _decode_comm(raw: bytes) -> str:
     return names.comm(raw)
 
 
+def _steal(v) -> int:
+    """A row's (or a group row's) steal_irq: 0 from a program built from an
+    older bpf/, which has none."""
+    return getattr(v, "steal_irq", 0)
+
+
 class TidArray:
     """The tid-indexed `tasks` array, read through a shared mapping
     (BPF_F_MMAPABLE): a snapshot scans the `since` word of every slot and
@@ -323,8 +329,8 @@ class MapReader:
     def _fold(self, k, v) -> dict:
         """A group row of `folds`: final rows added up, since the program was loaded."""
         return {"cgroup": k.cgroup or None, "comm": _decode_comm(k.comm), "folded": v.tasks,
-                **self._counts(v.ns), snapdir.STEAL_FIELD: getattr(v, "steal_irq", 0), "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
-                "hist": histograms.from_row(v.hist)}
+                **self._counts(v.ns), snapdir.STEAL_FIELD: _steal(v), "nvcsw": v.nvcsw, "nivcsw": v.nivcsw,
+                "wakeups": v.wakeups, "hist": histograms.from_row(v.hist)}
 
     def _row(self, tid: int, v, now: int) -> dict:
         ns = list(v.ns)
@@ -347,8 +353,7 @@ class MapReader:
             "state_since_ts": v.since or None,
             "exited": bool(v.flags & F_EXITED), "exit_ts": v.exit_ts or None,
             **counts,
-            # (a program built from an older bpf/ has none)
-            snapdir.STEAL_FIELD: getattr(v, "steal_irq", 0),
+            snapdir.STEAL_FIELD: _steal(v),
             "nvcsw": v.nvcsw, "nivcsw": v.nivcsw, "wakeups": v.wakeups,
             # (a program built from an older bpf/ has none: told by the row itself)
             "hist": histograms.from_row(v.hist) if hasattr(v, "hist") else None,

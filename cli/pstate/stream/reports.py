@@ -186,7 +186,7 @@ SNAPSTATS_FIELDS: dict[str, tuple[str, str]] = {
     "trends[].LABEL": ("", f"per group ({_INTERVAL_LABEL}): snapshots, cpu_share_avg, cpu_share_max, "
                            "wait_share_avg, d_ns_per_interval, running_ns, steal_irq_ns (of running_ns, "
                            "what the kernel did not count as the threads' own: steal and interrupts), "
-                           "and series"),
+                           "steal_share_avg (that, of the intervals' time), and series"),
     "trends[].series[].FIELD": ("", "per interval: interval, end_ts, wall_end_ns, duration_ns, running_ns, "
                                     "steal_irq_ns, wait_ns, uninterruptible_ns, sleeping_ns, threads, cpu_share, "
                                     "wait_share"),
