@@ -21,10 +21,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import orjson
 import pytest
 
+from test_collector_bpf import machine  # noqa: F401 (a fixture: the collector is stopped whatever happens)
 from workloads import Recording, go, kill_all, sleeps
 
 # kernel truth, pinned to CPUs and compared with the kernel's own counts: alone
@@ -405,40 +407,67 @@ def test_on_cpu_time_is_the_kernels_with_two_hogs_beside():
         assert abs(kernel - k_cpu) <= 0.005 * k_cpu, (kernel, k_cpu)
 
 
-def test_snap_running_less_steal_is_the_kernels_with_two_hogs_beside(tmp_path):
-    """snap's rows say the same: each hog's running_ns - steal_irq_ns, over
-    its life, within 0.5 % of what its /proc/PID/schedstat grew by (the hogs
-    are seeded blocked on stdin, then run to their exit, before the one
-    snapshot is taken: each final slice is closed, none is still open)."""
-    from pstate.snapshots import snapdir
-    from test_snap_bpf import read_dir, snap_start, wait_collecting
+def _snap_three_hogs(d: Path) -> tuple[dict, dict, dict]:
+    """Three CPU hogs on one CPU under the collector, which counts from
+    before they go (they are seeded blocked on stdin); its one snapshot is
+    taken once all three have exited, so each final slice is closed and
+    none is still open: (rows by pid, schedstat's run before, after)."""
+    from test_collector_bpf import snap
+    from test_snap_bpf import read_dir
 
-    hogs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", READY_HOG.format(secs=1.0)],
+    hogs = [subprocess.Popen(["taskset", "-c", "1", sys.executable, "-c", READY_HOG.format(secs=0.5)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(3)]
-    snap = None
     try:
         for h in hogs:
             assert h.stdout.readline() == b"ready\n"
             await_state(h.pid, "S")
-        snap = snap_start("--dir", tmp_path, "-i", "3", "--clear")
-        wait_collecting(snap)
+        r = snap("--start")
+        assert r.returncode == 0, r.stderr
         start = {h.pid: schedstat_run(h.pid) for h in hogs}
         go(*hogs)
         for h in hogs:
             await_state(h.pid, "Z")  # its last switch-out done; not reaped before the snapshot
         end = {h.pid: schedstat_run(h.pid) for h in hogs}
-        assert snap.wait(timeout=60) == 0, snap.stderr.read()
+        r = snap("--dir", d)
+        assert r.returncode == 0, r.stderr
     finally:
-        kill_all([p for p in (*hogs, snap) if p is not None])
-    (s,) = read_dir(tmp_path)
+        kill_all(hogs)
+        snap("--stop")
+    (s,) = read_dir(d)
     assert s.meta["on_cpu_time"] == "kernel", s.meta
-    rows = {r["tid"]: r for r in s.rows if r["tid"] in start}
-    assert sorted(rows) == sorted(start), s.rows
-    for pid, r in rows.items():
-        k_cpu = end[pid] - start[pid]
-        kernel = r["running_ns"] - r[snapdir.STEAL_FIELD]
-        print(f"\n  hog {pid}: snap {kernel / 1e6:.3f} ms on-CPU by the kernel's count (schedstat "
-              f"{k_cpu / 1e6:.3f} ms, {kernel - k_cpu:+d} ns), running {r['running_ns'] / 1e6:.3f} ms: "
-              f"steal+irq {r[snapdir.STEAL_FIELD] / 1e6:.3f} ms, {r['nivcsw']} preemptions")
-        assert r["state"] == "zombie" and r["nivcsw"] >= 10, r  # it shared its CPU: many slices
-        assert abs(kernel - k_cpu) <= 0.005 * k_cpu, (kernel, k_cpu, r)
+    return {r["tid"]: r for r in s.rows if r["tid"] in start}, start, end, s.meta
+
+
+def test_snap_running_less_steal_is_the_kernels_with_two_hogs_beside(tmp_path, machine):
+    """snap's rows say the same: each hog's running_ns - steal_irq_ns, over
+    its life, within 0.5 % of what its /proc/PID/schedstat grew by, and never
+    above it.
+
+    A switch-in the kernel does not trace (on this VM, one back from its
+    agent's thread: docs/reliability.md) leaves the slice that follows in
+    the hog's preempted time, which record shows as a switch-out with no
+    duration and the kernel's run_ns, and snap cannot tell: the hog is then
+    short by that slice. A sitting where that hit a hog is tried again, up to
+    three times in all. On the classic path such a slice was 1 to 7 ms of
+    160 to 340 ms, in about half the sittings here; there the bound is one
+    slice (3 %)."""
+    from pstate.snapshots import snapdir
+
+    for attempt in range(3):
+        rows, start, end, meta = _snap_three_hogs(tmp_path / str(attempt))
+        tol = 0.005 if meta["probe_paths"]["sched_switch"] == "tp_btf" else 0.03
+        assert sorted(rows) == sorted(start), rows
+        off = {}
+        for pid, r in rows.items():
+            k_cpu = end[pid] - start[pid]
+            kernel = r["running_ns"] - r[snapdir.STEAL_FIELD]
+            print(f"\n  hog {pid}: snap {kernel / 1e6:.3f} ms on-CPU by the kernel's count (schedstat "
+                  f"{k_cpu / 1e6:.3f} ms, {kernel - k_cpu:+d} ns), running {r['running_ns'] / 1e6:.3f} ms: "
+                  f"steal+irq {r[snapdir.STEAL_FIELD] / 1e6:.3f} ms, {r['nivcsw']} preemptions")
+            assert r["state"] == "zombie" and r["nivcsw"] >= 10, r  # it shared its CPU: many slices
+            # never more than the kernel counted; less only by a slice whose switch-in was not traced
+            assert kernel <= k_cpu + 0.005 * k_cpu, (kernel, k_cpu, r)
+            off[pid] = abs(kernel - k_cpu) / k_cpu
+        if max(off.values()) <= tol:
+            return
+    raise AssertionError(f"3 sittings, each with a hog off by more than {tol:.1%}: {off}")
