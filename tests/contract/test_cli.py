@@ -122,8 +122,8 @@ def defines(text: str) -> dict:
     return out
 
 
-RECORD_EVENTS = ("sched_switch", "sched_wakeup", "csd_queue_cpu", "sched_wakeup_new", "sched_migrate_task", "task_newtask",
-                 "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
+RECORD_EVENTS = ("sched_switch", "sched_wakeup", "csd_queue_cpu", "sched_wakeup_new", "sched_migrate_task",
+                 "task_newtask", "sched_process_fork", "sched_process_exec", "sched_process_exit", "sched_process_free")
 SNAP_EVENTS = ("sched_switch", "sched_wakeup", "sched_wakeup_new", "task_newtask", "sched_process_exec",
                "sched_process_exit", "sched_process_free")
 HOT = ("sched_switch", "sched_wakeup", "sched_waking", "sched_wakeup_new")

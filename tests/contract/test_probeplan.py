@@ -240,3 +240,12 @@ print fmt: "comm=%s pid=%d", __get_str(comm), REC->pid
 
 def test_format_fields_as_the_btf_names_them():
     assert probeplan.format_fields(FORMAT) == {"comm": "__data_loc char[]", "pid": "pid_t", "prev_comm": "char[16]"}
+
+
+def test_every_planned_tracepoint_is_read_from_the_btf():
+    """A tracepoint of the plan whose prototype the BTF reader does not
+    collect would go classic on every kernel, its reason "no tracepoint in
+    the BTF": btf.EVENTS and btf.RAW_CLASSES follow TRACEPOINTS."""
+    assert set(btf.EVENTS) == set(probeplan.TRACEPOINTS)
+    classic = {e for e, tp in probeplan.TRACEPOINTS.items() if TRACEPOINT in tp.paths}
+    assert set(btf.RAW_CLASSES) == classic

@@ -569,8 +569,9 @@ class _Sink:
     the Causes, in order; with the native Digester (native()), what it read
     in bulk to each before the next record the careful path read that
     depends on it: to the Aggregator before a state or exec record
-    (timeinstate.TAKE_BEFORE, as ingest.LineDigester), to the Causes before a process or cgroup record
-    that may move a task to another group (--by a service)."""
+    (timeinstate.TAKE_BEFORE, as ingest.LineDigester), to the Causes before
+    a process or cgroup record that may move a task to another group (--by
+    a service)."""
 
     BATCH = 4096
 

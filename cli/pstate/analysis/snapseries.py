@@ -143,10 +143,12 @@ def trends(gs: list[Group]) -> list[dict]:
         total_dur = sum(p.duration_ns for p in g.points)
         series = [{
             "interval": p.i, "end_ts": p.end_ts, "wall_end_ns": p.wall_end_ns, "duration_ns": p.duration_ns,
-            "running_ns": p.running, "steal_irq_ns": p.values.get(snapdir.STEAL_FIELD, 0), "wait_ns": p.wait, "uninterruptible_ns": p.d,
+            "running_ns": p.running, "steal_irq_ns": p.values.get(snapdir.STEAL_FIELD, 0), "wait_ns": p.wait,
+            "uninterruptible_ns": p.d,
             "sleeping_ns": p.values.get("sleeping_ns", 0), "threads": p.threads,
             "cpu_share": round(p.cpu_share(), 6), "wait_share": round(p.wait_share(), 6),
         } for p in g.points]
+        total_steal = sum(s["steal_irq_ns"] for s in series)
         rows.append({
             **g.label(), "snapshots": len(g.points),
             "cpu_share_avg": round(total_run / total_dur, 6) if total_dur else 0.0,
@@ -154,8 +156,8 @@ def trends(gs: list[Group]) -> list[dict]:
             "wait_share_avg": round(sum(p.wait for p in g.points) / total_dur, 6) if total_dur else 0.0,
             "d_ns_per_interval": sum(p.d for p in g.points) // max(1, len(g.points)),
             "running_ns": total_run,
-            "steal_irq_ns": sum(s["steal_irq_ns"] for s in series),
-            "steal_share_avg": round(sum(s["steal_irq_ns"] for s in series) / total_dur, 6) if total_dur else 0.0,
+            "steal_irq_ns": total_steal,
+            "steal_share_avg": round(total_steal / total_dur, 6) if total_dur else 0.0,
             "series": series,
         })
     rows.sort(key=lambda r: (-r["running_ns"], -r["wait_share_avg"], r["pid"], r.get("tid", 0)))

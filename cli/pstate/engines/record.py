@@ -52,7 +52,7 @@ class RecordArgs:
     stack_states: str | None = None
     stack_entries: int = 16384
     children: bool = False
-    antagonists: bool | None = None  # slice records of the others while a followed task waits: None, with -p/-c/--cgroup
+    antagonists: bool | None = None  # slices of the others while a followed task waits; None: where tasks are followed
     probes: str | None = None
     ebpf: bool = False
     command: tuple = ()

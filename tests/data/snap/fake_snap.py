@@ -64,7 +64,8 @@ class FakeCollector:
         now = time.monotonic_ns()
         el = now - self.t0
         rows = [fake_row(1000 + i // 4, 1000 + i, 5, now, comm=f"w{i}{self.pad}", running_ns=el // 10,
-                         steal_irq_ns=el // 500, sleeping_ns=el - el // 10, nvcsw=el // 1_000_000, wakeups=el // 1_000_000)
+                         steal_irq_ns=el // 500, sleeping_ns=el - el // 10, nvcsw=el // 1_000_000,
+                         wakeups=el // 1_000_000)
                 for i in range(self.n)]
         rows += [fake_row(1, 1 + i, 1, now, comm="agent", state="running", running_ns=el)
                  for i in range(self.agent)]
