@@ -61,9 +61,12 @@ from pstate.analysis import causes  # noqa: E402
 T0 = 1_000_000_000_000
 
 
-def generate(path: Path, n_events: int, n_tasks: int = 2000, seed: int = 1) -> None:
+def generate(path: Path, n_events: int, n_tasks: int = 2000, seed: int = 1, slices: float = 0.0) -> None:
     """A plausible recording: threads cycle running -> preempted/sleeping/D ->
-    runnable -> running with log-normal durations, in global time order."""
+    runnable -> running with log-normal durations, in global time order.
+    slices: after each state record, with this chance, a slice record of a
+    task the recording does not follow (what `record -p` adds beside a busy
+    task: 0.4 per event on a followed task beside a pipe storm)."""
     rnd = random.Random(seed)
     meta = {"type": "meta", "schema": 1, "source": "record", "tool": "pstate", "version": "bench",
             "host": "bench", "kernel": "6.1.0", "boot_id": "bench", "clock": "monotonic", "ts": T0,
@@ -103,6 +106,9 @@ def generate(path: Path, n_events: int, n_tasks: int = 2000, seed: int = 1) -> N
                 nxt = rnd.lognormvariate(9, 1.5)
             t[2], t[3] = to, ts
             w(dumps(rec) + b"\n")
+            if slices and rnd.random() < slices:
+                w(dumps({"type": "slice", "ts": ts, "cpu": tid % 8, "pid": 90000, "tid": 90000 + tid % 16,
+                         "comm": "storm", "dur_ns": 1000 + rnd.randrange(4000), "next_tid": tid}) + b"\n")
             heapq.heappush(heap, (ts + 1 + int(nxt), tid))
         w(dumps({"type": "end", "ts": ts, "reason": "eof", "events": n_events, "lost": 0}) + b"\n")
 
@@ -269,6 +275,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--slices", type=float, default=0.0, metavar="SHARE",
+                    help="a filtered recording: a slice record after this share of the events")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--file", type=Path, help="use (or create) this recording instead of a temporary one")
     ap.add_argument("--alternatives", action="store_true", help="also time native bulk parsers")
@@ -286,10 +294,11 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory()
         path = Path(tmp.name) / "bench.jsonl"
     if not path.exists():
-        t = timed(lambda: generate(path, args.events, args.tasks))
+        t = timed(lambda: generate(path, args.events, args.tasks, slices=args.slices))
         print(f"generated {args.events} events in {t:.1f}s: {path} ({path.stat().st_size / 1e6:.0f} MB)",
               file=sys.stderr)
-    n = sum(1 for _ in open(path, "rb")) - 2  # events: all lines but meta and end
+    # events: all lines but meta, end and the context records of a filtered recording (slice, waker)
+    n = sum(1 for line in open(path, "rb") if not line.startswith((b'{"type":"slice"', b'{"type":"waker"'))) - 2
     part = Path(str(path) + ".part")
     with open(path, "rb") as src, open(part, "wb") as dst:
         for i, line in enumerate(src):

@@ -9,7 +9,9 @@
  * (orjson + streamio.check_record) and calls again after it. So whatever this
  * file accepts it must read exactly as orjson would; anything unusual
  * (escapes, non-ASCII, floats, nesting, repeated keys, other record types,
- * huge numbers) is left to Python rather than handled twice.
+ * huge numbers) is left to Python rather than handled twice. The one other
+ * type read here is the context records (slice, waker) a filtered recording
+ * carries, which a Digester without why-views passes over (next_context).
  *
  * The interface is public and documented (analysis.timeinstate.Aggregator.add_digested is its
  * only consumer): the Digester sums the records it reads per task and per
@@ -597,6 +599,63 @@ static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py
     const char *nl = memchr(p, '\n', (size_t)(end - pos));
     const char *e = nl ? nl : buf + end;
     if (e - p > max_line || !parse_state(p, e, r, x))
+        return 0;
+    *next = (e - buf) + 1;
+    return 1;
+}
+
+/* A line a reader that sums time in state passes over: a record of a context
+ * type (pstate.stream.schema.CONTEXT_TYPES, "slice" or "waker": no time in
+ * state, no place in the order per CPU, and every value passes the careful
+ * path's checks), written as a flat object of plain scalars with exactly one
+ * "type" key. 1, with *next where the line after it starts; 0: leave the line
+ * to the careful path (which reads anything else orjson reads). */
+static int next_context(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_line, Py_ssize_t *next)
+{
+    const char *p = buf + pos;
+    const char *nl = memchr(p, '\n', (size_t)(end - pos));
+    const char *e = nl ? nl : buf + end;
+    if (e - p > max_line)
+        return 0;
+    cursor c = {p, e};
+    const char *s;
+    Py_ssize_t n;
+    int typed = 0;
+    skip_ws(&c);
+    if (c.p >= c.e || *c.p != '{')
+        return 0;
+    c.p++;
+    for (;;) {
+        skip_ws(&c);
+        if (!read_plain_string(&c, &s, &n))
+            return 0;
+        int is_type = n == 4 && memcmp(s, "type", 4) == 0;
+        skip_ws(&c);
+        if (c.p >= c.e || *c.p != ':')
+            return 0;
+        c.p++;
+        skip_ws(&c);
+        if (is_type) {
+            if (typed || !read_plain_string(&c, &s, &n) || n != 5 ||
+                (memcmp(s, "slice", 5) != 0 && memcmp(s, "waker", 5) != 0))
+                return 0; /* (a repeated "type": orjson's rule, not ours) */
+            typed = 1;
+        } else if (!skip_scalar(&c))
+            return 0;
+        skip_ws(&c);
+        if (c.p >= c.e)
+            return 0;
+        if (*c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (*c.p != '}')
+            return 0;
+        c.p++;
+        break;
+    }
+    skip_ws(&c);
+    if (c.p != c.e || !typed)
         return 0;
     *next = (e - buf) + 1;
     return 1;
@@ -1952,7 +2011,9 @@ PyDoc_STRVAR(digest_doc,
 "(and, with clip, the interval start, none has a dur_ns reaching back\n"
 "before clip), and sum them up here. stop: where the first other line\n"
 "starts, end + 1 when there was none; lines: the records read (those the\n"
-"filter left out too); due: call take(True) now (the bucket table is full).");
+"filter left out too, and, before set_why, the plainly written slice and\n"
+"waker records passed over); due: call take(True) now (the bucket table is\n"
+"full).");
 
 static PyObject *Digester_digest(Digester *self, PyObject *args)
 {
@@ -2000,7 +2061,15 @@ static PyObject *Digester_digest(Digester *self, PyObject *args)
         state_rec r;
         extras x;
         Py_ssize_t next;
-        if (!next_state(buf, pos, end, max_line, &r, &next, self->why ? &x : NULL) || !order_ok(&order, &r))
+        if (!next_state(buf, pos, end, max_line, &r, &next, self->why ? &x : NULL)) {
+            /* without why-views, a slice or waker record is read and passed over here */
+            if (self->why || !next_context(buf, pos, end, max_line, &next))
+                break;
+            lines++;
+            pos = next;
+            continue;
+        }
+        if (!order_ok(&order, &r))
             break;
         name_entry *fe = NULL, *te = NULL, *we = NULL;
         if (self->why) {
@@ -2741,19 +2810,21 @@ done:
 }
 
 PyDoc_STRVAR(plain_states_doc,
-"plain_states(buf, pos, end, max_line) -> (stop, lines, max_ts)\n\n"
+"plain_states(buf, pos, end, max_line, context=False) -> (stop, lines, max_ts)\n\n"
 "How many of the lines of buf[pos:end] (as buf[pos:end].split(b'\\n') cuts\n"
 "them), from the first, are plainly written state records that the reader\n"
 "accepts (what parse_states would return, without building it). stop:\n"
 "where the first other line starts, end + 1 when there was none; max_ts:\n"
 "the largest ts among them (-1 when none). For replay, which copies such\n"
-"lines unparsed.");
+"lines unparsed. context: plainly written slice and waker records count\n"
+"among them too (their ts not in max_ts), for a reader that passes over them.");
 
 static PyObject *plain_states(PyObject *module, PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t pos, end, max_line;
-    if (!PyArg_ParseTuple(args, "y*nnn:plain_states", &view, &pos, &end, &max_line))
+    int context = 0;
+    if (!PyArg_ParseTuple(args, "y*nnn|p:plain_states", &view, &pos, &end, &max_line, &context))
         return NULL;
     if (pos < 0 || end > view.len || pos > end + 1) {
         PyBuffer_Release(&view);
@@ -2770,7 +2841,16 @@ static PyObject *plain_states(PyObject *module, PyObject *args)
         PyBuffer_Release(&view);
         return NULL;
     }
-    while (pos <= end && next_state(buf, pos, end, max_line, &r, &next, NULL) && order_ok(&order, &r)) {
+    while (pos <= end) {
+        if (!next_state(buf, pos, end, max_line, &r, &next, NULL)) {
+            if (!context || !next_context(buf, pos, end, max_line, &next))
+                break;
+            lines++;
+            pos = next;
+            continue;
+        }
+        if (!order_ok(&order, &r))
+            break;
         order_note(&order, &r);
         lines++;
         if (r.ts > max_ts)

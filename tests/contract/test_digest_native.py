@@ -251,7 +251,8 @@ ws = st.sampled_from(["", " ", "\t", "\r", "  "])
 
 @st.composite
 def spelled(draw) -> bytes:
-    r = {"type": draw(st.sampled_from(["state"] * 8 + ["exit", "loss"])), "ts": draw(ints), "cpu": draw(ints),
+    r = {"type": draw(st.sampled_from(["state"] * 8 + ["exit", "loss", "slice", "waker"])), "ts": draw(ints),
+         "cpu": draw(ints),
          "pid": draw(st.integers(0, 40)), "tid": draw(st.integers(0, 60)), "comm": draw(comms),
          "from": draw(names), "to": draw(names), "dur_ns": draw(st.one_of(st.none(), ints))}
     for k in draw(st.lists(st.sampled_from(list(r)), max_size=2)):
@@ -299,7 +300,12 @@ IDENTITIES = [
 LATER = [identity("process", title="pg: checkpointer", why="recheck"),
          identity("process", pid=11, cgroup=7, why="recheck"), identity("process", pid=12, gone=True, why="first"),
          identity("cgroup", cgroup=8, path="/kubepods/burstable/pod1234/abcdef0123456789")]
-WHO = PLAIN[:60] + IDENTITIES + PLAIN[60:120] + LATER[:2] + PLAIN[120:160] + LATER[2:] + PLAIN[160:]
+# What a filtered recording adds for its why-views: no time in state, passed over natively without them.
+CONTEXT = [{"type": "slice", "ts": 1100 + i, "cpu": i % 2, "pid": 90, "tid": 91 + i % 2, "comm": "hog",
+            "dur_ns": 50 + i, "next_tid": 11} for i in range(12)] + [
+    {"type": "waker", "ts": 1200, "cpu": 0, "pid": 80, "tid": 81, "comm": "kworker/0:1"}]
+WHO = (PLAIN[:60] + IDENTITIES + PLAIN[60:100] + CONTEXT[:6] + PLAIN[100:120] + LATER[:2] + PLAIN[120:160]
+       + CONTEXT[6:] + LATER[2:] + PLAIN[160:])
 
 FILTERS = [
     lambda: Filter(cgroups=("/system.slice",)),
@@ -340,6 +346,22 @@ def test_filtered_lines_are_read_natively():
     assert dig.digest(data, 0, len(data) - 1, 1 << 20) == (len(data), 200, False)
     events, tasks, _cells, _b = dig.take()
     assert events == 100 and {t[1] for t in tasks} == {10}
+
+
+def test_context_records_are_passed_over_natively():
+    """Plain stats of a filtered recording: its slice and waker records are
+    read, checked and passed over by the native loop (not one by one by the
+    careful path), and only without why-views (which read them)."""
+    data = lines(*PLAIN[:10], *CONTEXT, *PLAIN[10:20])
+    agg = timeinstate.Aggregator("pid")
+    dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
+    assert dig.digest(data, 0, len(data) - 1, 1 << 20) == (len(data), 20 + len(CONTEXT), False)
+    assert dig.take()[0] == 20
+    assert NATIVE.plain_states(data, 0, len(data) - 1, 1 << 20, True)[:2] == (len(data), 20 + len(CONTEXT))
+    assert NATIVE.plain_states(data, 0, len(data) - 1, 1 << 20)[:2] == (len(lines(*PLAIN[:10])), 10)
+    dig = NATIVE.Digester("pid", agg.state_id, agg.comm_id)
+    dig.set_why(lambda f, t: 0, False, 1 << 8, False, False)
+    assert dig.digest(data, 0, len(data) - 1, 1 << 20)[:2] == (len(lines(*PLAIN[:10])), 10)
 
 
 def test_pid_groups_are_asked_once_per_pid_until_forget():

@@ -247,17 +247,17 @@ class _Identities:
 def identities_before(path: str, start: int, max_line: int = MAX_LINE, chunk: int = 1 << 20,
                       use_native: bool = True) -> list:
     """The process and cgroup records of a file's bytes [0, start) (start:
-    a line's start), read as the one reader reads them, plain state records
-    passed over by the native plain_states: what a part of the file that
-    starts there must know of the pids before it (--by cgroup, unit, ...,
-    --cgroup, --title). Bad lines are the earlier parts' to report."""
+    a line's start), read as the one reader reads them, plain state, slice
+    and waker records passed over by the native plain_states: what a part of
+    the file that starts there must know of the pids before it (--by cgroup,
+    unit, ..., --cgroup, --title). Bad lines are the earlier parts' to report."""
     sink = _Identities()
     fast = None
     if use_native and _digest is not None:
         plain = _digest.plain_states
 
         def fast(buf, pos, end, _n):
-            stop, n, _ts = plain(buf, pos, end, max_line)
+            stop, n, _ts = plain(buf, pos, end, max_line, True)
             return stop, n, n
 
     rd = StreamReader(sink, ReadStats(), max_line=max_line, fast=fast)
