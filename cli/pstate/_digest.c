@@ -1651,14 +1651,19 @@ static inline int ov_same(const acc_head *h, const void *ctx)
     return o->h.aux == k->waiter && o->other == k->other;
 }
 
+/* The key of an antagonist `other` of `waiter` in its table. */
+static inline long long ov_hash(uint32_t waiter, long long other)
+{
+    return (long long)((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^
+                       ((unsigned long long)waiter >> 24));
+}
+
 /* Add ns (over `waits` waits) to the antagonist `other` of `waiter`. */
 static int ov_add(acc_table *t, uint32_t waiter, long long other, i128 ns, long long waits)
 {
     ov_key k = {waiter, other};
     int fresh;
-    long long key = (long long)((unsigned long long)other ^ ((unsigned long long)waiter << 40) ^
-                                ((unsigned long long)waiter >> 24));
-    ov_entry *o = acc_probe(t, key, ov_same, &k, &fresh);
+    ov_entry *o = acc_probe(t, ov_hash(waiter, other), ov_same, &k, &fresh);
     if (!o)
         return -1;
     if (fresh) {
@@ -1744,17 +1749,55 @@ static int why_overlaps(Digester *self, long long cpu, long long start, long lon
     return 0;
 }
 
+/* The overlaps of one wait, added to its antagonists' sums a batch at a
+ * time: the slots of a batch are fetched from memory together (a wait meets
+ * tens of slices, each another pair in a table of about a million), then
+ * added in the order the wait met them. */
+#define OV_BATCH 16
+
 typedef struct {
     acc_table *t;
     uint32_t waiter;
     i128 seen;
+    int n;
+    long long other[OV_BATCH], ov[OV_BATCH];
 } wait_ctx;
+
+static int overlaps_flush(wait_ctx *c)
+{
+    acc_table *t = c->t;
+    size_t mask = (size_t)t->cap - 1;
+    for (int i = 0; i < c->n; i++)
+        __builtin_prefetch(SLOT(t, mix64((unsigned long long)ov_hash(c->waiter, c->other[i])) & mask), 1);
+    for (int i = 0; i < c->n; i++)
+        if (ov_add(t, c->waiter, c->other[i], c->ov[i], 1) < 0)
+            return -1;
+    c->n = 0;
+    return 0;
+}
 
 static int overlap_sum(void *p, long long other, long long ov)
 {
     wait_ctx *c = p;
     c->seen += ov;
-    return ov_add(c->t, c->waiter, other, ov, 1);
+    c->other[c->n] = other;
+    c->ov[c->n] = ov;
+    return ++c->n == OV_BATCH ? overlaps_flush(c) : 0;
+}
+
+/* The wait [start, end] of waiter (a task's wait entry in t, or a group),
+ * on cpu: the other tasks' slices within it, and the rest (other -1). */
+static int wait_overlaps(Digester *self, acc_table *t, uint32_t waiter, long long cpu, long long start,
+                         long long end, long long tid)
+{
+    wait_ctx c;
+    c.t = t;
+    c.waiter = waiter;
+    c.seen = 0;
+    c.n = 0;
+    if (why_overlaps(self, cpu, start, end, tid, overlap_sum, &c) < 0 || overlaps_flush(&c) < 0)
+        return -1;
+    return end - start - c.seen > 0 ? ov_add(t, waiter, -1, end - start - c.seen, 1) : 0;
 }
 
 /* A record the fast path has read (own: one the filter keeps, summed too),
@@ -1826,10 +1869,7 @@ static int why_one(Digester *self, const state_rec *r, const extras *x, int own,
         goto out;
     wt_add(w, d, seq, 0);
     if (d > 0) {
-        wait_ctx c = {&self->ov, (uint32_t)w->idx, 0};
-        if (why_overlaps(self, r->cpu, r->ts - d, r->ts, r->tid, overlap_sum, &c) < 0)
-            goto out;
-        if (d - c.seen > 0 && ov_add(&self->ov, c.waiter, -1, d - c.seen, 1) < 0)
+        if (wait_overlaps(self, &self->ov, (uint32_t)w->idx, r->cpu, r->ts - d, r->ts, r->tid) < 0)
             goto out;
     }
     rc = 0;
@@ -2350,6 +2390,8 @@ static PyObject *Digester_why_fold(Digester *self, PyObject *groups)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t k = 0; k < self->ov.used; k++) {
+        if (k + 8 < self->ov.used) /* (the sums lie in the order of their hashes, not of this walk) */
+            __builtin_prefetch(SLOT(&self->ov, self->ov.order[k + 8]), 0);
         ov_entry *o = (ov_entry *)SLOT(&self->ov, self->ov.order[k]);
         if ((Py_ssize_t)o->h.aux >= n) {
             PyErr_SetString(PyExc_ValueError, "groups is shorter than the sums");
@@ -2578,10 +2620,7 @@ static PyObject *Digester_why_wait(Digester *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "cpu or group out of range");
         return NULL;
     }
-    wait_ctx c = {&self->ga, (uint32_t)g, 0};
-    if (why_overlaps(self, v[0], v[1], v[2], v[3], overlap_sum, &c) < 0)
-        return NULL;
-    if (v[2] - v[1] - c.seen > 0 && ov_add(&self->ga, c.waiter, -1, v[2] - v[1] - c.seen, 1) < 0)
+    if (wait_overlaps(self, &self->ga, (uint32_t)g, v[0], v[1], v[2], v[3]) < 0)
         return NULL;
     Py_RETURN_NONE;
 }

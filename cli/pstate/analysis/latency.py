@@ -15,6 +15,8 @@ is exact).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from itertools import accumulate
 from typing import Iterable
 
 from pstate.stream.vocab import log2_floor, log2_floor_lower
@@ -107,8 +109,11 @@ class LogHist:
         if not count:
             return
         b = self.buckets
-        for idx, n in buckets.items():
-            b[idx] = b.get(idx, 0) + n
+        if not b:
+            self.buckets = dict(buckets)  # (most groups have one task: one copy, not a loop)
+        else:
+            for idx, n in buckets.items():
+                b[idx] = b.get(idx, 0) + n
         self.count += count
         self.total += total
         if self.max is None or vmax > self.max:
@@ -126,20 +131,34 @@ class LogHist:
     def percentile(self, p: float) -> int | None:
         """Nearest-rank percentile p (0 < p <= 100): the midpoint of the
         bucket that holds that rank, within the exact min and max."""
-        if not self.count:
-            return None
-        rank = nearest_rank(self.count, p)
-        if rank >= self.count:
-            return self.max
-        if rank == 1:
-            return self.min
-        idx = rank_bucket(sorted(self.buckets.items()), rank)
-        return self.max if idx is None else min(max(bucket_mid(idx), self.min), self.max)
+        return self.percentiles((p,))[0]
+
+    def percentiles(self, ps: Iterable[float]) -> list:
+        """percentile(p) of each p, the buckets sorted once."""
+        count = self.count
+        if not count:
+            return [None for _ in ps]
+        keys = seen = None
+        out = []
+        for p in ps:
+            rank = nearest_rank(count, p)
+            if rank >= count:
+                out.append(self.max)
+            elif rank == 1:
+                out.append(self.min)
+            else:
+                if keys is None:  # (rank_bucket's walk, done once: the running counts, then a search per rank)
+                    keys = sorted(self.buckets)
+                    seen = list(accumulate(map(self.buckets.__getitem__, keys)))
+                i = bisect_left(seen, rank)
+                out.append(self.max if i == len(keys) else min(max(bucket_mid(keys[i]), self.min), self.max))
+        return out
 
     def summary(self, percentiles: Iterable[int] = PERCENTILES) -> dict:
         out = {"count": self.count}
-        for p in percentiles:
-            out[f"p{p}_ns"] = self.percentile(p)
+        percentiles = tuple(percentiles)
+        for p, v in zip(percentiles, self.percentiles(percentiles)):
+            out[f"p{p}_ns"] = v
         out["max_ns"] = self.max
         out["mean_ns"] = round(self.total / self.count) if self.count else None
         return out
