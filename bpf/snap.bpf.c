@@ -467,7 +467,13 @@ PSTATE_PROBE(sched, sched_process_exec) {
     u32 tid = LF_EXEC_PID;
     u32 old = LF_EXEC_OLD_PID;
     if (old != tid) {
-        // A non-leader thread exec'd and took over the leader's pid.
+        // A non-leader thread exec'd and took over the leader's pid. The old
+        // leader, dead by now, is freed later under the thread's former pid,
+        // whose row is gone by then: its final row under this pid goes to
+        // `gone` now, before the thread's row takes its place.
+        struct snap_task *leader = tasks.lookup(&tid);
+        if (known(leader))
+            finish(tid, leader, bpf_ktime_get_ns(), SCRATCH_TASK);
         struct snap_task *o = tasks.lookup(&old);
         if (known(o)) {
             struct snap_task *copy = scratch_row(SCRATCH_TASK);

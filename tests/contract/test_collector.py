@@ -135,10 +135,12 @@ def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
     out = SnapDir(str(tmp_path / "d"))
     out.lock()
     doc = {"id": "c0ffee"}
-    snapper = types.SimpleNamespace(prev={(5, 50): {"tid": 5, "sleeping_ns": 7, "nvcsw": 2, "fold": (42, "worker")}},
+    snapper = types.SimpleNamespace(prev={(5, 50): {"tid": 5, "pid": 4, "sleeping_ns": 7, "nvcsw": 2,
+                                                    "fold": (42, "worker")}},
                                     prom=PromExport("comm"), folds=Folds())
     snapper.folds.seen = {(42, "worker"): {"folded": 4, "running_ns": 8, "hist": None}}
     snapper.folds.totals = {(42, "worker"): {"folded": 3, "running_ns": 6}}
+    snapper.folds.owed = {(42, "worker"): {"running_ns": 2}, (43, "gone"): {"hist": [0, 1]}}
     snapper.prom.totals = {("worker",): {"sleeping_ns": 9}}
     snapper.prom.started, snapper.prom.exited = 3, 1
     r = types.SimpleNamespace(last_ts=1234, new_late=[(6, 60)])
@@ -148,9 +150,10 @@ def test_a_directory_keeps_its_rows_and_prom_totals_for_the_next_run(tmp_path):
     assert resident.load_state(out, {"id": "another"}) == {}  # a cursor of another collector is no cursor
     again = types.SimpleNamespace(prev={}, prom=PromExport("comm"), folds=Folds())
     resident.restore(state, again)
-    assert again.prev == {(5, 50): {"sleeping_ns": 7, "nvcsw": 2, "fold": [42, "worker"]}}
-    # the folded groups read last and the directory's totals of them go on
-    assert (again.folds.seen, again.folds.totals) == (snapper.folds.seen, snapper.folds.totals)
+    assert again.prev == {(5, 50): {"sleeping_ns": 7, "nvcsw": 2, "pid": 4, "fold": [42, "worker"]}}
+    # the folded groups read last, the directory's totals of them and what vanished threads owe them go on
+    assert (again.folds.seen, again.folds.totals, again.folds.owed) == (
+        snapper.folds.seen, snapper.folds.totals, snapper.folds.owed)
     assert again.prom.totals == {("worker",): {"sleeping_ns": 9}} and (again.prom.started, again.prom.exited) == (3, 1)
     other = types.SimpleNamespace(prev={}, prom=PromExport("unit"), folds=Folds())
     resident.restore(state, other)  # totals per comm are no totals per unit

@@ -15,7 +15,7 @@ import pytest
 from pstate.engines.stats import snapshot_stats
 from pstate import lifecycle
 from pstate.kernel import identity
-from pstate.snapshots import folds, snapdir, writer
+from pstate.snapshots import folds, histograms, snapdir, writer
 
 from conftest import TESTS
 
@@ -58,7 +58,7 @@ class FoldCollector:
         return writer.Sample(ts=now, rows=rows, map_full=0, folds=groups, counts=counts)
 
 
-def take(tmp_path, monkeypatch, fmt: str, clear: bool = False) -> Path:
+def take(tmp_path, monkeypatch, fmt: str, clear: bool = False, source=None) -> Path:
     fake_snap.install(setter=monkeypatch.setattr)
     monkeypatch.setattr(identity.CgroupPaths, "path_of", lambda self, cgid: f"/system.slice/fake{cgid - 100}.service")
     d = writer.SnapDir(str(tmp_path / fmt))
@@ -66,7 +66,7 @@ def take(tmp_path, monkeypatch, fmt: str, clear: bool = False) -> Path:
     plan = writer.Plan(fmt=fmt, interval_ns=10_000_000, count=3, prom_by="unit", clear=clear)
     base = {"type": "meta", "schema": 1, "source": "snap", "boot_id": "b", "host": "h"}
     proms = []
-    snapper = writer.Snapper(d, FoldCollector(), plan, base, lifecycle.Stopper())
+    snapper = writer.Snapper(d, source or FoldCollector(), plan, base, lifecycle.Stopper())
     if fmt == "prom":
         publish = snapper._publish
 
@@ -140,3 +140,85 @@ def test_a_cursor_keeps_the_groups_read_and_the_totals():
     ((rec, growth, _h),) = again.step([group(4, 30, 4)], [{"running_ns": 4, "nvcsw": 9, "fold": [101, "work"]}],
                                       paths, 3, False)
     assert (growth["folded"], growth["running_ns"], growth["nvcsw"]) == (1, 1, 0)
+
+
+def test_a_thread_folded_after_the_groups_were_read_is_taken_off_their_next_growth():
+    """snap reads `folds` before the threads: a thread folded between the
+    two reads is neither alive nor in its group at that snapshot; what it
+    owes (the part its task rows showed) comes off its group's growth at the
+    next one, which holds its final row, and a debt no final row paid (a
+    fold the kernel lost) is dropped after that."""
+    f = folds.Folds()
+    paths = type("P", (), {"path_of": lambda self, cgid: "/x"})()
+    n = histograms.NKINDS
+
+    def grp(folded, running, nvcsw, buckets):
+        g = group(folded, running, nvcsw)
+        g["hist"] = (*[0] * n, *buckets)
+        return g
+
+    def step(g, vanished=()):
+        ((rec, growth, hist),) = f.step([g], list(vanished), paths, 1, False)
+        return growth["folded"], growth["running_ns"], growth["nvcsw"], hist[n:]
+
+    assert step(grp(2, 20, 2, (1, 0))) == (2, 20, 2, (1, 0))
+    shown = {"running_ns": 4, "nvcsw": 1, "hist": [*[0] * n, 0, 1], "fold": [101, "work"]}
+    assert step(grp(2, 20, 2, (1, 0)), [shown]) == (0, 0, 0, (0, 0))  # its final row is not in the group yet
+    assert f.owed == {(101, "work"): {"running_ns": 4, "nvcsw": 1, "hist": [*[0] * n, 0, 1]}}
+    # its final row (10 ns, 2 switches, 2 waits) arrives: only what no task row showed is growth
+    assert step(grp(3, 30, 4, (2, 1))) == (1, 6, 1, (1, 0))
+    assert f.owed == {}
+    # a thread that vanished and was never folded (the kernel lost its row): its debt eats one growth only
+    assert step(grp(3, 30, 4, (2, 1)), [shown]) == (0, 0, 0, (0, 0))
+    assert step(grp(4, 37, 5, (3, 1))) == (1, 3, 0, (1, 0))
+    assert step(grp(5, 40, 6, (3, 2))) == (1, 3, 1, (0, 1))
+    assert f.owed == {}
+    # a debt to a group with no row yet (its first thread folded after `folds` was read) waits for it
+    f.step([], [{"running_ns": 2, "fold": [7, "late"]}], paths, 1, False)
+    assert f.owed == {(7, "late"): {"running_ns": 2}}
+    ((_rec, growth, _h),) = f.step([group(1, 5, 1, cgroup=7, comm="late")], [], paths, 1, False)
+    assert growth["running_ns"] == 3
+
+
+class ExecCollector:
+    """pid 1000's leader (100 ns) and its thread 1001 (50 ns); then the
+    thread execs: its row moves to tid 1000 (80 ns, the new program's comm)
+    and the old leader's final row (120 ns) is freed; then 10 ns more."""
+
+    def __init__(self):
+        self.k = 0
+
+    def start(self) -> int:
+        self.t0 = time.monotonic_ns()
+        return self.t0
+
+    def collect(self) -> writer.Sample:
+        self.k += 1
+        now = time.monotonic_ns()
+        t0 = self.t0
+        if self.k == 1:
+            rows = [fake_snap.fake_row(1000, 1000, t0 + 1, now, comm="sh", running_ns=100),
+                    fake_snap.fake_row(1000, 1001, t0 + 2, now, comm="sh", running_ns=50)]
+        elif self.k == 2:
+            rows = [fake_snap.fake_row(1000, 1000, t0 + 1, now, comm="sh", state="reaped", exited=True,
+                                       exit_ts=now, running_ns=120),
+                    fake_snap.fake_row(1000, 1000, t0 + 2, now, comm="prog", running_ns=80)]
+        else:
+            rows = [fake_snap.fake_row(1000, 1000, t0 + 2, now, comm="prog", running_ns=90)]
+        return writer.Sample(ts=now, rows=rows, map_full=0, folds=[], counts={})
+
+
+def test_a_thread_that_execs_and_takes_the_leaders_pid_goes_on_from_its_row(tmp_path, monkeypatch):
+    """Its row moves to the leader's tid (the kernel gives it that pid): its
+    growth is taken from its row under its former tid, not counted again
+    from its birth, and it is no vanished thread of a folded group."""
+    texts = take(tmp_path, monkeypatch, "prom", source=ExecCollector())
+    run = [value(t, 'pstate_state_seconds_total{unit="fake1.service",state="running"}') for t in texts]
+    assert [round(v * 1e9) for v in run] == [150, 200, 210]
+    assert value(texts[-1], "pstate_tasks_started_total") == 2 and value(texts[-1], "pstate_tasks_exited_total") == 1
+    out = take(tmp_path, monkeypatch, "jsonl", clear=True, source=ExecCollector())
+    files = sorted(out.glob("pstate-snap-*.jsonl"))
+    tasks = [[(r["tid"], r["comm"], r["running_ns"]) for r in map(orjson.loads, f.read_bytes().splitlines())
+              if r["type"] == "task"] for f in files]
+    assert tasks == [[(1000, "sh", 100), (1001, "sh", 50)], [(1000, "sh", 20), (1000, "prog", 30)],
+                     [(1000, "prog", 10)]]

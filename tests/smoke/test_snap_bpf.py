@@ -322,6 +322,66 @@ def test_pid_reuse_gives_distinct_identities(tmp_path):
     assert {c for c, _ in procs} >= {"true", "sleep"} and len(procs) == len(rows)
 
 
+THREAD_EXEC = """
+import os, sys, threading
+go = threading.Event()
+def execs():
+    go.wait()
+    os.execv(sys.executable, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+t = threading.Thread(target=execs)
+t.start()
+print(threading.get_native_id(), t.native_id, flush=True)
+sys.stdin.read(1)
+go.set()
+threading.Event().wait()
+"""
+
+
+def wait_wrote(p: subprocess.Popen, n: int, timeout: float = 60) -> None:
+    """Until snap -v has said it wrote n snapshots."""
+    end, buf = time.monotonic() + timeout, b""
+    while buf.count(b"wrote ") < n and time.monotonic() < end:
+        if select.select([p.stderr], [], [], 0.1)[0]:
+            chunk = os.read(p.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+    assert buf.count(b"wrote ") >= n, buf
+
+
+def test_a_thread_that_execs_keeps_its_row_and_the_old_leader_is_freed(tmp_path):
+    """A thread other than the leader execs: the kernel gives it the
+    leader's pid. Its row goes on under that tid with its birth and counters
+    (none shrinks), and the old leader, which the kernel frees under the
+    thread's former pid later, has its final row in the next snapshot."""
+    w = py(THREAD_EXEC)
+    snap = snap_start("--dir", tmp_path, "--every", "0.5", "--count", "3")
+    try:
+        leader, thread = map(int, w.stdout.readline().split())
+        wait_collecting(snap)
+        wait_wrote(snap, 1)
+        w.stdin.write(b"x")
+        w.stdin.flush()
+        assert snap.wait(timeout=60) == 0
+    finally:
+        for p in (w, snap):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    snaps = read_dir(tmp_path)
+    first = {r["tid"]: r for r in snaps[0].rows if r["pid"] == leader}
+    assert set(first) >= {leader, thread}, first
+    born = first[thread]["start_ts"]
+    later = [{(r["tid"], r["start_ts"]): r for r in s.rows if r["pid"] == leader} for s in snaps[1:]]
+    moved = later[0].get((leader, born))
+    assert moved is not None, later[0]  # the thread, now under the leader's tid
+    for k in snapdir.counter_fields(moved):
+        assert moved[k] >= first[thread][k], (k, first[thread], moved)
+    old = later[0].get((leader, first[leader]["start_ts"]))
+    assert old is not None and old["state"] == "reaped" and old["exited"], later[0]
+    assert (thread, born) not in later[0] and set(later[1]) == {(leader, born)}, later
+
+
 def test_full_map_says_truncated(tmp_path):
     r = snap_run("--dir", tmp_path, "-i", "0.2", "--max-tasks", "64")
     assert r.returncode == 0, r.stderr

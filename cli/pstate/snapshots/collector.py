@@ -539,7 +539,7 @@ def save_state(out, doc: dict, snapper, reader: PinnedReader) -> None:
     """Write DIR's cursor file (atomically) after a snapshot was published."""
     # each thread's counters and histograms (its next row's growth is taken
     # from them), and each group's histogram totals (they never go down)
-    counts = [[tid, start, {**{k: r[k] for k in snapdir.counter_fields(r)},
+    counts = [[tid, start, {**{k: r[k] for k in snapdir.counter_fields(r)}, **({"pid": r["pid"]} if "pid" in r else {}),
                             **({"hist": list(r["hist"])} if r.get("hist") else {}),
                             **({"fold": list(r["fold"])} if r.get("fold") else {})}]
               for (tid, start), r in snapper.prev.items()]

@@ -15,6 +15,11 @@ directory's own running totals, which its JSON-lines "fold" rows carry
 A thread the reader's previous snapshot showed alive and that was folded
 since had that part counted already, through its task row: its counters
 then are taken off its group's growth (the group it was in then, `key`).
+The maps are read `folds` first, then the threads (taskmaps), so a thread
+folded between the two reads is neither shown alive nor in its group yet:
+what it owes then is taken off its group's growth of the next snapshot (in
+which its final row is, as the kernel folds a row before it empties the
+thread's), and what is still owed after that was lost (fold_lost).
 """
 
 from __future__ import annotations
@@ -37,10 +42,30 @@ def _minus(a: dict, b: dict | None) -> dict:
     return {k: max(0, v - (b or {}).get(k, 0)) for k, v in a.items()}
 
 
-def _hist_minus(a, b):
-    if a is None or b is None:
-        return a
-    return tuple(max(0, x - y) for x, y in zip(a, b))
+def _pay(growth: dict, hist, debt: dict | None) -> tuple:
+    """(growth, histogram growth, what is still owed or None) once a debt
+    (counters, and "hist": its histogram) is taken off a group's growth."""
+    if not debt:
+        return growth, hist, None
+    rest = {}
+    paid = dict(growth)
+    for f, n in debt.items():
+        if f == "hist" or not n:
+            continue
+        take = min(n, paid.get(f, 0))
+        if f in paid:
+            paid[f] -= take
+        if n > take:
+            rest[f] = n - take
+    h = debt.get("hist")
+    if h and hist is not None:
+        left = [max(0, y - x) for x, y in zip(hist, h)]
+        hist = tuple(max(0, x - y) for x, y in zip(hist, h))
+        if any(left):
+            rest["hist"] = left
+    elif h:
+        rest["hist"] = list(h)
+    return paid, hist, rest or None
 
 
 class Folds:
@@ -49,6 +74,7 @@ class Folds:
     def __init__(self):
         self.seen: dict[tuple, dict] = {}  # key -> the group row read last (counters, "hist")
         self.totals: dict[tuple, dict] = {}  # key -> this reader's growth summed since it began
+        self.owed: dict[tuple, dict] = {}  # key -> what vanished threads owe its next growth (counters, "hist")
 
     def step(self, groups: list[dict], vanished: list[dict], paths, ts: int, clear: bool) -> list[tuple]:
         """(record, growth, histogram growth) per group row read now.
@@ -58,7 +84,6 @@ class Folds:
         key) of threads shown alive last time and neither alive nor freed
         now; paths: the cgroup id -> path lookup (identity.CgroupPaths)."""
         owed: dict[tuple, dict] = {}
-        owed_hist: dict[tuple, list] = {}
         for v in vanished:
             k = tuple(v.get("fold") or ())
             if len(k) != 2:
@@ -67,19 +92,22 @@ class Folds:
             for f, n in counters(v).items():
                 acc[f] = acc.get(f, 0) + n
             if v.get("hist"):
-                h = owed_hist.setdefault(k, [0] * len(v["hist"]))
-                for i, n in enumerate(v["hist"]):
-                    h[i] += n
+                h = acc.get("hist") or [0] * len(v["hist"])
+                acc["hist"] = [x + y for x, y in zip(h, v["hist"])]
+        earlier, self.owed = self.owed, {}
         out = []
         seen = {}
         for g in groups:
             k = key(g["cgroup"], g["comm"])
             last = self.seen.get(k)
-            cur = counters(g)
-            growth = _minus(_minus(cur, last), owed.get(k))
+            growth = _minus(counters(g), last)
             hist = histograms.delta(g.get("hist"), last and last.get("hist"))
-            hist = _hist_minus(hist, owed_hist.get(k))
-            seen[k] = {**cur, "hist": list(g["hist"]) if g.get("hist") else None}
+            # what was owed since the last snapshot, then what is owed now (the rest: next time)
+            growth, hist, _rest = _pay(growth, hist, earlier.pop(k, None))
+            growth, hist, rest = _pay(growth, hist, owed.pop(k, None))
+            if rest:
+                self.owed[k] = rest
+            seen[k] = {**counters(g), "hist": list(g["hist"]) if g.get("hist") else None}
             total = self.totals.setdefault(k, {})
             for f, n in growth.items():
                 total[f] = total.get(f, 0) + n
@@ -88,18 +116,22 @@ class Folds:
                    **(growth if clear else total)}
             out.append((rec, growth, hist))
         self.seen = seen
+        self.owed.update(owed)  # (threads of groups with no row yet: folded after `folds` was read)
         return out
 
     def state(self) -> list:
         """What a cursor file keeps of it."""
-        return [[k[0], k[1], self.seen.get(k), self.totals.get(k)] for k in sorted(set(self.seen) | set(self.totals))]
+        return [[k[0], k[1], self.seen.get(k), self.totals.get(k), self.owed.get(k)]
+                for k in sorted(set(self.seen) | set(self.totals) | set(self.owed))]
 
     def restore(self, state) -> None:
-        for cg, comm, seen, total in state or ():
+        for cg, comm, seen, total, *owed in state or ():  # (no owed: an older pstate's cursor)
             if seen is not None:
                 self.seen[(cg, comm)] = seen
             if total is not None:
                 self.totals[(cg, comm)] = total
+            if owed and owed[0]:
+                self.owed[(cg, comm)] = owed[0]
 
 
 def group_keys(by: str, records: list[dict]) -> list[tuple]:

@@ -178,7 +178,9 @@ class MapReader:
         self.seed_failed = 0
         self.seeds_pending = True
         self.run_start = self.seed_ts = 0
-        self.seeded: dict[int, int] = {}  # tid -> start_ts of the rows seeding created
+        # (process, start_ts) of the rows seeding created: by birth, not tid, since a thread that execs
+        # takes its leader's tid with its row (and threads alive at the start are all it ever holds)
+        self.seeded: set[tuple[int, int]] = set()
         self.start_fix: dict[int, int] = {}  # tid -> /proc start of a thread seen before it was seeded
         self.tgids: dict[tuple, int] = {}
 
@@ -194,7 +196,7 @@ class MapReader:
         rows = self._live(settle=True)
         rows += [(k.tid, v) for k, v in read_hash(self.gone)]
         for tid, v in rows:
-            if self.seeded.get(tid) != v.start_ts and v.start_ts >= self.loaded_ts:
+            if (v.tgid, v.start_ts) not in self.seeded and v.start_ts >= self.loaded_ts:
                 first = min(first, v.start_ts)
         self.run_start = first
         return first
@@ -224,7 +226,7 @@ class MapReader:
                 # nothing would ever remove its row. A seed the program took
                 # meanwhile (the delete fails) is the thread's row now.
                 if os.path.exists(f"/proc/{tgid}/task/{tid}") or (self.by_tid and not table.remove(key)):
-                    self.seeded[tid] = leaf.start_ts
+                    self.seeded.add((tgid, leaf.start_ts))
                 elif not self.by_tid:
                     table.remove(key)
                 continue
@@ -266,8 +268,6 @@ class MapReader:
                 continue
             if not self.seeds.remove(self.seeds.Key(tid)):
                 continue  # taken meanwhile: the array or `gone` has its row
-            if self.seeded.get(tid) == v.start_ts:
-                del self.seeded[tid]
             if row is not None:
                 self.start_fix[tid] = v.start_ts  # seen by an event before it was seeded
         return out
@@ -286,10 +286,12 @@ class MapReader:
         # exact to within read_ns.
         now = time.monotonic_ns()
         try:
+            # `folds` first: a thread folded after it was read is not in the groups, and (the kernel folds
+            # its final row before it empties its slot) not shown alive after it either, so never twice
+            # (snapshots/folds.py: what it owes waits for its group's next growth)
+            folds = [self._fold(k, v) for k, v in read_hash(self.folds)] if self.folds is not None else []
             live = self._live()
             freed = self._read_gone(now)
-            # after `gone`: a row folded while it was read is then in the groups
-            folds = [self._fold(k, v) for k, v in read_hash(self.folds)] if self.folds is not None else []
         except Exception as e:  # bcc raises plain Exception
             raise PstateError(f"reading the BPF maps failed: {e}", ExitCode.OSERR) from None
         read_ns = time.monotonic_ns() - now
@@ -300,8 +302,6 @@ class MapReader:
         rows = [self._row(tid, v, now) for tid, v in latest.values()]
         for k, v in freed:
             self.start_fix.pop(k.tid, None)
-            if self.seeded.get(k.tid) == v.start_ts:
-                del self.seeded[k.tid]
         rows.sort(key=lambda r: (r["pid"], r["tid"], r["start_ts"]))
         counts = self.counts()
         return Sample(ts=now, rows=rows, map_full=counts["tasks_full"] + counts["fold_lost"] + self.seed_failed,
@@ -366,7 +366,7 @@ class MapReader:
         return read_hash(self.gone, delete=True)
 
     def _was_seeded(self, tid: int, v) -> bool:
-        return self.seeded.get(tid) == v.start_ts
+        return (v.tgid, v.start_ts) in self.seeded
 
     def _tgid(self, tid: int, start: int) -> int:
         """Process of a thread first seen being switched in: from /proc."""

@@ -215,6 +215,7 @@ def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
     os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
+
 class SnapDir:
     """The --dir directory, locked for this process."""
 
@@ -533,6 +534,25 @@ class Plan:
     prom_by: str = "unit"
 
 
+def execs_moved(prev: dict, rows: list, here: set) -> dict:
+    """{(tid, start_ts) of a row now: the previous row of the same thread
+    under another tid} for the threads that took their process's pid: a
+    thread other than the leader that execs becomes the leader (the kernel
+    gives it the leader's pid), and its row moves there with its counters.
+    That is a previous row of the same process and the same birth that is
+    no longer under its own tid (prev: (tid, start_ts) -> row, whose "pid"
+    a cursor file of an older pstate may lack)."""
+    by_birth = {(p.get("pid"), start): p for (tid, start), p in prev.items()
+                if (tid, start) not in here and p.get("pid") not in (None, tid)}
+    out = {}
+    for r in rows:
+        k = (r["tid"], r["start_ts"])
+        if r["tid"] == r["pid"] and k not in prev:
+            p = by_birth.get((r["pid"], r["start_ts"]))
+            if p is not None:
+                out[k] = p
+    return out
+
 class Snapper:
     """Take snapshots on a drift-free schedule and publish each one."""
 
@@ -617,8 +637,10 @@ class Snapper:
         rows, deltas, new, hists = [], [], [], []
         who = self.identities.of(r["pid"] for r in sample.rows)
         leader = {r["pid"]: r["comm"] for r in sample.rows if r["tid"] == r["pid"]}
+        here = {(r["tid"], r["start_ts"]) for r in sample.rows}
+        moved = execs_moved(self.prev, sample.rows, here)
         for r in sample.rows:
-            prev = self.prev.get((r["tid"], r["start_ts"]))
+            prev = self.prev.get((r["tid"], r["start_ts"])) or moved.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
             ident = self.identities.exact_cgroup(who[r["pid"]], r.pop("kernel_cgroup", None), r["exited"])
             row = {"type": "task", "ts": ts, **r, **ident}
@@ -629,8 +651,8 @@ class Snapper:
             rows.append(row)
             deltas.append(d)
             new.append(prev is None)
-        here = {(r["tid"], r["start_ts"]) for r in sample.rows}
-        vanished = [p for k, p in self.prev.items() if k not in here]  # folded (or lost) since
+        moved_from = {id(p) for p in moved.values()}
+        vanished = [p for k, p in self.prev.items() if k not in here and id(p) not in moved_from]  # folded (or lost)
         folded = self.folds.step(sample.folds, vanished, self.identities.cgroups, ts, self.plan.clear)
         fold_keys = foldrows.group_keys(self.plan.prom_by, [f[0] for f in folded])
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
