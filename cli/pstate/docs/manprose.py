@@ -464,7 +464,9 @@ PAGES: dict[str, dict] = {
             "(pstate-events(5) lists every field). Task rows have:",
             ("pid, tid, comm", "The thread."),
             ("start_ts", "When pstate first saw the thread (CLOCK_MONOTONIC ns); with pid and tid it "
-                         "identifies the thread across pid reuse."),
+                         "identifies the thread across pid reuse. A thread other than the leader that "
+                         "execs takes its process's pid: its row goes on under that tid with its start_ts "
+                         "and counters, and the old leader's row ends, reaped, in the same snapshot."),
             ("state, state_since_ts", "The state at the end of the interval, and since when."),
             ("exited, exit_ts", "Whether and when the thread exited; it stays in one more snapshot."),
             ("<state>_ns", "Time spent in each state (running_ns, runnable_ns, preempted_ns, "

@@ -13,7 +13,9 @@ Rules the readers rely on:
   has the kernel's clock-tick resolution, and a thread seen at fork has the
   exact fork time, so two runs may disagree by up to a tick: across runs,
   start times within START_SLACK_NS are the same thread. Within a run they
-  must be equal.
+  must be equal. A thread other than the leader that execs takes its
+  process's pid: its row moves to that tid, keeping its start_ts and
+  counters (the writer takes its growth from its row under its former tid).
 """
 
 from __future__ import annotations
