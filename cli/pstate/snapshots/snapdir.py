@@ -147,6 +147,25 @@ def counter_fields(row: dict) -> list[str]:
     return [k for k in row if k.endswith("_ns")] + [k for k in COUNT_FIELDS if k in row]
 
 
+def execs_moved(prev: dict, rows: list, here: set) -> dict:
+    """{(tid, start_ts) of a row now: the previous row of the same thread
+    under another tid} for the threads that took their process's pid: a
+    thread other than the leader that execs becomes the leader (the kernel
+    gives it the leader's pid), and its row moves there with its counters.
+    That is a previous row of the same process and the same birth that is
+    no longer under its own tid (prev: (tid, start_ts) -> row, whose "pid"
+    a cursor file of an older pstate may lack)."""
+    by_birth = {(p.get("pid"), start): p for (tid, start), p in prev.items()
+                if (tid, start) not in here and p.get("pid") not in (None, tid)}
+    out = {}
+    for r in rows:
+        k = (r["tid"], r["start_ts"])
+        if r["tid"] == r["pid"] and k not in prev:
+            p = by_birth.get((r["pid"], r["start_ts"]))
+            if p is not None:
+                out[k] = p
+    return out
+
 def state_fields(row: dict) -> list[str]:
     """The <state>_ns fields of a row: its counters that tile the interval."""
     return [k for k in row if k.endswith("_ns") and k != STEAL_FIELD]

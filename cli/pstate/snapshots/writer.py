@@ -534,25 +534,6 @@ class Plan:
     prom_by: str = "unit"
 
 
-def execs_moved(prev: dict, rows: list, here: set) -> dict:
-    """{(tid, start_ts) of a row now: the previous row of the same thread
-    under another tid} for the threads that took their process's pid: a
-    thread other than the leader that execs becomes the leader (the kernel
-    gives it the leader's pid), and its row moves there with its counters.
-    That is a previous row of the same process and the same birth that is
-    no longer under its own tid (prev: (tid, start_ts) -> row, whose "pid"
-    a cursor file of an older pstate may lack)."""
-    by_birth = {(p.get("pid"), start): p for (tid, start), p in prev.items()
-                if (tid, start) not in here and p.get("pid") not in (None, tid)}
-    out = {}
-    for r in rows:
-        k = (r["tid"], r["start_ts"])
-        if r["tid"] == r["pid"] and k not in prev:
-            p = by_birth.get((r["pid"], r["start_ts"]))
-            if p is not None:
-                out[k] = p
-    return out
-
 class Snapper:
     """Take snapshots on a drift-free schedule and publish each one."""
 
@@ -638,7 +619,7 @@ class Snapper:
         who = self.identities.of(r["pid"] for r in sample.rows)
         leader = {r["pid"]: r["comm"] for r in sample.rows if r["tid"] == r["pid"]}
         here = {(r["tid"], r["start_ts"]) for r in sample.rows}
-        moved = execs_moved(self.prev, sample.rows, here)
+        moved = snapdir.execs_moved(self.prev, sample.rows, here)
         for r in sample.rows:
             prev = self.prev.get((r["tid"], r["start_ts"])) or moved.get((r["tid"], r["start_ts"]))
             d = snapdir.subtract(r, prev)
