@@ -508,6 +508,39 @@ static inline int read_value(cursor *c, int k, state_rec *r, extras *x)
     }
 }
 
+/* In a flat object, after its brace or a comma: the next member's key and
+ * its colon (the cursor then at its value). 0: not as orjson would read it
+ * plainly (the careful path decides). */
+static inline __attribute__((always_inline)) int read_key(cursor *c, const char **s, Py_ssize_t *n)
+{
+    skip_ws(c);
+    if (!read_plain_string(c, s, n))
+        return 0;
+    skip_ws(c);
+    if (c->p >= c->e || *c->p != ':')
+        return 0;
+    c->p++;
+    skip_ws(c);
+    return 1;
+}
+
+/* After a member's value: 1 another member follows (its comma read), 0 the
+ * object ended (its brace read), -1 neither. */
+static inline __attribute__((always_inline)) int after_member(cursor *c)
+{
+    skip_ws(c);
+    if (c->p >= c->e)
+        return -1;
+    if (*c->p == ',') {
+        c->p++;
+        return 1;
+    }
+    if (*c->p != '}')
+        return -1;
+    c->p++;
+    return 0;
+}
+
 /* The fields as pstate writes them, in its order: matched as literal bytes
  * while they come that way, before the general loop takes over. */
 static const struct {
@@ -555,8 +588,7 @@ static inline __attribute__((always_inline)) int parse_state(const char *p, cons
     if (c.p < c.e && *c.p == '}')
         return 0;
     for (;;) {
-        skip_ws(&c);
-        if (!read_plain_string(&c, &s, &n))
+        if (!read_key(&c, &s, &n))
             return 0;
         int k = key_of(s, n);
         if (!k && x)
@@ -564,25 +596,14 @@ static inline __attribute__((always_inline)) int parse_state(const char *p, cons
         if (k & seen)
             return 0; /* a repeated key: orjson's rule, not ours */
         seen |= (unsigned)k;
-        skip_ws(&c);
-        if (c.p >= c.e || *c.p != ':')
-            return 0;
-        c.p++;
-        skip_ws(&c);
         if (!read_value(&c, k, r, x))
             return 0;
-after_value:
-        skip_ws(&c);
-        if (c.p >= c.e)
+after_value:;
+        int more = after_member(&c);
+        if (more < 0)
             return 0;
-        if (*c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (*c.p != '}')
-            return 0;
-        c.p++;
-        break;
+        if (!more)
+            break;
     }
     skip_ws(&c);
     return c.p == c.e && (seen & K_REQUIRED) == K_REQUIRED;
@@ -626,33 +647,20 @@ static int next_context(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssiz
         return 0;
     c.p++;
     for (;;) {
-        skip_ws(&c);
-        if (!read_plain_string(&c, &s, &n))
+        if (!read_key(&c, &s, &n))
             return 0;
-        int is_type = n == 4 && memcmp(s, "type", 4) == 0;
-        skip_ws(&c);
-        if (c.p >= c.e || *c.p != ':')
-            return 0;
-        c.p++;
-        skip_ws(&c);
-        if (is_type) {
+        if (n == 4 && memcmp(s, "type", 4) == 0) {
             if (typed || !read_plain_string(&c, &s, &n) || n != 5 ||
                 (memcmp(s, "slice", 5) != 0 && memcmp(s, "waker", 5) != 0))
                 return 0; /* (a repeated "type": orjson's rule, not ours) */
             typed = 1;
         } else if (!skip_scalar(&c))
             return 0;
-        skip_ws(&c);
-        if (c.p >= c.e)
+        int more = after_member(&c);
+        if (more < 0)
             return 0;
-        if (*c.p == ',') {
-            c.p++;
-            continue;
-        }
-        if (*c.p != '}')
-            return 0;
-        c.p++;
-        break;
+        if (!more)
+            break;
     }
     skip_ws(&c);
     if (c.p != c.e || !typed)
