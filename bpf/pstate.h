@@ -25,7 +25,9 @@
 #define EV_FORK 2
 #define EV_EXEC 3
 #define EV_EXIT 4
-#define EV_SLICE 5 // record -p/-c/--cgroup: a switch-out of a task not followed while a followed one is queued on its CPU
+// EV_SLICE, record -p/-c/--cgroup: a switch-out of a task not followed while
+// a followed one is queued on its CPU
+#define EV_SLICE 5
 #define EV_WAKER 6 // record -p/-c/--cgroup: the name of a thread that wakes others, once per thread (and exec)
 
 // --- record: causes of a state event (struct event cause) ---
@@ -125,7 +127,7 @@ struct event {
     u32 stack; // wakeup: the stack map id + 1 of the blocked state's kernel stack (record --stacks); 0: none
     u32 pad2;
     u64 cgroup; // state: the v2 cgroup id of the task (bpf_get_current_cgroup_id's); 0: not known
-    u64 run; // switch_out: the slice's on-CPU time as the kernel counts it (se.sum_exec_runtime's growth); NO_DUR: not known
+    u64 run; // switch_out: its on-CPU time by the kernel's count (se.sum_exec_runtime's growth); NO_DUR: not known
 };
 
 #endif

@@ -82,7 +82,9 @@ struct settings {
     u32 task_filters; // TF_* of the sets to consult
     u8 include_idle;  // report the idle task (tid 0) too
     u8 active;
-    u8 antagonists;   // record -p/-c/--cgroup/-- CMD unless --no-antagonists: the others' slices on a CPU while a followed task waits there
+    // record -p/-c/--cgroup/-- CMD unless --no-antagonists: the others'
+    // slices on a CPU while a followed task waits there
+    u8 antagonists;
     u8 pad;
     u64 stack_mask;   // prev_state bits whose switch-out takes the kernel stack (record --stacks; 0: none)
 };
@@ -693,9 +695,7 @@ PSTATE_PROBE(sched, sched_switch) {
         // on the row for its next slice.
         u64 exec = SW_PREV_EXEC;
         int followed = -1; // not known yet
-        u64 run = NO_DUR;
-        if (ts && ts->exec && exec >= ts->exec)
-            run = exec - ts->exec;
+        u64 run = ts ? exec_growth(exec, ts->exec) : NO_DUR; // (NO_DUR is ~0: not known)
         if (transition_match(cfg, ST_RUNNING, to, dur)) {
             SW_PREV_COMM(comm);
             followed = emit(cfg, &(struct emit_args){.type = EV_STATE, .now = now, .cpu = cpu,

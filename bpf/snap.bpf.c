@@ -251,9 +251,10 @@ static __always_inline void first_seen(u32 tid, struct snap_task *slot, u32 tgid
 // thread, steal_irq is the most the signed sum has been, not a sum of the
 // positive parts.
 static __always_inline void add_steal_irq(struct snap_task *t, u64 exec, u64 now) {
-    if (!exec || !t->exec || exec < t->exec || t->state != SLOT_RUNNING || !t->since || now <= t->since)
+    u64 run = exec_growth(exec, t->exec);
+    if (run == ~0ULL || t->state != SLOT_RUNNING || !t->since || now <= t->since)
         return;
-    u64 wall = now - t->since, run = exec - t->exec;
+    u64 wall = now - t->since;
     if (wall < run) {
         t->steal_owed += run - wall;
         return;

@@ -207,6 +207,13 @@ static __always_inline u64 current_sum_exec(void) {
 #define SW_NEXT_EXEC 0
 #endif
 
+// The growth of such a count since a row's (both as SW_*_EXEC give them: 0
+// not known), the part of a slice the kernel counted as the task's; ~0 when
+// either is not known, or when the row's is later (a reused row).
+static __always_inline u64 exec_growth(u64 now, u64 then) {
+    return now && then && now >= then ? now - then : ~0ULL;
+}
+
 // --- sched_waking, sched_wakeup, sched_wakeup_new: WK_* (the task woken) ---
 #if PATH_sched_wakeup_new == PSTATE_TP_BTF
 
