@@ -183,6 +183,23 @@ os.read(0, 1)
 """
 
 
+# a thread other than the leader that execs on its go byte (the kernel gives
+# it the leader's pid); the new program waits for its stdin to close
+THREAD_EXEC = """
+import json, os, sys, threading
+go = threading.Event()
+def execs():
+    go.wait()
+    os.execv(sys.executable, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+t = threading.Thread(target=execs)
+t.start()
+os.write(1, (json.dumps(dict(leader=threading.get_native_id(), thread=t.native_id)) + "\\n").encode())
+os.read(0, 1)
+go.set()
+threading.Event().wait()
+"""
+
+
 class StepTimeout(Exception):
     pass
 
@@ -634,6 +651,25 @@ class Checks:
         return problems
 
     @staticmethod
+    def exec_moved(before: list[dict], after: list[dict], ids: dict) -> list[str]:
+        """A thread that exec'd between the snapshots: its row under the
+        leader's tid with its birth, the old leader's final row reaped."""
+        leader, thread = ids["leader"], ids["thread"]
+        rows = [{(x["tid"], x["start_ts"]): x for x in s if x.get("type") == "task" and x.get("pid") == leader}
+                for s in (before, after)]
+        first = {tid: row for (tid, _), row in rows[0].items()}
+        if set(first) != {leader, thread}:
+            return [f"before its exec, the process's rows are of tids {sorted(first)}, not {[leader, thread]}"]
+        moved = rows[1].get((leader, first[thread]["start_ts"]))
+        old = rows[1].get((leader, first[leader]["start_ts"]))
+        problems = []
+        if moved is None or moved["sleeping_ns"] < first[thread]["sleeping_ns"]:
+            problems.append(f"the thread that exec'd did not go on under the leader's pid: {sorted(rows[1])}")
+        if old is None or old["state"] != "reaped":
+            problems.append(f"the old leader's final row is missing: {old}")
+        return problems
+
+    @staticmethod
     def kernel_clock(snap: list[dict]) -> list[str]:
         """Every kernel of the matrix has se.sum_exec_runtime in its BTF: on-CPU
         time is the kernel's count (steal_irq_ns apart)."""
@@ -645,6 +681,8 @@ class Checks:
     def step_snap(self, r, report):
         d = os.path.join(self.out, "data", "snap")
         w = r.spawn(SNAP_SLEEPER, SNAP_SLEEPS, SLEEP_S, what="sleeper")
+        x = r.spawn(THREAD_EXEC, what="thread-exec")
+        ids = self.read_line(r, x)
         out, err = r.log("snap")
         t0 = time.monotonic()
         snap = subprocess.Popen([PSTATE, "snap", "--dir", d, "-i", SNAP_INTERVAL, "-n", "2"],
@@ -657,7 +695,7 @@ class Checks:
             r.left()
             time.sleep(0.5)
         first_s = time.monotonic() - t0
-        go(w)
+        go(w, x)
         f = self.read_line(r, w)
         try:
             rc = snap.wait(timeout=r.left(300))
@@ -674,8 +712,10 @@ class Checks:
             problems.append(f"the workload ended after the second snapshot (interval {SNAP_INTERVAL} too short here)")
         problems += self.grew(snaps[0], snaps[1], f)
         problems += self.kernel_clock(snaps[0])
+        problems += self.exec_moved(snaps[0], snaps[1], ids)
         detail = (f"first snapshot {first_s:.1f} s after start; between the two, {f['sleeps']} sleeps: "
-                  + ("; ".join(problems) if problems else f"wakeups and nvcsw grew by {f['sleeps'] + 1}"))
+                  + ("; ".join(problems) if problems else f"wakeups and nvcsw grew by {f['sleeps'] + 1}; a thread "
+                     "that exec'd went on under its leader's pid and the old leader's row ended reaped"))
         report("snap", not problems, detail)
 
     def read_line(self, r, p) -> dict:
