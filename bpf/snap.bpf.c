@@ -471,16 +471,25 @@ PSTATE_PROBE(sched, sched_process_exec) {
         // A non-leader thread exec'd and took over the leader's pid. The old
         // leader, dead by now, is freed later under the thread's former pid,
         // whose row is gone by then: its final row under this pid goes to
-        // `gone` now, before the thread's row takes its place.
-        struct snap_task *leader = tasks.lookup(&tid);
-        if (known(leader))
+        // `gone` now, before the thread's row takes its place. (row_of: a
+        // seed no event took yet is the row.)
+        u64 leader_start = 0;
+        struct snap_task *leader = row_of(tid, tasks.lookup(&tid));
+        if (leader) {
+            leader_start = leader->start_ts;
             finish(tid, leader, bpf_ktime_get_ns(), SCRATCH_TASK);
-        struct snap_task *o = tasks.lookup(&old);
-        if (known(o)) {
+        }
+        struct snap_task *o = row_of(old, tasks.lookup(&old));
+        if (o) {
             struct snap_task *copy = scratch_row(SCRATCH_TASK);
             if (!copy)
                 return 0;
             *copy = *o;
+            // A thread and its leader seeded from /proc in the same clock
+            // tick have the same start: the thread's moves 1 ns on, so that
+            // the two stay two threads under this tid (user space matches it).
+            if (leader && copy->start_ts == leader_start)
+                copy->start_ts += 1;
             forget(old, o);
             put(tid, tasks.lookup(&tid), copy, 0);
         }

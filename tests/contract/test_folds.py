@@ -222,3 +222,59 @@ def test_a_thread_that_execs_and_takes_the_leaders_pid_goes_on_from_its_row(tmp_
               if r["type"] == "task"] for f in files]
     assert tasks == [[(1000, "sh", 100), (1001, "sh", 50)], [(1000, "sh", 20), (1000, "prog", 30)],
                      [(1000, "prog", 10)]]
+
+
+class SameTickExec(ExecCollector):
+    """As ExecCollector, the thread seeded in its leader's clock tick: the
+    same start_ts, so its row under the leader's pid is shown 1 ns later
+    (taskmaps; the kernel moves the row's own start the same way)."""
+
+    def collect(self) -> writer.Sample:
+        s = super().collect()
+        t0 = self.t0
+        for r in s.rows:
+            r["start_ts"] = t0 + 1 if r["comm"] == "sh" else t0 + 2  # (t0 + 2: t0 + 1, 1 ns later)
+        return s
+
+
+def test_a_thread_born_in_its_leaders_tick_that_execs_still_goes_on_from_its_row(tmp_path, monkeypatch):
+    texts = take(tmp_path, monkeypatch, "prom", source=SameTickExec())
+    run = [value(t, 'pstate_state_seconds_total{unit="fake1.service",state="running"}') for t in texts]
+    assert [round(v * 1e9) for v in run] == [150, 200, 210]
+    assert value(texts[-1], "pstate_tasks_started_total") == 2
+
+
+def test_execs_moved_matches_one_row_of_the_same_birth_or_none():
+    prev = {(1001, 5): {"pid": 1000, "running_ns": 1}, (1000, 5): {"pid": 1000, "running_ns": 2},
+            (2001, 7): {"pid": 2000}, (2002, 7): {"pid": 2000}, (3001, 9): {"running_ns": 3}}
+    rows = [{"pid": 1000, "tid": 1000, "start_ts": 6}, {"pid": 2000, "tid": 2000, "start_ts": 7},
+            {"pid": 3000, "tid": 3000, "start_ts": 9}]
+    here = {(r["tid"], r["start_ts"]) for r in rows} | {(1000, 5)}
+    # 1001's row, 1 ns later; two candidates of pid 2000: neither; 3001's of a cursor without pids: none
+    assert snapdir.execs_moved(prev, rows, here) == {(1000, 6): prev[(1001, 5)]}
+
+
+def test_a_moved_row_shown_as_its_old_leader_is_shown_1ns_later_from_then_on():
+    """Started from /proc, the thread and its leader show the same start (a
+    clock tick) though the kernel's first-seen starts differ: the exec'd
+    thread's row under the leader's tid is shown 1 ns later, for good."""
+    from types import SimpleNamespace as NS
+    from pstate.snapshots import taskmaps
+    r = object.__new__(taskmaps.MapReader)
+    r.slots, r.fields = ["unknown", "running"], ["unknown_ns", "running_ns"]
+    r.run_start = r.seed_ts = 0
+    r.seeded, r.later, r.tgids = set(), set(), {}
+    r.start_fix = {111: 100, 222: 100}  # both seen before seeding, born in the same tick (/proc: 100)
+
+    def row(start, flags, state=1):
+        return NS(ns=[0, 5], state=state, flags=flags, since=0, start_ts=start, tgid=1000, comm=b"x",
+                  exit_ts=0, nvcsw=0, nivcsw=0, wakeups=0)
+
+    old = row(111, taskmaps.F_GUESSED | taskmaps._D["SNAP_F_FREED"])
+    moved = row(222, taskmaps.F_GUESSED)
+    raw = [(1000, old), (1000, moved)]
+    rows = [r._row(t, v, 10) for t, v in raw]
+    assert [x["start_ts"] for x in rows] == [100, 100]
+    r._apart(rows, raw, 10)
+    assert [(x["state"], x["start_ts"]) for x in rows] == [("reaped", 100), ("running", 101)]
+    assert r._row(1000, moved, 20)["start_ts"] == 101  # and at the next snapshot, the old leader gone

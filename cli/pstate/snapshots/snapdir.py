@@ -14,8 +14,9 @@ Rules the readers rely on:
   exact fork time, so two runs may disagree by up to a tick: across runs,
   start times within START_SLACK_NS are the same thread. Within a run they
   must be equal. A thread other than the leader that execs takes its
-  process's pid: its row moves to that tid, keeping its start_ts and
-  counters (the writer takes its growth from its row under its former tid).
+  process's pid: its row moves to that tid, keeping its start_ts (1 ns
+  later if that was the old leader's) and counters (the writer takes its
+  growth from its row under its former tid: execs_moved).
 """
 
 from __future__ import annotations
@@ -152,19 +153,24 @@ def execs_moved(prev: dict, rows: list, here: set) -> dict:
     under another tid} for the threads that took their process's pid: a
     thread other than the leader that execs becomes the leader (the kernel
     gives it the leader's pid), and its row moves there with its counters.
-    That is a previous row of the same process and the same birth that is
-    no longer under its own tid (prev: (tid, start_ts) -> row, whose "pid"
-    a cursor file of an older pstate may lack)."""
-    by_birth = {(p.get("pid"), start): p for (tid, start), p in prev.items()
-                if (tid, start) not in here and p.get("pid") not in (None, tid)}
+    That is the one previous row of the same process and the same birth (or
+    1 ns before: born in the old leader's tick, the thread is shown 1 ns
+    later so that the two stay apart; taskmaps) that is no longer under its
+    own tid. Two such rows match neither. prev: (tid, start_ts) -> row,
+    whose "pid" a cursor file of an older pstate may lack."""
+    by_birth: dict[tuple, list] = {}
+    for (tid, start), p in prev.items():
+        if (tid, start) not in here and p.get("pid") not in (None, tid):
+            by_birth.setdefault((p["pid"], start), []).append(p)
     out = {}
     for r in rows:
         k = (r["tid"], r["start_ts"])
         if r["tid"] == r["pid"] and k not in prev:
-            p = by_birth.get((r["pid"], r["start_ts"]))
-            if p is not None:
-                out[k] = p
+            found = by_birth.get((r["pid"], r["start_ts"]), []) + by_birth.get((r["pid"], r["start_ts"] - 1), [])
+            if len(found) == 1:
+                out[k] = found[0]
     return out
+
 
 def state_fields(row: dict) -> list[str]:
     """The <state>_ns fields of a row: its counters that tile the interval."""

@@ -181,7 +181,12 @@ class MapReader:
         # (process, start_ts) of the rows seeding created: by birth, not tid, since a thread that execs
         # takes its leader's tid with its row (and threads alive at the start are all it ever holds)
         self.seeded: set[tuple[int, int]] = set()
-        self.start_fix: dict[int, int] = {}  # tid -> /proc start of a thread seen before it was seeded
+        # the first-seen start_ts of a thread seen by an event before it was seeded -> its /proc start
+        # (by that start, not tid: a thread that execs takes its leader's tid with its row)
+        self.start_fix: dict[int, int] = {}
+        # (tid, start_ts as the kernel has it) of a row shown 1 ns later than its start: a thread that
+        # exec'd and took its leader's pid, whose start as shown was the old leader's (snapdir.execs_moved)
+        self.later: set[tuple[int, int]] = set()
         self.tgids: dict[tuple, int] = {}
 
     def start(self) -> int:
@@ -231,8 +236,11 @@ class MapReader:
                     table.remove(key)
                 continue
             if err == errno.EEXIST:
-                if not self.by_tid:
-                    self.start_fix[tid] = leaf.start_ts  # already seen by an event: keep its counters
+                if not self.by_tid:  # already seen by an event: keep its counters
+                    try:
+                        self.start_fix[table[key].start_ts] = leaf.start_ts
+                    except KeyError:
+                        pass  # (freed meanwhile)
             else:
                 self.seed_failed += 1
 
@@ -269,7 +277,7 @@ class MapReader:
             if not self.seeds.remove(self.seeds.Key(tid)):
                 continue  # taken meanwhile: the array or `gone` has its row
             if row is not None:
-                self.start_fix[tid] = v.start_ts  # seen by an event before it was seeded
+                self.start_fix[row.start_ts] = v.start_ts  # seen by an event before it was seeded
         return out
 
     def close(self) -> None:
@@ -300,8 +308,10 @@ class MapReader:
         for k, v in freed:
             latest[(k.tid, v.start_ts)] = (k.tid, v)
         rows = [self._row(tid, v, now) for tid, v in latest.values()]
+        self._apart(rows, list(latest.values()), now)
         for k, v in freed:
-            self.start_fix.pop(k.tid, None)
+            self.start_fix.pop(v.start_ts, None)
+            self.later.discard((k.tid, v.start_ts))
         rows.sort(key=lambda r: (r["pid"], r["tid"], r["start_ts"]))
         counts = self.counts()
         return Sample(ts=now, rows=rows, map_full=counts["tasks_full"] + counts["fold_lost"] + self.seed_failed,
@@ -339,12 +349,14 @@ class MapReader:
         if not freed and v.since and now > v.since and slot < len(ns):
             ns[slot] += now - v.since  # close the open interval: exact at `now`
         start = v.start_ts
-        if v.flags & F_GUESSED and tid in self.start_fix:
+        if v.flags & F_GUESSED and start in self.start_fix:
             # seen by an event before seeding reached it: unknown before that
             ns[0] += max(0, start - self.run_start)
-            start = self.start_fix[tid]
+            start = self.start_fix[start]
         elif self._was_seeded(tid, v):
             ns[0] += self.seed_ts - self.run_start
+        if (tid, v.start_ts) in self.later:
+            start += 1
         tgid = v.tgid or self._tgid(tid, start)
         counts = self._counts(ns)
         return {
@@ -361,12 +373,29 @@ class MapReader:
             "kernel_cgroup": getattr(v, "cgroup", 0) or None,
         }
 
+    def _apart(self, rows: list, raw: list, now: int) -> None:
+        """Two rows shown as one thread (tid, start_ts): a thread that
+        exec'd and took its leader's pid, its start as shown from /proc the
+        leader's tick. The live one is shown 1 ns later from now on (the
+        kernel does the same where the two rows' own starts are equal)."""
+        same: dict[tuple, list] = {}
+        for i, r in enumerate(rows):
+            same.setdefault((r["tid"], r["start_ts"]), []).append(i)
+        for idx in same.values():
+            live = [i for i in idx if rows[i]["state"] != "reaped"] if len(idx) > 1 else []
+            for i in live[:1]:
+                tid, v = raw[i]
+                if (tid, v.start_ts) not in self.later:
+                    self.later.add((tid, v.start_ts))
+                    rows[i] = self._row(tid, v, now)
+
     def _read_gone(self, now: int) -> list:
         """The final rows of freed threads, taken out of `gone`."""
         return read_hash(self.gone, delete=True)
 
     def _was_seeded(self, tid: int, v) -> bool:
-        return (v.tgid, v.start_ts) in self.seeded
+        # (1 ns later: a thread that exec'd, born in its leader's tick; bpf/snap.bpf.c)
+        return (v.tgid, v.start_ts) in self.seeded or (v.tgid, v.start_ts - 1) in self.seeded
 
     def _tgid(self, tid: int, start: int) -> int:
         """Process of a thread first seen being switched in: from /proc."""
