@@ -19,10 +19,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import bpf_prog_ids, clean_env, pstate_cmd
+from conftest import TESTS, bpf_prog_ids, clean_env, pstate_cmd
 from workloads import SIGNAL_EXIT_S, V2Cgroups
 from pstate.engines.stats import snapshot_stats
 from pstate.snapshots import snapdir
+
+sys.path.insert(0, str(TESTS / "kernels"))
+from guest_checks import THREAD_EXEC  # noqa: E402  (the kernel matrix's workload: one for both)
 
 pytestmark = pytest.mark.bpf
 
@@ -322,21 +325,6 @@ def test_pid_reuse_gives_distinct_identities(tmp_path):
     assert {c for c, _ in procs} >= {"true", "sleep"} and len(procs) == len(rows)
 
 
-THREAD_EXEC = """
-import os, sys, threading
-go = threading.Event()
-def execs():
-    go.wait()
-    os.execv(sys.executable, [sys.executable, "-c", "import sys; sys.stdin.read()"])
-t = threading.Thread(target=execs)
-t.start()
-print(threading.get_native_id(), t.native_id, flush=True)
-sys.stdin.read(1)
-go.set()
-threading.Event().wait()
-"""
-
-
 def wait_wrote(p: subprocess.Popen, n: int, timeout: float = 60) -> None:
     """Until snap -v has said it wrote n snapshots."""
     end, buf = time.monotonic() + timeout, b""
@@ -357,7 +345,8 @@ def test_a_thread_that_execs_keeps_its_row_and_the_old_leader_is_freed(tmp_path)
     w = py(THREAD_EXEC)
     snap = snap_start("--dir", tmp_path, "--every", "0.5", "--count", "3")
     try:
-        leader, thread = map(int, w.stdout.readline().split())
+        ids = json.loads(w.stdout.readline())
+        leader, thread = ids["leader"], ids["thread"]
         wait_collecting(snap)
         wait_wrote(snap, 1)
         w.stdin.write(b"x")
