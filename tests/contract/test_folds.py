@@ -180,17 +180,10 @@ def test_a_thread_folded_after_the_groups_were_read_is_taken_off_their_next_grow
     assert growth["running_ns"] == 3
 
 
-class ExecCollector:
+class ExecCollector(FoldCollector):
     """pid 1000's leader (100 ns) and its thread 1001 (50 ns); then the
     thread execs: its row moves to tid 1000 (80 ns, the new program's comm)
     and the old leader's final row (120 ns) is freed; then 10 ns more."""
-
-    def __init__(self):
-        self.k = 0
-
-    def start(self) -> int:
-        self.t0 = time.monotonic_ns()
-        return self.t0
 
     def collect(self) -> writer.Sample:
         self.k += 1
