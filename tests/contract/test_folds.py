@@ -271,3 +271,19 @@ def test_a_moved_row_shown_as_its_old_leader_is_shown_1ns_later_from_then_on():
     r._apart(rows, raw, 10)
     assert [(x["state"], x["start_ts"]) for x in rows] == [("reaped", 100), ("running", 101)]
     assert r._row(1000, moved, 20)["start_ts"] == 101  # and at the next snapshot, the old leader gone
+
+
+def test_a_debt_of_unknown_time_is_not_carried():
+    """A seeded thread's shown rows hold the time before its seeding
+    (unknown_ns), which its folded final row lacks: that part of what it
+    owes is taken off one growth only, never carried to other threads'."""
+    f = folds.Folds()
+    paths = type("P", (), {"path_of": lambda self, cgid: "/x"})()
+    g = group(1, 10, 1)
+    f.step([g], [], paths, 1, False)
+    f.step([g], [{"running_ns": 4, "unknown_ns": 7, "fold": [101, "work"]}], paths, 2, False)
+    assert f.owed == {(101, "work"): {"running_ns": 4}}
+    g2 = group(2, 20, 2)
+    g2["unknown_ns"] = 5  # another seeded thread's, folded
+    ((_rec, growth, _h),) = f.step([g2], [], paths, 3, False)
+    assert (growth["running_ns"], growth["unknown_ns"]) == (6, 5)
