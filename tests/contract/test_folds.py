@@ -244,7 +244,7 @@ def test_execs_moved_matches_one_row_of_the_same_birth_or_none():
             {"pid": 3000, "tid": 3000, "start_ts": 9}]
     here = {(r["tid"], r["start_ts"]) for r in rows} | {(1000, 5)}
     # 1001's row, 1 ns later; two candidates of pid 2000: neither; 3001's of a cursor without pids: none
-    assert snapdir.execs_moved(prev, rows, here) == {(1000, 6): prev[(1001, 5)]}
+    assert snapdir.execs_moved(prev, rows, here) == {(1000, 6): (1001, 5)}
 
 
 def test_a_moved_row_shown_as_its_old_leader_is_shown_1ns_later_from_then_on():

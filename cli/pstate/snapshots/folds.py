@@ -45,14 +45,6 @@ def _minus(a: dict, b: dict | None) -> dict:
 UNCARRIED = "unknown_ns"  # a seeded thread's shown rows hold the time before its seeding; its final row does not
 
 
-def _carried(debt: dict | None) -> dict | None:
-    """What of a debt waits for the next snapshot: all but its unknown time,
-    which a seeded thread's folded final row never pays (user space adds it
-    to the rows it shows), so that it cannot take other threads' growth."""
-    d = {f: n for f, n in (debt or {}).items() if f != UNCARRIED}
-    return d or None
-
-
 def _pay(growth: dict, hist, debt: dict | None) -> tuple:
     """(growth, histogram growth, what is still owed or None) once a debt
     (counters, and "hist": its histogram) is taken off a group's growth."""
@@ -116,8 +108,7 @@ class Folds:
             # what was owed since the last snapshot, then what is owed now (the rest: next time)
             growth, hist, _rest = _pay(growth, hist, earlier.pop(k, None))
             growth, hist, rest = _pay(growth, hist, owed.pop(k, None))
-            if _carried(rest):
-                self.owed[k] = _carried(rest)
+            self._owe(k, rest)
             seen[k] = {**counters(g), "hist": list(g["hist"]) if g.get("hist") else None}
             total = self.totals.setdefault(k, {})
             for f, n in growth.items():
@@ -127,9 +118,18 @@ class Folds:
                    **(growth if clear else total)}
             out.append((rec, growth, hist))
         self.seen = seen
-        # (threads of groups with no row yet: folded after `folds` was read)
-        self.owed.update((k, _carried(d)) for k, d in owed.items() if _carried(d))
+        for k, debt in owed.items():  # (threads of groups with no row yet: folded after `folds` was read)
+            self._owe(k, debt)
         return out
+
+    def _owe(self, k: tuple, debt: dict | None) -> None:
+        """What of a debt waits for group k's next growth: all but its
+        unknown time, which a seeded thread's folded final row never pays
+        (user space adds it to the rows it shows), so that it cannot take
+        other threads' growth."""
+        carried = {f: n for f, n in (debt or {}).items() if f != UNCARRIED}
+        if carried:
+            self.owed[k] = carried
 
     def state(self) -> list:
         """What a cursor file keeps of it."""

@@ -149,8 +149,8 @@ def counter_fields(row: dict) -> list[str]:
 
 
 def execs_moved(prev: dict, rows: list, here: set) -> dict:
-    """{(tid, start_ts) of a row now: the previous row of the same thread
-    under another tid} for the threads that took their process's pid: a
+    """{(tid, start_ts) of a row now: the key in prev of the same thread's
+    row under another tid} for the threads that took their process's pid: a
     thread other than the leader that execs becomes the leader (the kernel
     gives it the leader's pid), and its row moves there with its counters.
     That is the one previous row of the same process and the same birth (or
@@ -161,7 +161,7 @@ def execs_moved(prev: dict, rows: list, here: set) -> dict:
     by_birth: dict[tuple, list] = {}
     for (tid, start), p in prev.items():
         if (tid, start) not in here and p.get("pid") not in (None, tid):
-            by_birth.setdefault((p["pid"], start), []).append(p)
+            by_birth.setdefault((p["pid"], start), []).append((tid, start))
     out = {}
     for r in rows:
         k = (r["tid"], r["start_ts"])

@@ -215,7 +215,6 @@ def _rename_noreplace(dfd: int, src: str, dst: str) -> None:
     os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
-
 class SnapDir:
     """The --dir directory, locked for this process."""
 
@@ -621,7 +620,8 @@ class Snapper:
         here = {(r["tid"], r["start_ts"]) for r in sample.rows}
         moved = snapdir.execs_moved(self.prev, sample.rows, here)
         for r in sample.rows:
-            prev = self.prev.get((r["tid"], r["start_ts"])) or moved.get((r["tid"], r["start_ts"]))
+            k = (r["tid"], r["start_ts"])
+            prev = self.prev.get(k) or self.prev.get(moved.get(k))
             d = snapdir.subtract(r, prev)
             ident = self.identities.exact_cgroup(who[r["pid"]], r.pop("kernel_cgroup", None), r["exited"])
             row = {"type": "task", "ts": ts, **r, **ident}
@@ -632,8 +632,8 @@ class Snapper:
             rows.append(row)
             deltas.append(d)
             new.append(prev is None)
-        moved_from = {id(p) for p in moved.values()}
-        vanished = [p for k, p in self.prev.items() if k not in here and id(p) not in moved_from]  # folded (or lost)
+        gone_on = set(moved.values())  # (moved under their process's pid: not vanished)
+        vanished = [p for k, p in self.prev.items() if k not in here and k not in gone_on]  # folded (or lost) since
         folded = self.folds.step(sample.folds, vanished, self.identities.cgroups, ts, self.plan.clear)
         fold_keys = foldrows.group_keys(self.plan.prom_by, [f[0] for f in folded])
         self.prev = {(r["tid"], r["start_ts"]): r for r in sample.rows if r["state"] != "reaped"}
