@@ -180,6 +180,7 @@ def fetch(kernel: dict, cache: str, refresh: bool = False, log=print) -> tuple[s
     os.makedirs(debs)
     log(f"{kid}: downloading {' '.join(pkgs)}")
     _run(["apt-get", *opts, "-q", "download", *pkgs], cwd=debs)
+    os.makedirs(os.path.join(cache, "roots"), mode=0o755, exist_ok=True)  # a fresh machine has none
     tmp = tempfile.mkdtemp(prefix=f".{kid}-", dir=os.path.join(cache, "roots"))
     for deb in sorted(glob.glob(os.path.join(debs, "*.deb"))):
         _run(["dpkg-deb", "-x", deb, tmp])
