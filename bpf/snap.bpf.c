@@ -473,9 +473,11 @@ PSTATE_PROBE(sched, sched_process_exec) {
         // whose row is gone by then: its final row under this pid goes to
         // `gone` now, before the thread's row takes its place. (row_of: a
         // seed no event took yet is the row.)
+        int had_leader = 0;
         u64 leader_start = 0;
         struct snap_task *leader = row_of(tid, tasks.lookup(&tid));
         if (leader) {
+            had_leader = 1;
             leader_start = leader->start_ts;
             finish(tid, leader, bpf_ktime_get_ns(), SCRATCH_TASK);
         }
@@ -488,7 +490,7 @@ PSTATE_PROBE(sched, sched_process_exec) {
             // A thread and its leader seeded from /proc in the same clock
             // tick have the same start: the thread's moves 1 ns on, so that
             // the two stay two threads under this tid (user space matches it).
-            if (leader && copy->start_ts == leader_start)
+            if (had_leader && copy->start_ts == leader_start)
                 copy->start_ts += 1;
             forget(old, o);
             put(tid, tasks.lookup(&tid), copy, 0);
