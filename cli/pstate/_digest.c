@@ -237,6 +237,14 @@ typedef struct {
 
 /* --- a strict reader for the plain subset of JSON -------------------------- */
 
+/* Where the line of buf that starts at pos ends: its '\n', or buf + end for
+ * the last one (lines cut as bytes.split cuts buf[:end]). */
+static inline const char *line_end(const char *buf, Py_ssize_t pos, Py_ssize_t end)
+{
+    const char *nl = memchr(buf + pos, '\n', (size_t)(end - pos));
+    return nl ? nl : buf + end;
+}
+
 typedef struct {
     const char *p, *e;
 } cursor;
@@ -617,8 +625,7 @@ static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py
                              Py_ssize_t *next, extras *x)
 {
     const char *p = buf + pos;
-    const char *nl = memchr(p, '\n', (size_t)(end - pos));
-    const char *e = nl ? nl : buf + end;
+    const char *e = line_end(buf, pos, end);
     if (e - p > max_line || !parse_state(p, e, r, x))
         return 0;
     *next = (e - buf) + 1;
@@ -634,8 +641,7 @@ static inline int next_state(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py
 static int next_context(const char *buf, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t max_line, Py_ssize_t *next)
 {
     const char *p = buf + pos;
-    const char *nl = memchr(p, '\n', (size_t)(end - pos));
-    const char *e = nl ? nl : buf + end;
+    const char *e = line_end(buf, pos, end);
     if (e - p > max_line)
         return 0;
     cursor c = {p, e};
@@ -2783,8 +2789,7 @@ static PyObject *parse_states(PyObject *module, PyObject *args)
     const char *buf = view.buf;
     while (pos <= end) {
         const char *p = buf + pos;
-        const char *nl = memchr(p, '\n', (size_t)(end - pos));
-        const char *e = nl ? nl : buf + end;
+        const char *e = line_end(buf, pos, end);
         if (e - p > max_line)
             break;
         long long no = n + lines + 1;
