@@ -120,7 +120,16 @@ def _signal_early(cmd: list[str], sig: int, delay: float, *, stdin=None, env=Non
     p = subprocess.Popen(cmd, stdin=stdin if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env={**clean_env(), **(env or {})})
     try:
-        wait_ready(p)
+        try:
+            wait_ready(p)
+        except AssertionError:
+            # a short command (export of a small file) can do all its work
+            # while a loaded machine keeps this test off CPU between two
+            # looks at it: with exit 0 it simply ended before the signal
+            if p.poll() != 0:
+                raise
+            out, err = p.communicate()
+            return subprocess.CompletedProcess(cmd, p.returncode, out, err)
         time.sleep(delay)
         p.send_signal(sig)
         out, err = p.communicate(timeout=120)
