@@ -1115,11 +1115,17 @@ def setup_guest(args) -> list[str]:
 
 
 def setup_program_cache():
-    os.makedirs("/var/cache/pstate", exist_ok=True)
-    sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/var/cache/pstate")
-    mount_label("pstate-programs", PROGRAM_CACHE)
-    os.chown(PROGRAM_CACHE, 0, 0)
-    os.chmod(PROGRAM_CACHE, 0o755)
+    """The kernel's persistent disk is all of /var/cache/pstate: the program
+    cache and the merged header trees whose identity its keys hold. (A tree
+    merged anew at each boot, on a tmpfs, has new inodes and times, and every
+    key then missed: each run compiled every program again.)"""
+    cache = os.path.dirname(PROGRAM_CACHE)
+    os.makedirs(cache, exist_ok=True)
+    mount_label("pstate-programs", cache)
+    for d in (cache, PROGRAM_CACHE):
+        os.makedirs(d, exist_ok=True)
+        os.chown(d, 0, 0)
+        os.chmod(d, 0o755)
 
 
 def setup_headers(root: str):

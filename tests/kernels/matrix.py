@@ -27,7 +27,8 @@ What it does, per kernel of tests/kernels/kernels.json:
   read-only and binds its header trees where they install (/usr/src, with
   /lib/modules/<release>/build leading to the arch tree), a fresh ext4
   virtio disk for the O_DIRECT writes, and a persistent one per kernel at
-  /var/cache/pstate/programs, so each program is compiled once across runs.
+  /var/cache/pstate (its program cache and merged header trees), so each
+  program is compiled once across runs.
   KVM is used when a stock kernel boots under it (a short boot probe,
   remembered in the cache), else TCG. One guest at a time: every boot
   holds flock /var/lock/pstate-guest.lock.
